@@ -1,0 +1,125 @@
+"""The batched tree-policy interface, its registry and shared tensor helpers.
+
+A policy instance serves one group of requests (a sub-batch that chose the same policy, each
+with its own parameters) for one ``grow_tree`` call:
+
+``start(root_tokens, root_logprobs) -> frontier``, then ``step(child_logprobs) -> frontier``
+while any frontier entry is >= 0 (at most ``max_steps`` times), then ``finish() -> DraftTree``.
+
+``tree`` is the working tree that the frontier indexes (what the draft model must see to
+expand those nodes). Every method is sync-free: per-row differences are masks over static
+maxima, never Python branches on tensor values.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Dict, Sequence, Type
+
+import torch
+
+from ..tree import DraftTree, TreeBuffer
+from .params import PolicyParams
+
+__all__ = ["TreePolicy", "register_policy", "POLICIES", "parse_spec", "sanitize_logprobs",
+           "rank_desc", "row_param"]
+
+POLICIES: Dict[str, Type["TreePolicy"]] = {}
+
+
+def register_policy(cls: Type["TreePolicy"]) -> Type["TreePolicy"]:
+    """Class decorator: make ``cls`` selectable by ``{"policy": cls.name}``."""
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def parse_spec(spec) -> PolicyParams:
+    """Validate one request's policy dict and return its frozen parameter set.
+
+    Raises
+    ------
+    ValueError
+        Naming the field and its allowed values (unknown policy, unknown key, bad type/range).
+
+    Examples
+    --------
+    >>> parse_spec({"policy": "talon", "budget": 60, "mu": 0.03}).mu
+    0.03
+    """
+    if isinstance(spec, PolicyParams):
+        return spec
+    if not isinstance(spec, dict):
+        raise ValueError(f"policy spec must be a dict like {{'policy': 'talon', ...}}, got {type(spec).__name__}")
+    name = spec.get("policy")
+    if name not in POLICIES:
+        raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {name!r}")
+    cls = POLICIES[name].Params
+    allowed = cls.field_names()
+    unknown = sorted(set(spec) - set(allowed) - {"policy"})
+    if unknown:
+        raise ValueError(f"{name}: unknown parameter(s) {unknown}; allowed: {allowed}")
+    return cls(**{k: v for k, v in spec.items() if k != "policy"})
+
+
+def sanitize_logprobs(x: torch.Tensor) -> torch.Tensor:
+    """Map NaN / +-inf draft log-probs to -inf (an impossible token) and clamp at 0, as float32."""
+    x = x.float()
+    return torch.where(torch.isfinite(x), x.clamp(max=0.0), float("-inf"))
+
+
+def rank_desc(values: torch.Tensor) -> torch.Tensor:
+    """Rank of each entry in descending order, ties broken toward the lower column.
+
+    ``[bs, m]`` -> ``[bs, m]`` int64. Example: [0.5, 0.9, 0.5] -> [1, 0, 2].
+    """
+    order = torch.sort(values, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(values.shape[-1], device=values.device).expand_as(order))
+    return rank
+
+
+def row_param(params: Sequence[PolicyParams], name: str, device, dtype=torch.int64) -> torch.Tensor:
+    """Stack one field over the group's requests: ``[bs]``."""
+    return torch.tensor([getattr(p, name) for p in params], dtype=dtype, device=device)
+
+
+class TreePolicy(ABC):
+    """One policy applied to a group of requests."""
+
+    name: ClassVar[str]
+    Params: ClassVar[Type[PolicyParams]]
+
+    def __init__(self, params: Sequence[PolicyParams], device: torch.device):
+        self.params = list(params)
+        self.device = torch.device(device)
+        self.bs = len(self.params)
+        self.max_nodes = max(p.max_nodes for p in self.params)
+        self.buf: TreeBuffer  # set in start()
+
+    # static, host-side bounds (known before any compute)
+    @property
+    @abstractmethod
+    def max_steps(self) -> int:
+        """Upper bound on ``step`` calls (= draft forwards after the root)."""
+
+    @property
+    @abstractmethod
+    def depth_bound(self) -> int:
+        """Upper bound on the depth of any node the policy may create."""
+
+    @abstractmethod
+    def start(self, root_tokens: torch.Tensor, root_logprobs: torch.Tensor) -> torch.Tensor:
+        """``[bs]`` int64, ``[bs, vocab]`` float -> frontier ``[bs, width]`` int64 (-1 = none)."""
+
+    @abstractmethod
+    def step(self, child_logprobs: torch.Tensor) -> torch.Tensor:
+        """``[bs, width, vocab]`` log-probs of the frontier's children -> next frontier ``[bs, width']``."""
+
+    @abstractmethod
+    def finish(self) -> DraftTree:
+        """The final tree, ``[bs, max_nodes]``."""
+
+    @property
+    def tree(self) -> DraftTree:
+        """The working tree the frontier indexes."""
+        return self.buf.view(self.depth_bound)

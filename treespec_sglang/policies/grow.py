@@ -1,0 +1,118 @@
+"""``grow_tree``: run every request's policy in lockstep over one batched ``expand`` per step."""
+
+from __future__ import annotations
+
+from typing import Callable, List, Sequence
+
+import torch
+
+from ..tree import DraftTree, stack_rows
+from .base import POLICIES, TreePolicy, parse_spec
+from .params import PolicyParams
+
+__all__ = ["grow_tree", "parse_specs", "ExpandFn"]
+
+ExpandFn = Callable[[DraftTree, torch.Tensor], torch.Tensor]
+
+
+def parse_specs(specs: Sequence) -> List[PolicyParams]:
+    """Validate every request's spec; the error names the request index, the field and its range."""
+    out = []
+    for i, s in enumerate(specs):
+        try:
+            out.append(parse_spec(s))
+        except ValueError as e:
+            raise ValueError(f"request {i}: {e}") from None
+    return out
+
+
+def _check_inputs(bs: int, root_tokens: torch.Tensor, root_logprobs: torch.Tensor) -> None:
+    if root_tokens.shape != (bs,) or root_tokens.dtype != torch.int64:
+        raise ValueError(f"root_tokens must be int64 [{bs}], got {root_tokens.dtype} {tuple(root_tokens.shape)}")
+    if root_logprobs.dim() != 2 or root_logprobs.shape[0] != bs or not root_logprobs.is_floating_point():
+        raise ValueError(f"root_logprobs must be float [{bs}, vocab], got {root_logprobs.dtype} "
+                         f"{tuple(root_logprobs.shape)}")
+
+
+def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.Tensor,
+              expand: ExpandFn, *, sync_free: bool = False) -> DraftTree:
+    """Build one draft tree per request, each with its own policy, in one batched loop.
+
+    Parameters
+    ----------
+    specs : list of dict
+        One per request, e.g. ``{"policy": "talon", "budget": 60, "topk": 10, "mu": 0.03}``.
+        See :mod:`treespec_sglang.policies.params` for every policy's fields and defaults.
+    root_tokens : torch.Tensor
+        ``[bs]`` int64, the last committed token of each request (node 0).
+    root_logprobs : torch.Tensor
+        ``[bs, vocab]`` draft log-probs of the root's children.
+    expand : callable
+        ``expand(tree, frontier) -> [bs, width, vocab]`` draft log-probs of the children of
+        ``frontier`` (``[bs, width]`` node indices into ``tree``, -1 = none; rows for -1 are
+        ignored and may hold anything). ``tree`` holds every node the frontier may need as
+        ancestors. Called at most once per step for the whole batch.
+    sync_free : bool
+        If False (default), stop as soon as no request has a frontier (one host sync per
+        step). If True, run each policy's static step bound with no host sync at all
+        (CUDA-graph style; the extra steps see all -1 frontiers).
+
+    Returns
+    -------
+    DraftTree
+        ``[bs, max budget]``; requests keep their input order.
+
+    Raises
+    ------
+    ValueError
+        On a bad spec (naming the request, field and allowed range) or bad input shapes,
+        before any compute.
+
+    Examples
+    --------
+    >>> lp = torch.log_softmax(torch.randn(2, 50), -1)
+    >>> tree = grow_tree([{"policy": "chain", "length": 3}, {"policy": "eagle2", "budget": 8}],
+    ...                  torch.tensor([1, 2]), lp, lambda t, f: lp[:, None, :].expand(2, f.shape[1], 50))
+    >>> tree.size.tolist()
+    [4, 8]
+    """
+    params = parse_specs(specs)
+    bs = len(params)
+    _check_inputs(bs, root_tokens, root_logprobs)
+    dev = root_tokens.device
+    by_policy = {}
+    for i, p in enumerate(params):
+        name = next(n for n, c in POLICIES.items() if isinstance(p, c.Params))
+        by_policy.setdefault(name, []).append(i)
+    groups: List[tuple] = []  # (rows tensor, policy, frontier)
+    for name, rows in by_policy.items():
+        pol: TreePolicy = POLICIES[name]([params[i] for i in rows], dev)
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
+        sub_tok = root_tokens if len(rows) == bs else root_tokens[rows_t]
+        sub_lp = root_logprobs if len(rows) == bs else root_logprobs[rows_t]
+        groups.append([rows_t, pol, pol.start(sub_tok, sub_lp)])
+
+    n_steps = max(g[1].max_steps for g in groups)
+    for step in range(n_steps):
+        live = [g for g in groups if step < g[1].max_steps]
+        if not live:
+            break
+        if not sync_free and not bool(torch.stack([(g[2] >= 0).any() for g in live]).any()):
+            break  # the one host sync per step: nobody has anything left to expand
+        tree = stack_rows([(g[0], g[1].tree) for g in groups], bs)
+        width = max(g[2].shape[1] for g in live)
+        if len(groups) == 1:
+            frontier = groups[0][2]
+        else:
+            frontier = torch.full((bs, width), -1, dtype=torch.int64, device=dev)
+            for rows, _, fr in live:
+                frontier[rows, :fr.shape[1]] = fr
+        child = expand(tree, frontier)  # [bs, width, vocab]
+        if child.dim() != 3 or child.shape[:2] != frontier.shape:
+            raise ValueError(f"expand must return [bs, width, vocab] = [{bs}, {frontier.shape[1]}, vocab], "
+                             f"got {tuple(child.shape)}")
+        for g in live:
+            rows, pol, fr = g
+            sub = child if len(groups) == 1 else child[rows, :fr.shape[1]]
+            g[2] = pol.step(sub)
+    return stack_rows([(g[0], g[1].finish()) for g in groups], bs)

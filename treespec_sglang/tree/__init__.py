@@ -1,0 +1,10 @@
+"""Draft trees and their layouts (masks, positions, FlashInfer, SGLang retrive arrays)."""
+
+from .buffer import TreeBuffer, compact, pack_left
+from .draft_tree import DraftTree, stack_rows
+from .layouts import (FlashInferLayout, SGLangRetrive, dense_mask, flashinfer_layout, pack_segments_little,
+                      positions, prefix_tree_mask, sglang_retrive)
+
+__all__ = ["DraftTree", "stack_rows", "TreeBuffer", "compact", "pack_left", "dense_mask", "positions",
+           "prefix_tree_mask", "FlashInferLayout", "flashinfer_layout", "pack_segments_little",
+           "SGLangRetrive", "sglang_retrive"]

@@ -1,0 +1,102 @@
+"""Target-distribution processing shared by plain sampling and speculative verification.
+
+Lossless speculative sampling must reproduce *exactly* the distribution plain sampling draws
+from, so both go through :func:`target_probs` (temperature, then top-k, then top-p on the
+renormalised distribution, SGLang's sampler order). Temperature 0 means greedy: the
+distribution is one-hot at ``argmax`` (first index on ties, ``torch.argmax``'s rule).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+__all__ = ["target_probs", "sample_probs", "sample", "as_row_tensor", "uniform"]
+
+Num = Union[float, int, torch.Tensor]
+
+
+def as_row_tensor(value: Num, bs: int, device, dtype, name: str, lo: float, hi: float) -> torch.Tensor:
+    """Broadcast a scalar or ``[bs]`` tensor parameter to ``[bs]`` and range-check scalars."""
+    if isinstance(value, torch.Tensor):
+        if value.shape not in ((), (bs,)):
+            raise ValueError(f"{name} must be a scalar or a [{bs}] tensor, got shape {tuple(value.shape)}")
+        return value.to(device=device, dtype=dtype).expand(bs)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
+    return torch.full((bs,), value, dtype=dtype, device=device)
+
+
+def target_probs(logits: torch.Tensor, temperature: Num = 0.0, top_k: Num = -1, top_p: Num = 1.0) -> torch.Tensor:
+    """Processed target distribution.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``[bs, ..., vocab]`` float.
+    temperature : float or ``[bs]`` tensor
+        0 = greedy (one-hot argmax).
+    top_k : int or ``[bs]`` tensor
+        Keep the k most likely tokens; <= 0 disables.
+    top_p : float or ``[bs]`` tensor
+        Keep the smallest prefix of the sorted distribution with mass >= top_p; 1 disables.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[bs, ..., vocab]`` float32 probabilities.
+
+    Examples
+    --------
+    >>> target_probs(torch.tensor([[0.0, 1.0, 2.0]]), 1.0, top_k=2).round(decimals=3).tolist()
+    [[0.0, 0.269, 0.731]]
+    """
+    bs, V = logits.shape[0], logits.shape[-1]
+    dev = logits.device
+    shape = (bs,) + (1,) * (logits.dim() - 1)
+    T = as_row_tensor(temperature, bs, dev, torch.float32, "temperature", 0.0, 1e4).view(shape)
+    k = as_row_tensor(top_k, bs, dev, torch.int64, "top_k", -1, 2 ** 31).view(shape)
+    p = as_row_tensor(top_p, bs, dev, torch.float32, "top_p", 1e-9, 1.0).view(shape)
+    x = logits.float()
+    greedy = torch.nn.functional.one_hot(x.argmax(-1), V).float()
+    x = x / torch.where(T > 0, T, 1.0)
+    # top-k: drop everything below the k-th largest value (ties at the k-th value are kept)
+    k_eff = torch.where(k > 0, k.clamp(max=V), V)
+    sorted_x = torch.sort(x, dim=-1, descending=True).values
+    kth = torch.gather(sorted_x, -1, (k_eff - 1).expand(*x.shape[:-1], 1))
+    x = torch.where(x < kth, float("-inf"), x)
+    # top-p on the renormalised top-k distribution: keep token j if the mass strictly before it < p
+    probs = torch.softmax(x, dim=-1)
+    sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    before = sp.cumsum(-1) - sp
+    drop_sorted = before >= p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    probs = torch.where(drop, 0.0, probs)
+    probs = probs / probs.sum(-1, keepdim=True)
+    return torch.where(T > 0, probs, greedy)
+
+
+def uniform(shape, device, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """``U[0, 1)`` float32 draws from ``generator`` (sync-free)."""
+    return torch.rand(shape, device=device, generator=generator)
+
+
+def sample_probs(probs: torch.Tensor, generator: Optional[torch.Generator] = None,
+                 u: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Inverse-CDF sample from ``[bs, vocab]`` probabilities (need not be normalised) -> ``[bs]`` int64.
+
+    Zero-probability tokens are never drawn. ``u`` (``[bs]`` in [0, 1)) may be passed in.
+    """
+    if u is None:
+        u = uniform(probs.shape[:-1], probs.device, generator)
+    cdf = probs.cumsum(-1)
+    target = u * cdf[..., -1]
+    idx = torch.searchsorted(cdf, target[..., None], right=True)[..., 0]
+    return idx.clamp(max=probs.shape[-1] - 1)
+
+
+def sample(logits: torch.Tensor, temperature: Num = 0.0, top_k: Num = -1, top_p: Num = 1.0,
+           generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Plain (non-speculative) sampling: ``[bs, vocab]`` logits -> ``[bs]`` int64 tokens."""
+    return sample_probs(target_probs(logits, temperature, top_k, top_p), generator)
