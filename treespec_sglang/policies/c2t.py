@@ -26,12 +26,13 @@ def classifier_scores(params, features: torch.Tensor, classifiers) -> torch.Tens
 
     Rows sharing a classifier are scored together (one forward per distinct classifier).
     """
-    if len(classifiers) == 1:
-        return classifiers[0][1](features)
-    out = torch.empty(features.shape[:2], device=features.device)
-    for rows, clf in classifiers:
-        out[rows] = clf(features[rows])
-    return out
+    with torch.no_grad():
+        if len(classifiers) == 1:
+            return classifiers[0][1](features)
+        out = torch.empty(features.shape[:2], device=features.device)
+        for rows, clf in classifiers:
+            out[rows] = clf(features[rows])
+        return out
 
 
 def group_classifiers(params, device):

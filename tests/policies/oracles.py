@@ -1,0 +1,172 @@
+"""Plain-Python, one-request restatements of each policy: the oracles the batched code must match."""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import torch
+
+
+class Nodes:
+    """A growing single-request tree of (token, parent, logprob)."""
+
+    def __init__(self, root):
+        self.tok, self.par, self.lp = [root], [-1], [0.0]
+
+    def add(self, t, p, lp):
+        self.tok.append(t)
+        self.par.append(p)
+        self.lp.append(lp)
+        return len(self.tok) - 1
+
+    def path(self, i):
+        out = []
+        while i >= 0:
+            out.append(self.tok[i])
+            i = self.par[i]
+        return tuple(reversed(out))
+
+
+def sglang_eagle2(draft, root, topk, steps, num_draft_tokens):
+    """SGLang 0.5.23 select_top_k_tokens + organize_draft_results + build_tree's parent lookup (bs = 1).
+
+    Returns (tokens, parents) of the tree, root first, in SGLang's node order.
+    """
+    k = topk
+    probs0 = draft.logprobs((root,)).exp()
+    topk_p, topk_index = probs0.topk(k)
+    score_list = [topk_p[None, None]]  # [1, 1, k]
+    token_list = [topk_index[None]]  # [1, k]
+    parents_list = [torch.arange(-1, k)[None]]  # [1, k + 1]
+    scores = topk_p[None]  # [1, k]
+    paths = [(root, t) for t in topk_index.tolist()]  # stands in for the hidden states
+    for i in range(1, steps):
+        p = torch.stack([draft.logprobs(pp).exp() for pp in paths])  # draft forward, [k, V]
+        tp, ti = p.topk(k, dim=-1)  # [k, k]
+        expand_scores = scores[:, :, None] * tp[None]  # [1, k, k]
+        cs_p, cs_index = expand_scores.flatten(1).topk(k)
+        scores = cs_p
+        flat_tok = ti.reshape(1, -1)
+        paths = [paths[j // k] + (int(flat_tok[0, j]),) for j in cs_index[0].tolist()]
+        score_list.append(expand_scores)
+        token_list.append(flat_tok)
+        parents_list.append(cs_index + (k ** 2 * (i - 1) + k))
+    # organize_draft_results
+    all_scores = torch.cat(score_list, dim=1).flatten(1)
+    all_tokens = torch.cat(token_list, dim=1)
+    top = torch.topk(all_scores, num_draft_tokens - 1, dim=-1).indices
+    top = torch.sort(top).values
+    draft_tokens = torch.gather(all_tokens, 1, top)
+    parent_list = torch.cat(parents_list[:-1], dim=1) if len(parents_list) > 1 else torch.empty(1, 0, dtype=torch.long)
+    # build_tree_kernel_efficient: node i's parent
+    sel = top[0].tolist()
+    parents = [-1]
+    for i in range(1, num_draft_tokens):
+        tb = sel[i - 1] // k
+        pos = 0
+        if tb > 0:
+            ptok = int(parent_list[0, tb])
+            pos = sel.index(ptok) + 1  # ValueError = invalid tree
+        parents.append(pos)
+    return [root] + draft_tokens[0].tolist(), parents
+
+
+def talon(draft, root, N, K, mu):
+    """TALON Alg. 2 over full candidate sets."""
+    T = Nodes(root)
+    layer, d = [0], 0
+    while len(T.tok) < N and layer:
+        S = []
+        for v in layer:
+            lp = draft.logprobs(T.path(v))
+            S += [(T.lp[v] + float(lp[w]), v, w) for w in range(draft.vocab)]
+        if d == 0:
+            P = sorted(S, key=lambda x: -x[0])[:K]
+        else:
+            m = max(s[0] for s in S)
+            P = [s for s in S if mu > 0 and s[0] >= math.log(mu) + m or mu == 0]
+        if len(T.tok) + len(P) > N:
+            P = sorted(P, key=lambda x: -x[0])[:N - len(T.tok)]
+        layer = [T.add(w, v, lp) for lp, v, w in P]
+        d += 1
+    return T
+
+
+def salf(draft, root, N, B, th, max_depth=None):
+    """SALF Alg. 2 with heaps; returns G as a Nodes tree (top-N of popped, in pop order)."""
+    popped = Nodes(root)
+    depth = [0]
+    Q = []  # (-lp, seq, token, parent)
+    seq = 0
+
+    def push_children(n):
+        nonlocal seq
+        lp = draft.logprobs(popped.path(n))
+        for w in range(draft.vocab):
+            heapq.heappush(Q, (-(popped.lp[n] + float(lp[w])), seq, w, n))
+            seq += 1
+        while len(Q) > N:  # capacity N: drop the worst
+            Q.remove(max(Q))
+            heapq.heapify(Q)
+
+    push_children(0)  # iteration 1 pops and expands the root
+    while True:
+        D = []
+        for _ in range(B):
+            if not Q:
+                break
+            nlp, _, w, par = heapq.heappop(Q)
+            i = popped.add(w, par, -nlp)
+            depth.append(depth[par] + 1)
+            D.append(i)
+        eps = -math.inf
+        if len(popped.tok) >= N:
+            eps = sorted(popped.lp, reverse=True)[N - 1]
+        D = [i for i in D if popped.lp[i] > eps and (max_depth is None or depth[i] < max_depth)]
+        if not D or sum(math.exp(popped.lp[i]) for i in D) < th:
+            break
+        for i in D:
+            push_children(i)
+    keep = sorted(range(len(popped.tok)), key=lambda i: (-popped.lp[i] if i else -math.inf, i))[:N]
+    return {popped.path(i) for i in keep}
+
+
+def brute_force_top_n(draft, root, N):
+    """Every node down to depth N-1, then the N best path probabilities (root counts as one)."""
+    best = [(0.0, (root,))]
+    frontier = [(0.0, (root,))]
+    for _ in range(N - 1):
+        nxt = []
+        for lp0, path in frontier:
+            lp = draft.logprobs(path)
+            nxt += [(lp0 + float(lp[w]), path + (w,)) for w in range(draft.vocab)]
+        best += nxt
+        best = sorted(best, key=lambda x: -x[0])[:N]
+        cutoff = best[-1][0] if len(best) >= N else -math.inf
+        frontier = [x for x in nxt if x[0] > cutoff]  # descendants can only be worse
+    return {p for _, p in best}
+
+
+def c2t(draft, root, N, K, beta, max_depth, clf):
+    """C2T App. A Alg. 1 (with the budget cap) over full candidate sets."""
+    from treespec_sglang.policies.classifier import entropy_topm
+
+    T = Nodes(root)
+    layer, d = [0], 1
+    while layer and d <= max_depth and len(T.tok) < N:
+        S = []
+        for v in layer:
+            lp = draft.logprobs(T.path(v))
+            H = float(entropy_topm(lp))
+            S += [(T.lp[v] + float(lp[w]), v, w, H) for w in range(draft.vocab)]
+        S = sorted(S, key=lambda x: -x[0])[:K]  # stage 1: top-K by joint probability
+        scored = []
+        for lp, v, w, H in S:
+            c = float(clf(torch.tensor([math.exp(lp), H, float(d)])))
+            if c >= beta:
+                scored.append((c, lp, v, w))
+        scored = sorted(scored, key=lambda x: -x[0])[:min(K, N - len(T.tok))]
+        layer = [T.add(w, v, lp) for _, lp, v, w in scored]
+        d += 1
+    return T

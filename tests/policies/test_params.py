@@ -1,0 +1,44 @@
+import pytest
+
+from treespec_sglang.policies import parse_spec, parse_specs
+
+
+@pytest.mark.parametrize("spec,match", [
+    ({"policy": "medusa"}, r"policy must be one of \['c2t', 'chain', 'eagle2', 'salf', 'talon'\]"),
+    ({"budget": 60}, "policy must be one of"),
+    ("talon", "policy spec must be a dict"),
+    ({"policy": "talon", "mu": 1.5}, r"talon.mu must be in \[0.0, 1.0\], got 1.5"),
+    ({"policy": "talon", "mu": float("nan")}, r"talon.mu must be in \[0.0, 1.0\]"),
+    ({"policy": "talon", "budget": "60"}, r"talon.budget must be an integer in \[1, 1024\]"),
+    ({"policy": "talon", "budget": True}, r"talon.budget must be an integer"),
+    ({"policy": "talon", "budget": 0}, r"talon.budget must be in \[1, 1024\], got 0"),
+    ({"policy": "talon", "depth": 6}, r"talon: unknown parameter\(s\) \['depth'\]"),
+    ({"policy": "eagle2", "topk": 0}, r"eagle2.topk must be in \[1, 64\]"),
+    ({"policy": "eagle2", "topk": 1, "depth": 6, "budget": 60}, r"eagle2.budget must be in \[1, 7\]"),
+    ({"policy": "salf", "th": -0.1}, r"salf.th must be in \[0.0, 1.0\]"),
+    ({"policy": "salf", "batch": 0}, r"salf.batch must be in \[1, 60\]"),
+    ({"policy": "salf", "max_depth": 0}, r"salf.max_depth must be in \[1, 64\]"),
+    ({"policy": "c2t", "beta": 2}, r"c2t.beta must be in \[0.0, 1.0\]"),
+    ({"policy": "c2t", "classifier": 3}, r"c2t.classifier must be a file path or a C2TClassifier"),
+    ({"policy": "chain", "length": -1}, r"chain.length must be in \[0, 64\]"),
+    ({"policy": "chain", "classifier": "x.pt"}, r"chain.classifier needs chain.beta"),
+])
+def test_bad_specs_name_field_and_range(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_spec(spec)
+
+
+def test_defaults_are_the_papers():
+    t = parse_spec({"policy": "talon"})
+    assert (t.budget, t.topk, t.mu) == (60, 10, 0.03)
+    e = parse_spec({"policy": "eagle2"})
+    assert (e.budget, e.topk, e.depth) == (60, 10, 6)
+    s = parse_spec({"policy": "salf"})
+    assert (s.budget, s.batch, s.th) == (60, 10, 0.6)
+    c = parse_spec({"policy": "c2t"})
+    assert (c.budget, c.topk, c.beta, c.max_depth) == (60, 10, 0.5, 10)
+
+
+def test_batch_error_names_the_request():
+    with pytest.raises(ValueError, match=r"request 1: salf.th"):
+        parse_specs([{"policy": "talon"}, {"policy": "salf", "th": 3.0}])
