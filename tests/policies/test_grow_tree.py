@@ -1,0 +1,121 @@
+"""grow_tree: mixed per-request policies in one batch, robustness, and host-sync accounting."""
+
+import pytest
+import torch
+
+from tests.helpers import PathDraft
+from treespec_sglang.policies import grow_tree
+from treespec_sglang.utils import count_host_syncs
+
+MIXED = [
+    {"policy": "eagle2", "budget": 16, "topk": 4, "depth": 4},
+    {"policy": "talon", "budget": 24, "topk": 6, "mu": 0.05},
+    {"policy": "salf", "budget": 20, "batch": 4, "th": 0.4},
+    {"policy": "c2t", "budget": 18, "topk": 5, "beta": 0.4},
+    {"policy": "chain", "length": 6},
+    {"policy": "chain", "length": 6, "beta": 0.5},
+    {"policy": "talon", "budget": 9, "topk": 2, "mu": 0.3},
+]
+
+
+def test_mixed_batch_equals_each_request_alone():
+    draft = PathDraft(48, seed=11, sharpness=3.0)
+    roots = torch.arange(len(MIXED)) + 3
+    tree = grow_tree(MIXED, roots, draft.root(roots), draft.expand)
+    tree.check()
+    assert tree.n_nodes == 24
+    for b, spec in enumerate(MIXED):
+        alone = grow_tree([spec], roots[b:b + 1], draft.root(roots[b:b + 1]), draft.expand)
+        s = int(alone.size[0])
+        assert int(tree.size[b]) == s
+        for f in ("tokens", "parents", "depth"):
+            assert torch.equal(getattr(tree, f)[b, :s], getattr(alone, f)[0, :s]), (spec, f)
+        torch.testing.assert_close(tree.logprob[b, :s], alone.logprob[0, :s])
+
+
+def test_one_expand_per_step_for_the_whole_batch():
+    draft = PathDraft(48, seed=11, sharpness=3.0)
+    roots = torch.arange(len(MIXED)) + 3
+    grow_tree(MIXED, roots, draft.root(roots), draft.expand)
+    calls_mixed = draft.calls
+    singles = []
+    for b, spec in enumerate(MIXED):
+        d = PathDraft(48, seed=11, sharpness=3.0)
+        grow_tree([spec], roots[b:b + 1], d.root(roots[b:b + 1]), d.expand)
+        singles.append(d.calls)
+    assert calls_mixed == max(singles)  # lockstep: the batch costs its slowest request, not the sum
+
+
+@pytest.mark.parametrize("spec", MIXED)
+def test_nan_and_inf_logprobs_give_valid_trees(spec):
+    V, bs = 40, 4
+    g = torch.Generator().manual_seed(0)
+    root_lp = torch.log_softmax(torch.randn(bs, V, generator=g) * 2, -1)
+    root_lp[0] = float("nan")  # a fully broken row
+    root_lp[1, :5] = float("inf")
+    root_lp[2, ::3] = float("-inf")
+
+    def expand(tree, frontier):
+        out = torch.log_softmax(torch.randn(bs, frontier.shape[1], V, generator=g) * 2, -1)
+        out[:, :, 7] = float("nan")
+        out[1] = float("inf")
+        return out
+
+    tree = grow_tree([spec] * bs, torch.arange(bs), root_lp, expand)
+    tree.check()
+    assert int(tree.size[0]) == 1  # nothing finite to draft from: root only
+    assert not ((tree.tokens == 7) & (tree.depth >= 2)).any()  # NaN child log-prob never chosen
+    assert not ((tree.tokens[1] < 5) & (tree.depth[1] == 1)).any()  # +inf root log-probs never chosen
+    assert (tree.depth[1] <= 1).all()  # row 1's children are all +inf: nothing below depth 1
+    assert torch.isfinite(tree.logprob[tree.valid]).all()
+
+
+def token_table_draft(V, seed=0):
+    """A sync-free draft: next-token log-probs depend on the frontier node's token only."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.log_softmax(torch.randn(V, V, generator=g) * 3, -1)  # [vocab, vocab]
+
+    def expand(tree, frontier):  # [bs, width] -> [bs, width, vocab]
+        tok = torch.gather(tree.tokens, 1, frontier.clamp(min=0)).clamp(min=0)
+        return table[tok]
+
+    return table, expand
+
+
+@pytest.mark.parametrize("spec", MIXED)
+def test_policy_steps_make_no_host_sync(spec):
+    V, bs = 64, 5
+    table, expand = token_table_draft(V)
+    roots = torch.arange(bs)
+    with count_host_syncs() as c:
+        tree = grow_tree([spec] * bs, roots, table[roots], expand, sync_free=True)
+    assert c.count == 0, c.ops
+    ref = grow_tree([spec] * bs, roots, table[roots], expand)  # early-exit mode
+    assert torch.equal(ref.tokens, tree.tokens) and torch.equal(ref.parents, tree.parents)
+
+
+def test_early_exit_costs_one_sync_per_step():
+    V, bs = 64, 7
+    table, expand = token_table_draft(V)
+    roots = torch.arange(bs)
+    calls = []
+
+    def counting_expand(tree, frontier):
+        calls.append(1)
+        return expand(tree, frontier)
+
+    with count_host_syncs() as c:
+        grow_tree(MIXED, roots, table[roots], counting_expand)
+    # one any() per loop iteration: each expand call, plus the final check that ends the loop
+    assert c.count <= len(calls) + 1, c.ops
+    assert set(c.ops) == {"aten::_local_scalar_dense"}
+
+
+def test_bad_inputs_are_clear_errors():
+    lp = torch.zeros(2, 10)
+    with pytest.raises(ValueError, match=r"request 1: talon.mu must be in \[0.0, 1.0\]"):
+        grow_tree([{"policy": "talon"}, {"policy": "talon", "mu": 2.0}], torch.arange(2), lp, None)
+    with pytest.raises(ValueError, match=r"root_tokens must be int64 \[2\]"):
+        grow_tree([{"policy": "talon"}] * 2, torch.arange(3), lp, None)
+    with pytest.raises(ValueError, match=r"expand must return \[bs, width, vocab\]"):
+        grow_tree([{"policy": "chain", "length": 3}] * 2, torch.arange(2), lp, lambda t, f: torch.zeros(2, 10))
