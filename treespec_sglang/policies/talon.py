@@ -52,11 +52,11 @@ class TalonPolicy(TreePolicy):
         remaining = self.budget - 1
         valid = (rank[None, :] < torch.minimum(self.k, remaining)[:, None]) & torch.isfinite(lp)
         idx = self.buf.append(tok, torch.zeros_like(tok), lp, valid)
-        return self._set_frontier(idx)
+        return self._set_frontier(idx, width=K)  # layer 1 holds at most K nodes
 
-    def _set_frontier(self, idx: torch.Tensor) -> torch.Tensor:
+    def _set_frontier(self, idx: torch.Tensor, width: int) -> torch.Tensor:
         full = (self.buf.size >= self.budget)[:, None]
-        fr = pack_left(idx >= 0, idx, self.W, -1)
+        fr = pack_left(idx >= 0, idx, width, -1)
         self.frontier = torch.where(full, -1, fr)  # [bs, width]
         return self.frontier
 
@@ -76,7 +76,7 @@ class TalonPolicy(TreePolicy):
         keep = gate & (rank_desc(torch.where(gate, cum, float("-inf"))) < remaining)
         par = frontier[:, :, None].expand(bs, W, R).reshape(bs, -1)
         idx = self.buf.append(tok.reshape(bs, -1), par, cum, keep)
-        return self._set_frontier(idx)
+        return self._set_frontier(idx, width=self.W)
 
     def finish(self) -> DraftTree:
         return self.tree  # TALON never builds nodes it does not keep
