@@ -1,0 +1,19 @@
+import json
+import subprocess
+import sys
+
+from treespec_sglang.cli import main
+
+
+def test_policies_lists_every_policy_with_defaults(capsys):
+    assert main(["policies", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert set(rows) == {"eagle2", "talon", "salf", "c2t", "chain"}
+    assert rows["talon"] == {"budget": 60, "topk": 10, "mu": 0.03}
+    assert rows["salf"]["th"] == 0.6
+
+
+def test_module_entry_point_runs():
+    out = subprocess.run([sys.executable, "-m", "treespec_sglang", "policies"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "talon" in out and "mu=0.03" in out

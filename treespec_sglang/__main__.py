@@ -1,0 +1,5 @@
+import sys
+
+from treespec_sglang.cli import main
+
+sys.exit(main())
