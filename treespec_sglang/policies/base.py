@@ -18,11 +18,11 @@ from typing import ClassVar, Dict, Sequence, Type
 
 import torch
 
-from ..tree import DraftTree, TreeBuffer
+from ..tree import DraftTree, TreeBuffer, compact
 from .params import PolicyParams
 
 __all__ = ["TreePolicy", "register_policy", "POLICIES", "parse_spec", "sanitize_logprobs",
-           "rank_desc", "row_param"]
+           "rank_desc", "row_param", "keep_top_budget"]
 
 POLICIES: Dict[str, Type["TreePolicy"]] = {}
 
@@ -76,6 +76,18 @@ def rank_desc(values: torch.Tensor) -> torch.Tensor:
     rank = torch.empty_like(order)
     rank.scatter_(-1, order, torch.arange(values.shape[-1], device=values.device).expand_as(order))
     return rank
+
+
+def keep_top_budget(pool: DraftTree, budget: torch.Tensor, n_out: int) -> DraftTree:
+    """The root plus the ``budget - 1`` best pool nodes by path value, ties toward the earlier node.
+
+    ``budget`` is ``[bs]`` int64. Values never increase along a path and parents precede
+    children, so the kept set is ancestor-closed (EAGLE-2 §4.2; SALF's G = top-N of popped).
+    """
+    lp = pool.logprob.clone()
+    lp[:, 0] = float("inf")  # the root is always kept
+    keep = (rank_desc(lp) < budget[:, None]) & torch.isfinite(pool.logprob)
+    return compact(pool, keep, n_out)
 
 
 def row_param(params: Sequence[PolicyParams], name: str, device, dtype=torch.int64) -> torch.Tensor:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import DraftTree, TreeBuffer, compact
-from .base import TreePolicy, rank_desc, register_policy, row_param, sanitize_logprobs
+from ..tree import DraftTree, TreeBuffer
+from .base import TreePolicy, keep_top_budget, rank_desc, register_policy, row_param, sanitize_logprobs
 from .params import Eagle2Params
 
 __all__ = ["Eagle2Policy"]
@@ -89,7 +89,4 @@ class Eagle2Policy(TreePolicy):
 
     def finish(self) -> DraftTree:
         pool = self.buf.view(self.depth_bound)
-        lp = pool.logprob.clone()
-        lp[:, 0] = float("inf")  # the root is always kept
-        keep = (rank_desc(lp) < self.budget[:, None]) & torch.isfinite(pool.logprob)
-        return compact(pool, keep, self.max_nodes)
+        return keep_top_budget(pool, self.budget, self.max_nodes)

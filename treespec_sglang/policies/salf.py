@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import DraftTree, TreeBuffer, compact, pack_left
-from .base import TreePolicy, rank_desc, register_policy, row_param, sanitize_logprobs
+from ..tree import DraftTree, TreeBuffer, pack_left
+from .base import TreePolicy, keep_top_budget, register_policy, row_param, sanitize_logprobs
 from .params import MAX_DEPTH, SalfParams
 
 __all__ = ["SalfPolicy"]
@@ -124,7 +124,4 @@ class SalfPolicy(TreePolicy):
 
     def finish(self) -> DraftTree:
         pool = self.buf.view(self.depth_bound)
-        lp = pool.logprob.clone()
-        lp[:, 0] = float("inf")
-        keep = (rank_desc(lp) < self.budget[:, None]) & torch.isfinite(pool.logprob)
-        return compact(pool, keep, self.N)
+        return keep_top_budget(pool, self.budget, self.N)
