@@ -163,7 +163,8 @@ def c2t(draft, root, N, K, beta, max_depth, clf):
         S = sorted(S, key=lambda x: -x[0])[:K]  # stage 1: top-K by joint probability
         scored = []
         for lp, v, w, H in S:
-            c = float(clf(torch.tensor([math.exp(lp), H, float(d)])))
+            with torch.no_grad():
+                c = float(clf(torch.tensor([math.exp(lp), H, float(d)])))
             if c >= beta:
                 scored.append((c, lp, v, w))
         scored = sorted(scored, key=lambda x: -x[0])[:min(K, N - len(T.tok))]

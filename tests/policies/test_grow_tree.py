@@ -119,3 +119,18 @@ def test_bad_inputs_are_clear_errors():
         grow_tree([{"policy": "talon"}] * 2, torch.arange(3), lp, None)
     with pytest.raises(ValueError, match=r"expand must return \[bs, width, vocab\]"):
         grow_tree([{"policy": "chain", "length": 3}] * 2, torch.arange(2), lp, lambda t, f: torch.zeros(2, 10))
+
+
+@pytest.mark.parametrize("policy", ["eagle2", "salf"])
+def test_value_ties_keep_shallower_nodes(policy):
+    """A certain draft (log-prob 0 for token 3, -inf elsewhere) ties every path value at 0:
+    the rerank must keep the shallowest nodes so the tree stays connected."""
+    V = 6
+    lp = torch.full((1, V), float("-inf"))
+    lp[0, 3] = 0.0
+    spec = {"policy": "eagle2", "budget": 3, "topk": 2, "depth": 5} if policy == "eagle2" else \
+        {"policy": "salf", "budget": 3, "batch": 2, "th": 0.0}
+    tree = grow_tree([spec], torch.tensor([1]), lp, lambda t, f: lp[:, None, :].expand(1, f.shape[1], V))
+    tree.check()
+    assert tree.depth[0].tolist() == [0, 1, 2]
+    assert tree.tokens[0].tolist() == [1, 3, 3]
