@@ -135,7 +135,8 @@ def test_chain_c2t_early_stop_matches_scores():
         lp = draft.logprobs(path)
         t = int(lp.argmax())
         lp_sum += float(lp[t])
-        score = float(clf(torch.tensor([torch.tensor(lp_sum).exp().item(), float(entropy_topm(lp)), float(d)])))
+        with torch.no_grad():
+            score = float(clf(torch.tensor([torch.tensor(lp_sum).exp().item(), float(entropy_topm(lp)), float(d)])))
         if score < beta:
             break
         path, expect = path + (t,), expect + 1
