@@ -69,3 +69,11 @@ def test_rejects_misshaped_logits():
     t = DraftTree.from_lists([[0, 2]], [[-1, 0]])
     with pytest.raises(ValueError, match=r"target_logits must be \[bs, n_nodes, vocab\] = \[1, 2, vocab\]"):
         verify_tree(t, torch.zeros(1, 3, 5))
+
+
+def test_root_only_trees_are_plain_decoding():
+    t = DraftTree.from_lists([[4], [2]], [[-1], [-1]])
+    logits = torch.randn(2, 1, 7, generator=torch.Generator().manual_seed(0))
+    r = verify_tree(t, logits)
+    assert r.num_accepted.tolist() == [0, 0]
+    assert emitted_tokens(t, r).tolist() == [[int(logits[0, 0].argmax())], [int(logits[1, 0].argmax())]]

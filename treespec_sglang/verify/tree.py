@@ -125,6 +125,6 @@ def emitted_tokens(tree: DraftTree, result: VerifyResult) -> torch.Tensor:
     """
     acc = torch.gather(tree.tokens, 1, result.path[:, 1:].clamp(min=0))
     acc = torch.where(result.path[:, 1:] >= 0, acc, -1)
-    out = torch.cat([acc, torch.full_like(acc[:, :1], -1)], dim=1)
+    out = torch.cat([acc, acc.new_full((acc.shape[0], 1), -1)], dim=1)
     out.scatter_(1, result.num_accepted[:, None], result.bonus[:, None])
     return out

@@ -1,0 +1,128 @@
+"""SpecEngine end to end on a tiny random Llama: greedy speculative == plain greedy, per policy
+and for mixed batches; sampling matches plain sampling in distribution; errors stay per request."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from tests.models.tiny import make_tiny_llama
+from tests.verify.test_sampling import tv_bound
+from treespec_sglang.engine import SpecEngine
+
+pytest.importorskip("transformers")
+
+POLICIES = [
+    {"policy": "eagle2", "budget": 10, "topk": 3, "depth": 3},
+    {"policy": "talon", "budget": 12, "topk": 4, "mu": 0.05},
+    {"policy": "salf", "budget": 10, "batch": 3, "th": 0.3},
+    {"policy": "c2t", "budget": 10, "topk": 4, "beta": 0.2},
+    {"policy": "chain", "length": 4},
+    {"policy": "chain", "length": 4, "beta": 0.3},
+]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    make_tiny_llama(path, vocab=64, hidden=48, layers=2, heads=4, kv_heads=2)
+    return SpecEngine.from_pretrained(str(path), draft=None, seed=0)
+
+
+@pytest.fixture(scope="module")
+def aligned_engine(tmp_path_factory):
+    """A target whose draft is the target itself one layer down: accepts often, exercising
+    deep paths and KV compaction (a random head rarely gets past the root)."""
+    path = tmp_path_factory.mktemp("tiny2")
+    make_tiny_llama(path, vocab=64, hidden=48, layers=1, heads=4, kv_heads=2, seed=1)
+    e = SpecEngine.from_pretrained(str(path), draft=None, seed=0)
+    layer = e.target.model.layers[0]
+    with torch.no_grad():  # draft = the target's own layer on fc(embed) (ignores the feature)
+        H = e.draft.config.hidden_size
+        e.draft.fc.weight.zero_()
+        e.draft.fc.weight[:, :H] = torch.eye(H)
+        e.draft.fc.bias.zero_()
+        e.draft.layers[0].load_state_dict({k: v for k, v in layer.state_dict().items() if "input_layernorm" not in k},
+                                          strict=False)
+        e.draft.layers[0].input_layernorm = layer.input_layernorm
+    return e
+
+
+def prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 64, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("spec", POLICIES)
+@pytest.mark.parametrize("bs", [1, 4])
+def test_greedy_speculative_equals_plain(aligned_engine, spec, bs):
+    ps = prompts(bs, seed=bs)
+    plain = aligned_engine.generate(ps, max_new_tokens=20, policy=None)
+    specd = aligned_engine.generate(ps, max_new_tokens=20, policy=spec)
+    for a, b in zip(plain, specd):
+        assert b.token_ids == a.token_ids
+        assert len(a.token_ids) == 20
+    assert sum(sum(r.stats.accepted) for r in specd) > 0  # the aligned draft really was accepted
+
+
+def test_mixed_policies_batch_of_16(aligned_engine, engine):
+    ps = prompts(16, seed=7)
+    mix = [POLICIES[i % len(POLICIES)] for i in range(15)] + [None]
+    for eng in (aligned_engine, engine):
+        plain = eng.generate(ps, max_new_tokens=12, policy=None)
+        specd = eng.generate(ps, max_new_tokens=12, policy=mix)
+        assert [r.token_ids for r in specd] == [r.token_ids for r in plain]
+        s = specd[0].stats
+        assert s.rounds == len(s.accepted) + 1 and len(s.tree_sizes) == len(s.accepted)
+        assert max(s.tree_sizes) > 1
+        assert specd[15].stats.tree_sizes and max(specd[15].stats.tree_sizes) == 1  # None = plain rounds
+
+
+def test_bad_policy_fails_only_that_request(engine):
+    ps = prompts(3)
+    res = engine.generate(ps, max_new_tokens=5, policy=[POLICIES[0], {"policy": "talon", "mu": 7}, POLICIES[1]])
+    assert res[1].error and "talon.mu must be in [0.0, 1.0]" in res[1].error and res[1].token_ids == []
+    assert res[0].error is None and len(res[0].token_ids) == 5 and len(res[2].token_ids) == 5
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate(ps, max_new_tokens=0)
+    with pytest.raises(ValueError, match="token ids must be non-empty"):
+        engine.generate([[999]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="no tokenizer"):
+        engine.generate(["hello"], max_new_tokens=2)
+
+
+def test_eos_stops_each_request(aligned_engine):
+    ps = prompts(3, seed=3)
+    plain = aligned_engine.generate(ps, max_new_tokens=15)
+    eos = plain[1].token_ids[4]  # pretend this token is EOS
+    aligned_engine.eos.add(eos)
+    try:
+        p2 = aligned_engine.generate(ps, max_new_tokens=15)
+        s2 = aligned_engine.generate(ps, max_new_tokens=15, policy=POLICIES[0])
+    finally:
+        aligned_engine.eos.discard(eos)
+    assert [r.token_ids for r in s2] == [r.token_ids for r in p2]
+    assert p2[1].token_ids[-1] == eos and len(p2[1].token_ids) <= 5
+
+
+@pytest.mark.parametrize("spec", [POLICIES[0], POLICIES[2]])
+def test_sampling_first_two_tokens_match_plain_sampling(aligned_engine, spec):
+    """Engine-level distribution check at T = 1: joint law of the first two generated tokens."""
+    n, ps = 3000, [[5, 9, 2]]
+    e = aligned_engine
+    runs = {}
+    for name, pol in (("plain", None), ("spec", spec)):
+        out = e.generate(ps * n, max_new_tokens=2, policy=pol, temperature=1.0, seed=11)
+        runs[name] = Counter(tuple(r.token_ids[:2]) for r in out)
+    first = {k: Counter() for k in runs}
+    for k, c in runs.items():
+        for (a, _), v in c.items():
+            first[k][a] += v
+    keys = set(first["plain"]) | set(first["spec"])
+    d = 0.5 * sum(abs(first["plain"][k] - first["spec"][k]) / n for k in keys)
+    # two independent empirical laws: allow the bound for each
+    assert d < 2 * tv_bound(len(keys), n), d
+    keys2 = set(runs["plain"]) | set(runs["spec"])
+    d2 = 0.5 * sum(abs(runs["plain"][k] - runs["spec"][k]) / n for k in keys2)
+    assert d2 < 2 * tv_bound(len(keys2), n), d2

@@ -1,0 +1,75 @@
+"""Our Llama forward (explicit positions / KV slots / masks) against transformers' LlamaForCausalLM."""
+
+import pytest
+import torch
+
+from tests.models.tiny import make_tiny_llama
+from treespec_sglang.engine import KVCache
+from treespec_sglang.models import EagleDraftHead, LlamaModel
+
+pytest.importorskip("transformers")
+
+
+def full_forward(model, ids):
+    bs, T = ids.shape
+    cfg = model.config
+    cache = KVCache(cfg.num_hidden_layers, bs, cfg.num_key_value_heads, T, cfg.head_dim, torch.float32, "cpu")
+    pos = torch.arange(T).expand(bs, T)
+    mask = torch.ones(T, T, dtype=torch.bool).tril().expand(bs, T, T)
+    return model.lm_head(model(ids, pos, cache.stores(pos, T), mask))
+
+
+@pytest.mark.parametrize("tie,extra", [(False, {}), (True, {}), (False, {"attention_bias": True}),
+                                       (False, {"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                                 "original_max_position_embeddings": 64}})])
+def test_logits_match_transformers(tmp_path, tie, extra):
+    hf = make_tiny_llama(tmp_path, tie=tie, **extra)
+    ours = LlamaModel.from_pretrained(str(tmp_path))
+    ids = torch.randint(0, 96, (3, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        got = full_forward(ours, ids)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_incremental_decode_equals_full_forward(tmp_path):
+    make_tiny_llama(tmp_path)
+    m = LlamaModel.from_pretrained(str(tmp_path))
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(1))
+    cfg = m.config
+    with torch.no_grad():
+        ref = full_forward(m, ids)
+        cache = KVCache(cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 16, cfg.head_dim, torch.float32, "cpu")
+        outs = []
+        for t in range(9):
+            pos = torch.full((2, 1), t)
+            mask = (torch.arange(t + 1) <= t)[None, None].expand(2, 1, t + 1)
+            outs.append(m.lm_head(m(ids[:, t:t + 1], pos, cache.stores(pos, t + 1), mask)))
+    torch.testing.assert_close(torch.cat(outs, 1), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_missing_weights_are_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        LlamaModel.from_pretrained(str(tmp_path))
+
+
+def test_draft_head_roundtrip_in_sglang_format(tmp_path):
+    hf = make_tiny_llama(tmp_path / "t")
+    target = LlamaModel.from_pretrained(str(tmp_path / "t"))
+    head = EagleDraftHead.for_target(target.config, seed=3)
+    head.save(str(tmp_path / "d"), dtype=torch.float32)
+    import json
+    from safetensors.torch import load_file
+
+    cfg = json.load(open(tmp_path / "d" / "config.json"))
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle"] and cfg["num_hidden_layers"] == 1
+    keys = set(load_file(str(tmp_path / "d" / "model.safetensors")))
+    assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight",
+            "layers.0.post_attention_layernorm.weight"} <= keys
+    assert not any(k.startswith("model.") or "input_layernorm" in k or "embed" in k for k in keys)
+    back = EagleDraftHead.load(str(tmp_path / "d"))
+    for (k, a), (_, b) in zip(head.state_dict().items(), back.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=k)
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        EagleDraftHead.load(str(tmp_path / "t2"))

@@ -1,0 +1,355 @@
+"""``SpecEngine``: batched tree speculative decoding on a Llama-family target + EAGLE draft head.
+
+One round for every active request at once: the draft grows each request's tree with its own
+policy (:func:`grow_tree`, one draft forward per step for the whole batch), the target verifies
+all trees in one forward with tree attention over the per-request KV cache
+(:mod:`treespec_sglang.engine.kv_cache`), :func:`verify_tree` accepts a path and a bonus token,
+the accepted path's KV is compacted, and the draft consumes the newly committed tokens with the
+target's real hidden states (EAGLE's draft extend). Requests finish independently.
+
+Positions: the committed tokens of request b are x_0..x_{L_b}, the root x_{L_b} being the last
+(not yet verified) one; the target cache holds x_0..x_{L_b - 1}. The draft cache slot p holds
+the pair (target hidden at p - 1, x_p) for p = 1..L_b; a tree node of depth d sits at L_b + d.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Union
+
+import torch
+
+from ..policies import grow_tree, parse_spec
+from ..tree import DraftTree, dense_mask
+from ..verify import emitted_tokens, sample, verify_tree
+from .kv_cache import KVCache
+from .loading import load_models
+
+__all__ = ["SpecEngine", "GenerationResult", "RequestStats"]
+
+PLAIN = {"policy": "chain", "length": 0}  # a root-only tree: one target token per round
+
+
+@dataclass
+class RequestStats:
+    """Per-request counters; ``rounds`` counts target forwards (prefill included)."""
+
+    policy: Optional[str] = None
+    rounds: int = 0
+    draft_forwards: int = 0
+    accepted: List[int] = field(default_factory=list)  # accepted draft tokens per verify round
+    tree_sizes: List[int] = field(default_factory=list)  # nodes per verify round (root included)
+    time_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per verify round (accepted + bonus), EAGLE's tau."""
+        return 1.0 + sum(self.accepted) / len(self.accepted) if self.accepted else 1.0
+
+    @property
+    def delta(self) -> float:
+        """Draft forwards per verify round (TALON §5.3's draft cost per target forward)."""
+        return self.draft_forwards / len(self.accepted) if self.accepted else 0.0
+
+
+@dataclass
+class GenerationResult:
+    token_ids: List[int]
+    text: Optional[str]
+    stats: RequestStats
+    error: Optional[str] = None
+
+
+class SpecEngine:
+    """Reference engine. Build with :meth:`from_pretrained`; run with :meth:`generate`."""
+
+    def __init__(self, target, draft, tokenizer=None, device="cpu", dtype=torch.float32):
+        self.target = target.to(device=device, dtype=dtype).eval()
+        self.draft = draft.to(device=device, dtype=dtype).eval().attach(self.target.model.embed_tokens)
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.dtype = dtype
+        cfg = target.config
+        self.eos = set(cfg.eos_ids)
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            self.eos.add(int(tokenizer.eos_token_id))
+
+    @classmethod
+    def from_pretrained(cls, target: str = "smollm2-135m", draft: Optional[str] = None, device="cpu",
+                        dtype=torch.float32, seed: int = 0) -> "SpecEngine":
+        """``target``: a HF Llama-family directory or ``"smollm2-135m"``; ``draft``: an EAGLE
+        directory, ``"demo"`` for the shipped head, or None for a seeded random head (tests)."""
+        t, d, tok = load_models(target, draft, dtype=dtype, seed=seed)
+        return cls(t, d, tok, device=device, dtype=dtype)
+
+    # ------------------------------------------------------------------ prompts
+    def encode(self, prompts: Sequence[Union[str, Sequence[int]]], chat: bool = True) -> List[List[int]]:
+        out = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                if self.tokenizer is None:
+                    raise ValueError(f"prompt {i} is text but this model has no tokenizer: pass token ids")
+                if chat and getattr(self.tokenizer, "chat_template", None):
+                    ids = self.tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                                             add_generation_prompt=True, tokenize=True)
+                    ids = ids["input_ids"] if not isinstance(ids, list) else ids
+                else:
+                    ids = self.tokenizer(p)["input_ids"]
+                out.append([int(x) for x in ids])
+            else:
+                ids = [int(x) for x in p]
+                if not ids or min(ids) < 0 or max(ids) >= self.target.config.vocab_size:
+                    raise ValueError(f"prompt {i}: token ids must be non-empty and in [0, "
+                                     f"{self.target.config.vocab_size - 1}]")
+                out.append(ids)
+        return out
+
+    # ------------------------------------------------------------------ public API
+    @torch.inference_mode()
+    def generate(self, prompts, *, max_new_tokens: int, policy=None, temperature: float = 0.0, top_k: int = -1,
+                 top_p: float = 1.0, seed: Optional[int] = None, chat: bool = True,
+                 progress=None) -> List[GenerationResult]:
+        """Generate for a batch of prompts; ``policy`` is one dict, a list (one per prompt), or None.
+
+        A request whose policy dict is invalid gets ``error`` set and no tokens; the rest run.
+        ``progress`` is an optional callable ``(n_new_tokens) -> None`` called after each round.
+        """
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        ids = self.encode(prompts, chat=chat)
+        specs = list(policy) if isinstance(policy, (list, tuple)) else [policy] * len(ids)
+        if len(specs) != len(ids):
+            raise ValueError(f"policy must be one dict or a list of {len(ids)} (one per prompt), got {len(specs)}")
+        results = [GenerationResult([], None, RequestStats(policy=(s or {}).get("policy") if isinstance(s, dict) else None))
+                   for s in specs]
+        ok, parsed = [], []
+        for i, s in enumerate(specs):
+            try:
+                parsed.append(parse_spec(s if s is not None else PLAIN))
+                ok.append(i)
+            except ValueError as e:
+                results[i].error = f"request {i}: {e}"
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2 ** 62, ()).item()))
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        if ok:
+            t0 = time.perf_counter()
+            plain = all(specs[i] is None for i in ok)
+            run = self._plain if plain else self._speculative
+            outs = run([ids[i] for i in ok], [parsed[j] for j in range(len(ok))],
+                       [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress)
+            dt = time.perf_counter() - t0
+            for i, toks in zip(ok, outs):
+                results[i].token_ids = toks
+                results[i].stats.time_s = dt
+                if self.tokenizer is not None:
+                    results[i].text = self.tokenizer.decode(toks, skip_special_tokens=True)
+        return results
+
+    # ------------------------------------------------------------------ shared pieces
+    def _prefill(self, ids: List[List[int]], max_len: int):
+        bs, P = len(ids), max(len(x) for x in ids)
+        dev = self.device
+        cfg = self.target.config
+        inp = torch.zeros(bs, P, dtype=torch.long, device=dev)
+        for b, x in enumerate(ids):
+            inp[b, :len(x)] = torch.tensor(x)
+        lens = torch.tensor([len(x) for x in ids], device=dev)
+        pos = torch.arange(P, device=dev).expand(bs, P)
+        cache = KVCache(cfg.num_hidden_layers, bs, cfg.num_key_value_heads, max_len, cfg.head_dim, self.dtype, dev)
+        mask = (pos[:, None, :] <= pos[:, :, None]) & (pos[:, None, :] < lens[:, None, None])
+        hidden = self.target(inp, pos, cache.stores(pos, P), mask)  # [bs, P, hidden]
+        last = torch.gather(hidden, 1, (lens - 1)[:, None, None].expand(bs, 1, hidden.shape[-1]))[:, 0]
+        return cache, inp, hidden, lens, self._logits(last)
+
+    def _logits(self, h):
+        return self.target.lm_head(h).float()
+
+    @staticmethod
+    def _finish(outs, new_rows, eos, max_new) -> List[bool]:
+        done = []
+        for out, new in zip(outs, new_rows):
+            for t in new:
+                out.append(t)
+                if t in eos or len(out) >= max_new:
+                    break
+            done.append(bool(out) and (out[-1] in eos or len(out) >= max_new))
+        return done
+
+    # ------------------------------------------------------------------ plain decoding
+    def _plain(self, ids, params, stats, max_new, sampling, gen, progress):
+        bs = len(ids)
+        max_len = max(len(x) for x in ids) + max_new + 1
+        cache, _, _, lens, logits = self._prefill(ids, max_len)
+        outs: List[List[int]] = [[] for _ in range(bs)]
+        rows = list(range(bs))  # original index of each active row
+        tok = sample(logits, generator=gen, **sampling)
+        for s in stats:
+            s.rounds += 1
+        while True:
+            done = self._finish([outs[r] for r in rows], [[t] for t in tok.tolist()], self.eos, max_new)
+            if progress:
+                progress(len(rows))
+            keep = [i for i, d in enumerate(done) if not d]
+            if not keep:
+                return outs
+            if len(keep) < len(rows):
+                k = torch.tensor(keep, device=self.device)
+                cache.select(k)
+                tok, lens = tok[k], lens[k]
+                rows = [rows[i] for i in keep]
+            pos = lens[:, None]
+            kv = int(lens.max()) + 1
+            mask = torch.arange(kv, device=self.device)[None, None, :] <= lens[:, None, None]
+            h = self.target(tok[:, None], pos, cache.stores(pos, kv), mask)
+            lens = lens + 1
+            tok = sample(self._logits(h[:, 0]), generator=gen, **sampling)
+            for r in rows:
+                stats[r].rounds += 1
+
+    # ------------------------------------------------------------------ speculative decoding
+    def _speculative(self, ids, params, stats, max_new, sampling, gen, progress):
+        bs, dev = len(ids), self.device
+        max_nodes = max(p.max_nodes for p in params)
+        max_len = max(len(x) for x in ids) + max_new + max_nodes + 2
+        cache, inp, hidden, lens, logits = self._prefill(ids, max_len)
+        dcfg = self.draft.config
+        dcache = KVCache(1, bs, dcfg.num_key_value_heads, max_len + 1, dcfg.head_dim, self.dtype, dev)
+        root = sample(logits, generator=gen, **sampling)  # [bs]
+        # draft prefill: pairs (h_{p-1}, x_p) for p = 1..P_b, with x_{P_b} = root
+        P = inp.shape[1]
+        toks = torch.cat([inp[:, 1:], torch.zeros_like(inp[:, :1])], dim=1)
+        toks.scatter_(1, (lens - 1)[:, None], root[:, None])
+        f_root, root_lp = self._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens)
+        outs: List[List[int]] = [[] for _ in range(bs)]
+        rows = list(range(bs))
+        for s in stats:
+            s.rounds += 1
+        pending = [[t] for t in root.tolist()]  # the first token comes from the prefill
+        while True:
+            done = self._finish([outs[r] for r in rows], pending, self.eos, max_new)
+            if progress:
+                progress(sum(len(p) for p in pending))
+            keep = [i for i, d in enumerate(done) if not d]
+            if not keep:
+                return outs
+            if len(keep) < len(rows):
+                k = torch.tensor(keep, device=dev)
+                cache.select(k)
+                dcache.select(k)
+                root, lens, f_root, root_lp = root[k], lens[k], f_root[k], root_lp[k]
+                rows = [rows[i] for i in keep]
+            pending, root, lens, f_root, root_lp = self._round(
+                cache, dcache, [params[r] for r in rows], [stats[r] for r in rows], root, lens, f_root, root_lp,
+                sampling, gen)
+
+    def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen):
+        bs, dev = root.shape[0], self.device
+        expand = _TreeExpander(self, dcache, lens, f_root)
+        tree = grow_tree(params, root, root_lp, expand)
+        n = tree.n_nodes
+        # ---- verify: one target forward over every tree, tree attention on the per-request cache
+        slots = lens[:, None] + torch.arange(n, device=dev)
+        kv = int(lens.max()) + n
+        col = torch.arange(kv, device=dev)[None, None, :]
+        rel = col - lens[:, None, None]  # column relative to the root's slot
+        dense = dense_mask(tree)  # [bs, n_nodes, n_nodes]
+        in_tree = torch.gather(dense, 2, rel.clamp(0, n - 1).expand(bs, n, kv)) & (rel >= 0) & (rel < n)
+        mask = (rel < 0) | in_tree
+        positions = lens[:, None] + tree.depth.clamp(min=0)
+        hidden = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask)
+        result = verify_tree(tree, self._logits(hidden), generator=gen, **sampling)
+        em = emitted_tokens(tree, result)  # [bs, depth + 1]
+        # ---- commit: keep only the accepted path's KV, at consecutive slots after the prefix
+        D1 = result.path.shape[1]
+        j = torch.arange(D1, device=dev)
+        dst = lens[:, None] + j
+        src = torch.where(result.path >= 0, lens[:, None] + result.path, dst)
+        cache.compact(src, dst)
+        # ---- draft extend with real target features: (h_root, a_1), ..., (h_{a_k}, bonus)
+        feats = torch.gather(hidden, 1, result.path.clamp(min=0)[:, :, None].expand(bs, D1, hidden.shape[-1]))
+        n_acc = result.num_accepted
+        f_root, root_lp = self._draft_extend(dcache, em.clamp(min=0), feats, lens + 1, n_acc + 1)
+        new_lens = lens + 1 + n_acc
+        host = torch.cat([em, n_acc[:, None], tree.size[:, None]], dim=1).tolist()  # the round's one sync
+        pending = []
+        for s, row in zip(stats, host):
+            k, size = row[-2], row[-1]
+            s.rounds += 1
+            s.draft_forwards += expand.calls + 1
+            s.accepted.append(k)
+            s.tree_sizes.append(size)
+            pending.append(row[:k + 1])
+        return pending, result.bonus, new_lens, f_root, root_lp
+
+    def _draft_extend(self, dcache, tokens, feats, start, count):
+        """Feed ``count[b]`` committed pairs starting at position ``start[b]``; return the last
+        pair's draft feature ``[bs, hidden]`` and its log-probs ``[bs, vocab]`` (the next root's)."""
+        bs, m = tokens.shape
+        pos = start[:, None] + torch.arange(m, device=self.device)
+        kv = int((start + m).max())
+        col = torch.arange(kv, device=self.device)[None, None, :]
+        mask = (col >= 1) & (col <= pos[:, :, None])
+        out = self.draft(tokens, feats.to(self.dtype), pos, dcache.stores(pos, kv)[0], mask)
+        last = torch.gather(out, 1, (count - 1)[:, None, None].expand(bs, 1, out.shape[-1]))[:, 0]
+        return last, torch.log_softmax(self._logits(last), dim=-1)
+
+
+class _TreeExpander:
+    """grow_tree's ``expand``: run the draft on the frontier nodes of the working tree.
+
+    Node u's input pair is (draft feature of parent(u), token(u)) at position len + depth(u);
+    it attends to the committed draft cache (slots 1..len) and to the tree-region KV of its
+    ancestors, kept in a per-round buffer indexed by working-tree node.
+    """
+
+    def __init__(self, engine: SpecEngine, dcache: KVCache, lens: torch.Tensor, f_root: torch.Tensor):
+        self.e, self.dcache, self.lens, self.f_root = engine, dcache, lens, f_root
+        self.calls = 0
+        self.C = None
+
+    def _alloc(self, C: int):
+        bs, H = self.f_root.shape
+        _, _, h, _, hd = self.dcache.k.shape
+        self.C = C
+        self.tk = torch.zeros(bs, h, C, hd, dtype=self.e.dtype, device=self.e.device)
+        self.tv = torch.zeros_like(self.tk)
+        self.feat = torch.zeros(bs, C, H, dtype=self.e.dtype, device=self.e.device)
+        self.feat[:, 0] = self.f_root
+
+    def __call__(self, tree: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
+        # tree [bs, C] working tree, frontier [bs, width] -> [bs, width, vocab] child log-probs
+        if self.C is None:
+            self._alloc(tree.n_nodes)
+        self.calls += 1
+        bs, W = frontier.shape
+        fr = frontier.clamp(min=0)
+        tok = torch.gather(tree.tokens, 1, fr).clamp(min=0)
+        par = torch.gather(tree.parents, 1, fr).clamp(min=0)
+        pfeat = torch.gather(self.feat, 1, par[:, :, None].expand(bs, W, self.feat.shape[-1]))
+        pos = self.lens[:, None] + torch.gather(tree.depth, 1, fr).clamp(min=0)
+        # ancestors-or-self of each frontier node within the tree region (root excluded: it is
+        # the committed slot len); pointer jumping one level per iteration
+        anc = torch.zeros(bs, W, self.C, dtype=torch.bool, device=fr.device)
+        cur = frontier.clone()
+        for _ in range(tree.depth_bound + 1):
+            anc |= torch.nn.functional.one_hot(cur.clamp(min=0), self.C).bool() & (cur >= 1)[..., None]
+            cur = torch.where(cur >= 0, torch.gather(tree.parents, 1, cur.clamp(min=0)), -1)
+        Lk = int(self.lens.max()) + 1
+        col = torch.arange(Lk, device=fr.device)[None, None, :]
+        committed = (col >= 1) & (col <= self.lens[:, None, None])
+        mask = torch.cat([committed.expand(bs, W, Lk), anc], dim=-1)
+        idx = fr[:, None, :, None].expand(-1, self.tk.shape[1], -1, self.tk.shape[-1])
+        dk, dv = self.dcache.k[0], self.dcache.v[0]
+
+        def store(k, v):
+            self.tk.scatter_(2, idx, k)
+            self.tv.scatter_(2, idx, v)
+            return torch.cat([dk[:, :, :Lk], self.tk], dim=2), torch.cat([dv[:, :, :Lk], self.tv], dim=2)
+
+        out = self.e.draft(tok, pfeat, pos, store, mask)  # [bs, width, hidden]
+        valid = (frontier >= 0)[:, :, None]
+        cur_feat = torch.gather(self.feat, 1, fr[:, :, None].expand_as(out))
+        self.feat.scatter_(1, fr[:, :, None].expand_as(out), torch.where(valid, out, cur_feat))
+        return torch.log_softmax(self.e._logits(out), dim=-1)

@@ -1,0 +1,57 @@
+"""Resolve ``target`` / ``draft`` names to loaded models and a tokenizer."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from ..models import EagleDraftHead, LlamaModel, demo_target
+from ..models.demo import DEMO_NAME, cache_dir
+
+__all__ = ["load_models", "resolve_target", "demo_draft_dir"]
+
+
+def resolve_target(target: str) -> str:
+    if target == DEMO_NAME:
+        return demo_target()
+    if not os.path.isdir(target):
+        raise FileNotFoundError(f"target {target!r} is neither {DEMO_NAME!r} nor a Hugging Face model directory")
+    return target
+
+
+def demo_draft_dir() -> str:
+    """The shipped draft head for the demo target (inside the package), if present."""
+    return os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "smollm2-135m-eagle")
+
+
+def _tokenizer(path: str):
+    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_models(target: str, draft: Optional[str], dtype=torch.float32, seed: int = 0):
+    """-> (LlamaModel, EagleDraftHead, tokenizer or None)."""
+    path = resolve_target(target)
+    model = LlamaModel.from_pretrained(path, dtype=dtype)
+    if draft is None:
+        head = EagleDraftHead.for_target(model.config, seed=seed, dtype=dtype)
+    elif draft == "demo":
+        d = demo_draft_dir()
+        if os.path.isfile(os.path.join(d, "model.safetensors")):
+            head = EagleDraftHead.load(d, dtype=dtype)
+        else:  # until a trained head ships: a seeded random head, saved once in SGLang format
+            d = os.path.join(cache_dir(), "smollm2-135m-eagle-random")
+            if not os.path.isfile(os.path.join(d, "model.safetensors")):
+                EagleDraftHead.for_target(model.config, seed=seed).save(d, dtype=torch.float32)
+            head = EagleDraftHead.load(d, dtype=dtype)
+    else:
+        head = EagleDraftHead.load(draft, dtype=dtype)
+    if head.config.hidden_size != model.config.hidden_size or head.config.vocab_size != model.config.vocab_size:
+        raise ValueError(f"draft head hidden/vocab ({head.config.hidden_size}, {head.config.vocab_size}) do not match "
+                         f"the target's ({model.config.hidden_size}, {model.config.vocab_size})")
+    return model, head, _tokenizer(path)

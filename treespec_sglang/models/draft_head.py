@@ -1,0 +1,105 @@
+"""EAGLE draft head in the format SGLang 0.5.23 loads as ``LlamaForCausalLMEagle``.
+
+One decoder layer whose first norm is skipped, fed ``fc([embed(token), feature])`` where
+``feature`` is the target's final hidden state at the previous position (or the draft's own
+output further down a tree); output = the layer's residual stream, no final norm, projected by
+the *target's* LM head (EAGLE shares embedding and head). Checkpoint keys carry no ``model.``
+prefix (SGLang's loader adds it): ``fc.weight``, ``fc.bias``, ``layers.0.self_attn.q_proj.weight``,
+``layers.0.mlp.gate_proj.weight``, ``layers.0.post_attention_layernorm.weight``, ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+
+import torch
+from torch import nn
+
+from .llama import DecoderLayer, LlamaConfig, rope_cos_sin, rope_inv_freq
+
+__all__ = ["EagleDraftHead", "DRAFT_ARCH"]
+
+DRAFT_ARCH = "LlamaForCausalLMEagle"
+
+
+class EagleDraftHead(nn.Module):
+    """``forward(tokens, features, positions, store, mask) -> [bs, q, hidden]`` draft features.
+
+    ``embed`` is the target's token embedding (shared, not saved).
+    """
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.config = cfg
+        H = cfg.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=True)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, input_norm=False)])
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.embed: nn.Embedding = None  # set by attach()
+
+    def attach(self, embed: nn.Embedding) -> "EagleDraftHead":
+        object.__setattr__(self, "embed", embed)  # shared with the target, kept out of state_dict
+        return self
+
+    def forward(self, tokens, features, positions, store, mask):
+        # tokens [bs, q] int64, features [bs, q, hidden], positions [bs, q], mask [bs, q, kv]
+        x = self.fc(torch.cat([self.embed(tokens).to(features.dtype), features], dim=-1))
+        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        return self.layers[0](x, cos, sin, store, mask)
+
+    # ------------------------------------------------------------------ construction / IO
+    @classmethod
+    def for_target(cls, target_cfg: LlamaConfig, seed: int = 0, dtype=torch.float32) -> "EagleDraftHead":
+        """A seeded random head shaped for ``target_cfg`` (tests and the untrained demo)."""
+        cfg = LlamaConfig.from_dict({**_cfg_dict(target_cfg), "num_hidden_layers": 1})
+        g = torch.Generator().manual_seed(seed)
+        head = cls(cfg)
+        with torch.no_grad():
+            for name, p in head.named_parameters():
+                if name.endswith("layernorm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith("bias"):
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * (0.5 / p.shape[-1] ** 0.5))
+        return head.to(dtype).eval()
+
+    def save(self, path: str, dtype=torch.bfloat16) -> None:
+        """Write ``config.json`` + ``model.safetensors`` loadable by SGLang as an EAGLE draft."""
+        from safetensors.torch import save_file
+
+        os.makedirs(path, exist_ok=True)
+        cfg = {**_cfg_dict(self.config), "num_hidden_layers": 1, "architectures": [DRAFT_ARCH],
+               "model_type": "llama", "torch_dtype": str(dtype).replace("torch.", "")}
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+        sd = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
+        save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+    @classmethod
+    def load(cls, path: str, dtype=torch.float32) -> "EagleDraftHead":
+        from safetensors.torch import load_file
+
+        cfg_path, w_path = os.path.join(path, "config.json"), os.path.join(path, "model.safetensors")
+        for p in (cfg_path, w_path):
+            if not os.path.isfile(p):
+                raise FileNotFoundError(f"draft head: {p} is missing (an EAGLE draft directory needs config.json "
+                                        f"and model.safetensors; write one with EagleDraftHead.save)")
+        with open(cfg_path) as f:
+            raw = json.load(f)
+        if DRAFT_ARCH not in (raw.get("architectures") or []):
+            raise ValueError(f"draft head: {cfg_path} architectures must include {DRAFT_ARCH!r}, "
+                             f"got {raw.get('architectures')}")
+        head = cls(LlamaConfig.from_dict(raw))
+        sd = load_file(w_path)
+        head.load_state_dict({k: v.to(dtype) for k, v in sd.items()})
+        return head.to(dtype).eval()
+
+
+def _cfg_dict(cfg: LlamaConfig) -> dict:
+    d = asdict(cfg)
+    extra = d.pop("extra")
+    keep = {k: v for k, v in extra.items() if k in ("model_type", "hidden_act", "pad_token_id")}
+    return {**keep, **d}
