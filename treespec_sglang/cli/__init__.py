@@ -1,7 +1,8 @@
 """The ``treespec`` command line (``python -m treespec_sglang`` too).
 
-Subcommands grow with the project (``demo``, ``bench``, ``train``, ``patch`` arrive with their
-issues). Today: ``policies`` lists every registered tree policy with its parameters and defaults.
+``demo`` (the main job), ``bench`` (whole prompt sets, JSONL + plots) and ``policies`` (every
+registered tree policy with its parameters and defaults); ``train`` and ``patch`` arrive with
+their issues.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def main(argv=None) -> int:
     p = sub.add_parser("policies", help="list the tree policies, their parameters and defaults")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_policies)
+    from . import bench, demo
+
+    demo.add_parser(sub)
+    bench.add_parser(sub)
     args = ap.parse_args(argv)
     return args.fn(args)
 

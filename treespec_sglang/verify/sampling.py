@@ -60,20 +60,25 @@ def target_probs(logits: torch.Tensor, temperature: Num = 0.0, top_k: Num = -1, 
     p = as_row_tensor(top_p, bs, dev, torch.float32, "top_p", 1e-9, 1.0).view(shape)
     x = logits.float()
     greedy = torch.nn.functional.one_hot(x.argmax(-1), V).float()
+    # host-side shortcuts when a parameter is a plain number that disables a stage (no sync)
+    if not isinstance(temperature, torch.Tensor) and temperature == 0:
+        return greedy
     x = x / torch.where(T > 0, T, 1.0)
-    # top-k: drop everything below the k-th largest value (ties at the k-th value are kept)
-    k_eff = torch.where(k > 0, k.clamp(max=V), V)
-    sorted_x = torch.sort(x, dim=-1, descending=True).values
-    kth = torch.gather(sorted_x, -1, (k_eff - 1).expand(*x.shape[:-1], 1))
-    x = torch.where(x < kth, float("-inf"), x)
-    # top-p on the renormalised top-k distribution: keep token j if the mass strictly before it < p
+    if isinstance(top_k, torch.Tensor) or top_k > 0:
+        # top-k: drop everything below the k-th largest value (ties at the k-th value are kept)
+        k_eff = torch.where(k > 0, k.clamp(max=V), V)
+        sorted_x = torch.sort(x, dim=-1, descending=True).values
+        kth = torch.gather(sorted_x, -1, (k_eff - 1).expand(*x.shape[:-1], 1))
+        x = torch.where(x < kth, float("-inf"), x)
     probs = torch.softmax(x, dim=-1)
-    sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    before = sp.cumsum(-1) - sp
-    drop_sorted = before >= p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    probs = torch.where(drop, 0.0, probs)
-    probs = probs / probs.sum(-1, keepdim=True)
+    if isinstance(top_p, torch.Tensor) or top_p < 1:
+        # top-p on the renormalised top-k distribution: keep token j if the mass strictly before it < p
+        sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        before = sp.cumsum(-1) - sp
+        drop_sorted = before >= p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = torch.where(drop, 0.0, probs)
+        probs = probs / probs.sum(-1, keepdim=True)
     return torch.where(T > 0, probs, greedy)
 
 

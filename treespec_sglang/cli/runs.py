@@ -1,0 +1,108 @@
+"""Shared pieces of ``treespec demo`` and ``treespec bench``: policy presets, timed runs, the table."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+
+__all__ = ["PRESETS", "parse_policies", "PolicyRun", "run_policy", "format_table"]
+
+# CPU-sized defaults (shared/notes/measurements.md: a 60-node tree costs ~3.3 decode steps on CPU)
+PRESETS = {
+    "eagle2": {"policy": "eagle2", "budget": 16, "topk": 4, "depth": 4},
+    "talon": {"policy": "talon", "budget": 16, "topk": 4, "mu": 0.03},
+    "salf": {"policy": "salf", "budget": 16, "batch": 4, "th": 0.6},
+    "c2t": {"policy": "c2t", "budget": 16, "topk": 4, "beta": 0.5},
+    "chain": {"policy": "chain", "length": 4},
+}
+
+
+def parse_policies(names: str, extra_json: Optional[str] = None, budget: Optional[int] = None) -> List[dict]:
+    """``"eagle2,talon"`` -> preset dicts (``budget`` overrides); ``extra_json`` adds full dicts."""
+    out = []
+    for n in [x.strip() for x in (names or "").split(",") if x.strip()]:
+        if n not in PRESETS:
+            raise SystemExit(f"--policies: unknown policy {n!r}; choose from {sorted(PRESETS)}")
+        d = dict(PRESETS[n])
+        if budget is not None and "budget" in d:
+            d["budget"] = budget
+        out.append(d)
+    if extra_json:
+        more = json.loads(extra_json)
+        out += more if isinstance(more, list) else [more]
+    return out
+
+
+def label(spec: Optional[dict]) -> str:
+    if spec is None:
+        return "plain"
+    return spec["policy"] + "(" + ",".join(f"{k}={v}" for k, v in spec.items() if k != "policy") + ")"
+
+
+@dataclass
+class PolicyRun:
+    spec: Optional[dict]
+    seconds: float
+    results: list = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.results)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    def _rounds(self):
+        return [a for r in self.results for a in r.stats.accepted]
+
+    @property
+    def tau(self) -> float:
+        acc = self._rounds()
+        return 1.0 + sum(acc) / len(acc) if acc else 1.0
+
+    @property
+    def delta(self) -> float:
+        n = len(self._rounds())
+        return sum(r.stats.draft_forwards for r in self.results) / n if n else 0.0
+
+    @property
+    def mean_tree(self) -> float:
+        sizes = [s for r in self.results for s in r.stats.tree_sizes]
+        return sum(sizes) / len(sizes) if sizes else 1.0
+
+
+def run_policy(engine, prompts, spec, *, max_new_tokens, batch_size, temperature=0.0, seed=0, bar=None) -> PolicyRun:
+    """Generate for all prompts in batches of ``batch_size`` with one policy; wall time measured."""
+    results = []
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i:i + batch_size]
+        results += engine.generate(chunk, max_new_tokens=max_new_tokens, policy=spec, temperature=temperature,
+                                   seed=seed, progress=(bar.update if bar is not None else None))
+    return PolicyRun(spec, time.perf_counter() - t0, results)
+
+
+def format_table(runs: List[PolicyRun], temperature: float) -> str:
+    base = runs[0]
+    head = f"{'policy':<44} {'tok/s':>7} {'tau':>5} {'delta':>5} {'tree':>5} {'speedup':>7}  lossless"
+    lines = [head, "-" * len(head)]
+    for r in runs:
+        if r.spec is None:
+            same = "-"
+        elif temperature > 0:
+            same = "n/a (T>0)"
+        else:
+            same = "yes" if [x.token_ids for x in r.results] == [x.token_ids for x in base.results] else "NO"
+        lines.append(f"{label(r.spec):<44} {r.tokens_per_s:7.2f} {r.tau:5.2f} {r.delta:5.2f} {r.mean_tree:5.1f} "
+                     f"{r.tokens_per_s / base.tokens_per_s:6.2f}x  {same}")
+    return "\n".join(lines)
+
+
+def set_threads(n: Optional[int]) -> None:
+    if n:
+        torch.set_num_threads(n)
