@@ -1,0 +1,127 @@
+"""The engine's tree expansion against a chain oracle: for every expanded node u, the draft's
+output equals running the draft from scratch, causally, over the committed pairs followed by the
+pairs on u's branch ((draft feature of the parent, token) at prefix + depth). This pins down
+positions, masks, the tree-region KV and the feature routing in one check."""
+
+import pytest
+import torch
+
+from tests.models.tiny import make_tiny_llama
+from treespec_sglang.engine import KVCache, SpecEngine
+from treespec_sglang.engine.engine import _TreeExpander
+from treespec_sglang.policies import grow_tree
+
+pytest.importorskip("transformers")
+
+
+def chain_draft(e, tokens, feats):
+    """Run the draft over pairs at positions 1..m with a plain causal mask; return [m, hidden]."""
+    m = len(tokens)
+    cfg = e.draft.config
+    cache = KVCache(1, 1, cfg.num_key_value_heads, m + 1, cfg.head_dim, torch.float32, "cpu")
+    pos = torch.arange(1, m + 1)[None]
+    col = torch.arange(m + 1)[None, None, :]
+    mask = (col >= 1) & (col <= pos[:, :, None])
+    out = e.draft(torch.tensor([tokens]), torch.stack(feats)[None], pos, cache.stores(pos, m + 1)[0], mask)
+    return out[0]
+
+
+@pytest.mark.parametrize("spec", [{"policy": "eagle2", "budget": 12, "topk": 3, "depth": 4},
+                                  {"policy": "talon", "budget": 12, "topk": 3, "mu": 0.01}])
+def test_expansion_equals_branch_chain(tmp_path, spec):
+    make_tiny_llama(tmp_path, vocab=40, hidden=32, layers=2, heads=4, kv_heads=2)
+    e = SpecEngine.from_pretrained(str(tmp_path), draft=None, seed=5)
+    ids = [[3, 7, 1, 9, 4], [5, 2]]
+    with torch.no_grad():
+        cache, inp, hidden, lens, logits = e._prefill(ids, 40)
+        dcfg = e.draft.config
+        dcache = KVCache(1, 2, dcfg.num_key_value_heads, 41, dcfg.head_dim, torch.float32, "cpu")
+        root = logits.argmax(-1)
+        toks = torch.cat([inp[:, 1:], torch.zeros_like(inp[:, :1])], dim=1)
+        toks.scatter_(1, (lens - 1)[:, None], root[:, None])
+        f_root, root_lp = e._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens)
+        exp = _TreeExpander(e, dcache, lens, f_root)
+        seen = []
+
+        def recording(tree, frontier):
+            out = exp(tree, frontier)
+            seen.append((tree, frontier.clone(), out.clone()))
+            return out
+
+        grow_tree([spec, spec], root, root_lp, recording)
+        assert seen, "the policy expanded nothing"
+        for b, x in enumerate(ids):
+            L = len(x)
+            committed_tok = x[1:] + [int(root[b])]
+            committed_feat = [hidden[b, p] for p in range(L)]
+            base = chain_draft(e, committed_tok, committed_feat)
+            torch.testing.assert_close(base[-1], f_root[b], rtol=1e-4, atol=1e-5)
+            memo = {0: f_root[b]}
+
+            def feature(tree, u):
+                if u not in memo:
+                    branch, i = [], u
+                    while i > 0:
+                        branch.append(i)
+                        i = int(tree.parents[b, i])
+                    branch.reverse()
+                    toks_ = committed_tok + [int(tree.tokens[b, j]) for j in branch]
+                    feats_ = committed_feat + [feature(tree, int(tree.parents[b, j])) for j in branch]
+                    memo[u] = chain_draft(e, toks_, feats_)[-1]
+                return memo[u]
+
+            checked = 0
+            for tree, frontier, out in seen:
+                for w, u in enumerate(frontier[b].tolist()):
+                    if u < 0:
+                        continue
+                    ref = torch.log_softmax(e.target.lm_head(feature(tree, u)), -1)
+                    torch.testing.assert_close(out[b, w], ref, rtol=1e-4, atol=1e-4)
+                    checked += 1
+            assert checked >= 3
+
+
+def test_draft_extend_after_verify_equals_chain_over_committed_tokens(tmp_path, monkeypatch):
+    """Each round's root log-probs equal the draft run from scratch over all committed tokens with
+    the target's real hidden states: accepted-path features and draft KV are committed right."""
+    import treespec_sglang.engine.engine as E
+    from tests.engine.test_engine import POLICIES
+
+    make_tiny_llama(tmp_path, vocab=40, hidden=32, layers=1, heads=4, kv_heads=2, seed=2)
+    e = SpecEngine.from_pretrained(str(tmp_path), draft=None, seed=1)
+    with torch.no_grad():  # make the draft agree with the target often (see test_engine.aligned_engine)
+        H = e.draft.config.hidden_size
+        e.draft.fc.weight.zero_()
+        e.draft.fc.weight[:, :H] = torch.eye(H)
+        e.draft.fc.weight[:, H:] = 0.1 * torch.eye(H)  # keep the feature path live
+        e.draft.fc.bias.zero_()
+        layer = e.target.model.layers[0]
+        e.draft.layers[0].load_state_dict({k: v for k, v in layer.state_dict().items()
+                                           if "input_layernorm" not in k}, strict=False)
+    calls = []
+    real = E.grow_tree
+
+    def spy(specs, root, root_lp, expand, **kw):
+        calls.append((root.clone(), root_lp.clone()))
+        return real(specs, root, root_lp, expand, **kw)
+
+    monkeypatch.setattr(E, "grow_tree", spy)
+    prompt = [3, 7, 1, 9]
+    out = e.generate([prompt], max_new_tokens=12, policy=POLICIES[0])[0]
+    assert sum(out.stats.accepted) >= 2, "want multi-token acceptances in this check"
+    seq = prompt + out.token_ids
+    # rounds start after prefill (root = first token); round r's root sits at len(prompt) + sum(...)
+    pos = len(prompt)
+    with torch.no_grad():
+        for r, (root, root_lp) in enumerate(calls):
+            assert int(root[0]) == seq[pos]
+            ctx = torch.tensor([seq[:pos]])
+            cfg = e.target.config
+            cache = KVCache(cfg.num_hidden_layers, 1, cfg.num_key_value_heads, pos, cfg.head_dim, torch.float32, "cpu")
+            p = torch.arange(pos)[None]
+            h = e.target(ctx, p, cache.stores(p, pos), torch.ones(pos, pos, dtype=torch.bool).tril()[None])[0]
+            f = chain_draft(e, seq[1:pos + 1], [h[i] for i in range(pos)])[-1]
+            ref = torch.log_softmax(e.target.lm_head(f), -1)
+            torch.testing.assert_close(root_lp[0], ref, rtol=1e-4, atol=1e-4)
+            if r < len(out.stats.accepted):
+                pos += 1 + out.stats.accepted[r]
