@@ -39,8 +39,8 @@ def test_expansion_equals_branch_chain(tmp_path, spec):
         root = logits.argmax(-1)
         toks = torch.cat([inp[:, 1:], torch.zeros_like(inp[:, :1])], dim=1)
         toks.scatter_(1, (lens - 1)[:, None], root[:, None])
-        f_root, root_lp = e._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens)
-        exp = _TreeExpander(e, dcache, lens, f_root)
+        f_root, root_lp = e._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
+        exp = _TreeExpander(e, dcache, lens, f_root, max(len(x) for x in ids))
         seen = []
 
         def recording(tree, frontier):

@@ -126,3 +126,27 @@ def test_sampling_first_two_tokens_match_plain_sampling(aligned_engine, spec):
     keys2 = set(runs["plain"]) | set(runs["spec"])
     d2 = 0.5 * sum(abs(runs["plain"][k] - runs["spec"][k]) / n for k in keys2)
     assert d2 < 2 * tv_bound(len(keys2), n), d2
+
+
+def test_a_round_syncs_once_per_draft_step_plus_one(aligned_engine, monkeypatch):
+    """Host syncs in one speculative round: grow_tree's early-exit check per step and the single
+    transfer of the round's results; nothing else (no .item()/.tolist()/bool-mask in the round)."""
+    import treespec_sglang.engine.engine as E
+    from treespec_sglang.utils import count_host_syncs
+
+    counts = []
+    real = E.SpecEngine._round
+
+    def counted(self, *a, **k):
+        with count_host_syncs() as c:
+            out = real(self, *a, **k)
+        counts.append((c.count, dict(c.ops), out[0]))
+        return out
+
+    monkeypatch.setattr(E.SpecEngine, "_round", counted)
+    aligned_engine.generate(prompts(3), max_new_tokens=10, policy=POLICIES[0])  # eagle2, depth 3
+    assert counts
+    for n, ops, _ in counts:
+        assert set(ops) <= {"aten::_local_scalar_dense", "aten::is_nonzero", "Tensor.tolist"}, ops
+        assert ops.get("Tensor.tolist", 0) == 1
+        assert n <= 1 + 3  # depth 3 -> at most 2 expand steps + the final check, plus the transfer

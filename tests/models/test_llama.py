@@ -55,7 +55,7 @@ def test_missing_weights_are_a_clear_error(tmp_path):
 
 
 def test_draft_head_roundtrip_in_sglang_format(tmp_path):
-    hf = make_tiny_llama(tmp_path / "t")
+    make_tiny_llama(tmp_path / "t")
     target = LlamaModel.from_pretrained(str(tmp_path / "t"))
     head = EagleDraftHead.for_target(target.config, seed=3)
     head.save(str(tmp_path / "d"), dtype=torch.float32)

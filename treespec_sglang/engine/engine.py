@@ -182,6 +182,7 @@ class SpecEngine:
         bs = len(ids)
         max_len = max(len(x) for x in ids) + max_new + 1
         cache, _, _, lens, logits = self._prefill(ids, max_len)
+        lens_h = [len(x) for x in ids]  # host copy of lens: no sync to size the attention
         outs: List[List[int]] = [[] for _ in range(bs)]
         rows = list(range(bs))  # original index of each active row
         tok = sample(logits, generator=gen, **sampling)
@@ -199,11 +200,13 @@ class SpecEngine:
                 cache.select(k)
                 tok, lens = tok[k], lens[k]
                 rows = [rows[i] for i in keep]
+                lens_h = [lens_h[i] for i in keep]
             pos = lens[:, None]
-            kv = int(lens.max()) + 1
+            kv = max(lens_h) + 1
             mask = torch.arange(kv, device=self.device)[None, None, :] <= lens[:, None, None]
             h = self.target(tok[:, None], pos, cache.stores(pos, kv), mask)
             lens = lens + 1
+            lens_h = [x + 1 for x in lens_h]
             tok = sample(self._logits(h[:, 0]), generator=gen, **sampling)
             for r in rows:
                 stats[r].rounds += 1
@@ -218,10 +221,10 @@ class SpecEngine:
         dcache = KVCache(1, bs, dcfg.num_key_value_heads, max_len + 1, dcfg.head_dim, self.dtype, dev)
         root = sample(logits, generator=gen, **sampling)  # [bs]
         # draft prefill: pairs (h_{p-1}, x_p) for p = 1..P_b, with x_{P_b} = root
-        P = inp.shape[1]
         toks = torch.cat([inp[:, 1:], torch.zeros_like(inp[:, :1])], dim=1)
         toks.scatter_(1, (lens - 1)[:, None], root[:, None])
-        f_root, root_lp = self._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens)
+        f_root, root_lp = self._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
+        lens_h = [len(x) for x in ids]
         outs: List[List[int]] = [[] for _ in range(bs)]
         rows = list(range(bs))
         for s in stats:
@@ -240,18 +243,22 @@ class SpecEngine:
                 dcache.select(k)
                 root, lens, f_root, root_lp = root[k], lens[k], f_root[k], root_lp[k]
                 rows = [rows[i] for i in keep]
+                lens_h = [lens_h[i] for i in keep]
             pending, root, lens, f_root, root_lp = self._round(
                 cache, dcache, [params[r] for r in rows], [stats[r] for r in rows], root, lens, f_root, root_lp,
-                sampling, gen)
+                sampling, gen, max(lens_h))
+            lens_h = [x + len(p) for x, p in zip(lens_h, pending)]
 
-    def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen):
+    def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen, lmax: int):
+        """One draft -> verify -> commit round. ``lmax`` (host int) = max(lens): sizes attention
+        without a sync; the only syncs are grow_tree's per-step check and one transfer at the end."""
         bs, dev = root.shape[0], self.device
-        expand = _TreeExpander(self, dcache, lens, f_root)
+        expand = _TreeExpander(self, dcache, lens, f_root, lmax)
         tree = grow_tree(params, root, root_lp, expand)
         n = tree.n_nodes
         # ---- verify: one target forward over every tree, tree attention on the per-request cache
         slots = lens[:, None] + torch.arange(n, device=dev)
-        kv = int(lens.max()) + n
+        kv = lmax + n
         col = torch.arange(kv, device=dev)[None, None, :]
         rel = col - lens[:, None, None]  # column relative to the root's slot
         dense = dense_mask(tree)  # [bs, n_nodes, n_nodes]
@@ -270,7 +277,7 @@ class SpecEngine:
         # ---- draft extend with real target features: (h_root, a_1), ..., (h_{a_k}, bonus)
         feats = torch.gather(hidden, 1, result.path.clamp(min=0)[:, :, None].expand(bs, D1, hidden.shape[-1]))
         n_acc = result.num_accepted
-        f_root, root_lp = self._draft_extend(dcache, em.clamp(min=0), feats, lens + 1, n_acc + 1)
+        f_root, root_lp = self._draft_extend(dcache, em.clamp(min=0), feats, lens + 1, n_acc + 1, kv=lmax + 1 + D1)
         new_lens = lens + 1 + n_acc
         host = torch.cat([em, n_acc[:, None], tree.size[:, None]], dim=1).tolist()  # the round's one sync
         pending = []
@@ -283,12 +290,11 @@ class SpecEngine:
             pending.append(row[:k + 1])
         return pending, result.bonus, new_lens, f_root, root_lp
 
-    def _draft_extend(self, dcache, tokens, feats, start, count):
+    def _draft_extend(self, dcache, tokens, feats, start, count, kv: int):
         """Feed ``count[b]`` committed pairs starting at position ``start[b]``; return the last
         pair's draft feature ``[bs, hidden]`` and its log-probs ``[bs, vocab]`` (the next root's)."""
         bs, m = tokens.shape
-        pos = start[:, None] + torch.arange(m, device=self.device)
-        kv = int((start + m).max())
+        pos = start[:, None] + torch.arange(m, device=self.device)  # kv (host) >= max(start) + m
         col = torch.arange(kv, device=self.device)[None, None, :]
         mask = (col >= 1) & (col <= pos[:, :, None])
         out = self.draft(tokens, feats.to(self.dtype), pos, dcache.stores(pos, kv)[0], mask)
@@ -304,8 +310,8 @@ class _TreeExpander:
     ancestors, kept in a per-round buffer indexed by working-tree node.
     """
 
-    def __init__(self, engine: SpecEngine, dcache: KVCache, lens: torch.Tensor, f_root: torch.Tensor):
-        self.e, self.dcache, self.lens, self.f_root = engine, dcache, lens, f_root
+    def __init__(self, engine: SpecEngine, dcache: KVCache, lens: torch.Tensor, f_root: torch.Tensor, lmax: int):
+        self.e, self.dcache, self.lens, self.f_root, self.lmax = engine, dcache, lens, f_root, lmax
         self.calls = 0
         self.C = None
 
@@ -336,7 +342,7 @@ class _TreeExpander:
         for _ in range(tree.depth_bound + 1):
             anc |= torch.nn.functional.one_hot(cur.clamp(min=0), self.C).bool() & (cur >= 1)[..., None]
             cur = torch.where(cur >= 0, torch.gather(tree.parents, 1, cur.clamp(min=0)), -1)
-        Lk = int(self.lens.max()) + 1
+        Lk = self.lmax + 1
         col = torch.arange(Lk, device=fr.device)[None, None, :]
         committed = (col >= 1) & (col <= self.lens[:, None, None])
         mask = torch.cat([committed.expand(bs, W, Lk), anc], dim=-1)
