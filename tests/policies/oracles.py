@@ -33,6 +33,22 @@ def sglang_eagle2(draft, root, topk, steps, num_draft_tokens):
 
     Returns (tokens, parents) of the tree, root first, in SGLang's node order.
     """
+    parent_list, top, draft_tokens = sglang_draft_pool(draft, root, topk, steps, num_draft_tokens)
+    # build_tree_kernel_efficient: node i's parent
+    sel = top[0].tolist()
+    parents = [-1]
+    for i in range(1, num_draft_tokens):
+        tb = sel[i - 1] // topk
+        pos = 0
+        if tb > 0:
+            ptok = int(parent_list[0, tb])
+            pos = sel.index(ptok) + 1  # ValueError = invalid tree
+        parents.append(pos)
+    return [root] + draft_tokens[0].tolist(), parents
+
+
+def sglang_draft_pool(draft, root, topk, steps, num_draft_tokens):
+    """The draft loop + organize_draft_results: (parent_list, top_scores_index, draft_tokens), bs = 1."""
     k = topk
     probs0 = draft.logprobs((root,)).exp()
     topk_p, topk_index = probs0.topk(k)
@@ -59,17 +75,58 @@ def sglang_eagle2(draft, root, topk, steps, num_draft_tokens):
     top = torch.sort(top).values
     draft_tokens = torch.gather(all_tokens, 1, top)
     parent_list = torch.cat(parents_list[:-1], dim=1) if len(parents_list) > 1 else torch.empty(1, 0, dtype=torch.long)
-    # build_tree_kernel_efficient: node i's parent
-    sel = top[0].tolist()
-    parents = [-1]
-    for i in range(1, num_draft_tokens):
-        tb = sel[i - 1] // k
-        pos = 0
-        if tb > 0:
-            ptok = int(parent_list[0, tb])
-            pos = sel.index(ptok) + 1  # ValueError = invalid tree
-        parents.append(pos)
-    return [root] + draft_tokens[0].tolist(), parents
+    return parent_list, top, draft_tokens
+
+
+def sglang_build_tree_kernel(parent_list, selected_index, seq_lens, topk, depth, n):
+    """Line-by-line restatement of the CUDA kernel ``build_tree_efficient`` (FULL_MASK mode)."""
+    bs = len(seq_lens)
+    mask = [True] * (sum(seq_lens) * n + n * n * bs)
+    positions = [0] * (bs * n)
+    ri, rnt, rns = [-1] * (bs * n), [-1] * (bs * n), [-1] * (bs * n)
+    width = topk * (depth - 1) + 1
+    for bid in range(bs):
+        sel = selected_index[bid]
+        seq_tree_idx = n * n * bid + sum(seq_lens[:bid]) * n
+        seq_len = seq_lens[bid]
+        for tid in range(n):
+            token_tree_idx = seq_tree_idx + (seq_len + n) * tid + seq_len + 1
+            mask[token_tree_idx - 1] = True
+            for i in range(n - 1):
+                mask[token_tree_idx + i] = False
+            if tid == 0:
+                positions[bid * n] = seq_len
+                for i in range(n - 1, 0, -1):
+                    ri[bid * n + i] = bid * n + i
+                    parent_tb_idx = sel[i - 1] // topk
+                    parent_position = 0
+                    if parent_tb_idx > 0:
+                        parent_token_idx = parent_list[bid][parent_tb_idx] if width else None
+                        while parent_position < n:
+                            if sel[parent_position] == parent_token_idx:
+                                parent_position += 1
+                                break
+                            parent_position += 1
+                    if parent_position == n:
+                        continue
+                    if rnt[bid * n + parent_position] == -1:
+                        rnt[bid * n + parent_position] = i
+                    else:
+                        rns[bid * n + i] = rnt[bid * n + parent_position]
+                        rnt[bid * n + parent_position] = i
+                ri[bid * n] = bid * n
+            else:
+                cur, position = tid - 1, 0
+                while True:
+                    position += 1
+                    mask[token_tree_idx + cur] = True
+                    parent_tb_idx = sel[cur] // topk
+                    if parent_tb_idx == 0:
+                        break
+                    token_idx = parent_list[bid][parent_tb_idx]
+                    cur = next(c for c in range(n) if sel[c] == token_idx)
+                positions[bid * n + tid] = position + seq_len
+    return mask, positions, ri, rnt, rns
 
 
 def talon(draft, root, N, K, mu):

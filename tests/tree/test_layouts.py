@@ -93,3 +93,46 @@ def test_retrive_arrays_match_sglang_kernel(rng, ragged):
         assert r.retrive_index[b, :s].tolist() == [base + i for i in range(s)]
         assert (r.retrive_index[b, s:] == -1).all()
         offset += s
+
+
+@pytest.mark.parametrize("topk,depth,n,seq_lens", [(3, 3, 8, [5, 0, 12]), (4, 4, 16, [1, 30]), (2, 5, 9, [7])])
+def test_sglang_verify_arrays_equal_the_build_tree_kernel(topk, depth, n, seq_lens):
+    """Our EAGLE-2 trees through sglang_verify_arrays == SGLang's select/organize + the CUDA kernel
+    (line-by-line restatement) fed the same draft."""
+    from tests.helpers import PathDraft
+    from tests.policies import oracles
+    from treespec_sglang.policies import grow_tree
+    from treespec_sglang.tree import sglang_verify_arrays
+
+    draft = PathDraft(30, seed=topk * depth, sharpness=1.5)
+    roots = torch.arange(len(seq_lens)) + 2
+    spec = {"policy": "eagle2", "budget": n, "topk": topk, "depth": depth}
+    tree = grow_tree([spec] * len(seq_lens), roots, draft.root(roots), draft.expand)
+    got = sglang_verify_arrays(tree, torch.tensor(seq_lens))
+    pools = [oracles.sglang_draft_pool(draft, int(r), topk, depth, n) for r in roots]
+    parent_list = [p[0][0].tolist() for p in pools]
+    selected = [p[1][0].tolist() for p in pools]
+    mask, pos, ri, rnt, rns = oracles.sglang_build_tree_kernel(parent_list, selected, seq_lens, topk, depth, n)
+    assert got.tree_mask.tolist() == mask
+    assert got.positions.tolist() == pos
+    assert got.retrive_index.flatten().tolist() == ri
+    assert got.retrive_next_token.flatten().tolist() == rnt
+    assert got.retrive_next_sibling.flatten().tolist() == rns
+    assert got.draft_tokens.tolist() == [t for r, p in zip(roots, pools) for t in [int(r)] + p[2][0].tolist()]
+
+
+def test_sglang_verify_arrays_unlink_padding_nodes(rng):
+    t = random_batch(rng, [5, 2])  # padded to 5 nodes: request 1 has 3 unlinked slots
+    from treespec_sglang.tree import sglang_verify_arrays
+
+    a = sglang_verify_arrays(t, torch.tensor([4, 3]))
+    reach = set()
+    stack = [0]
+    while stack:  # walk request 1's first-child / next-sibling chains from the root
+        u = stack.pop()
+        reach.add(u)
+        for v in (int(a.retrive_next_token[1, u]), int(a.retrive_next_sibling[1, u]) if u else -1):
+            if v >= 0:
+                stack.append(v)
+    assert reach == {0, 1}
+    assert a.tree_mask.numel() == 5 * (4 + 5) + 5 * (3 + 5)

@@ -13,7 +13,7 @@ import torch
 from .draft_tree import DraftTree
 
 __all__ = ["dense_mask", "positions", "prefix_tree_mask", "FlashInferLayout", "flashinfer_layout",
-           "pack_segments_little", "SGLangRetrive", "sglang_retrive"]
+           "pack_segments_little", "SGLangRetrive", "sglang_retrive", "SGLangVerifyArrays", "sglang_verify_arrays"]
 
 
 def dense_mask(tree: DraftTree) -> torch.Tensor:
@@ -222,3 +222,59 @@ def sglang_retrive(tree: DraftTree, ragged: bool = False) -> SGLangRetrive:
         offset = torch.arange(bs, device=dev) * n
     index = torch.where(valid, offset[:, None] + ar[None, :], -1)
     return SGLangRetrive(index, first, next_sib)
+
+
+@dataclass(frozen=True)
+class SGLangVerifyArrays:
+    """What SGLang 0.5.23's ``build_tree_kernel_efficient`` returns (FULL_MASK mode), for our trees.
+
+    Attributes
+    ----------
+    tree_mask : ``[sum_b N * (seq_len_b + N)]`` bool, request b's ``[N, seq_len_b + N]`` block row-major.
+    positions : ``[bs * N]`` int64, ``seq_len + depth``.
+    retrive_index, retrive_next_token, retrive_next_sibling : ``[bs, N]`` int64.
+    draft_tokens : ``[bs * N]`` int64 (node 0 = the bonus/root token).
+    """
+
+    tree_mask: torch.Tensor
+    positions: torch.Tensor
+    retrive_index: torch.Tensor
+    retrive_next_token: torch.Tensor
+    retrive_next_sibling: torch.Tensor
+    draft_tokens: torch.Tensor
+
+
+def sglang_verify_arrays(tree: DraftTree, seq_lens: torch.Tensor) -> SGLangVerifyArrays:
+    """SGLang's verify input for a batch of trees padded to ``N = tree.n_nodes``.
+
+    Every request keeps SGLang's fixed shape of N verify tokens. Nodes past a request's ``size``
+    are unlinked: no ``retrive_next_token`` / ``retrive_next_sibling`` chain reaches them, so
+    verification never accepts them; they attend to the prefix, the root and themselves and
+    carry token 0. For full trees (size = N) the result equals the CUDA kernel's output.
+
+    Examples
+    --------
+    parents [-1, 0, 0, 1], seq_len 2 -> positions [2, 3, 3, 4]; row 3 of the mask is
+    [1, 1 | 1, 1, 0, 1] (prefix | root, node 1, node 2, itself).
+    """
+    bs, n = tree.tokens.shape
+    dev = tree.device
+    dense = dense_mask(tree)  # [bs, N, N]; padding rows: self only
+    dense[:, :, 0] = True  # every row sees the root (the kernel sets it for all N rows)
+    seq = seq_lens.long()
+    kv = seq + n
+    seg = n * kv
+    indptr = _indptr(seg)
+    total = int(indptr[-1])  # one host sync, like SGLang's seq_lens_sum
+    t = torch.arange(total, device=dev)
+    req = torch.searchsorted(indptr[1:], t, right=True)
+    local = t - indptr[req]
+    row, col = local // kv[req], local % kv[req]
+    pre = seq[req]
+    mask = (col < pre) | dense[req, row, (col - pre).clamp(min=0, max=n - 1)]
+    r = sglang_retrive(tree)
+    ar = torch.arange(n, device=dev)
+    index = torch.arange(bs, device=dev)[:, None] * n + ar[None, :]  # all N slots are real verify rows
+    pos = (seq[:, None] + tree.depth.clamp(min=0)).reshape(-1)
+    return SGLangVerifyArrays(mask, pos, index, r.retrive_next_token, r.retrive_next_sibling,
+                              tree.tokens.clamp(min=0).reshape(-1))

@@ -1,0 +1,81 @@
+"""Server-wide treespec defaults: flags, environment variables and ``configure()`` (no sglang import).
+
+``--treespec-policy talon --treespec-config '{"budget": 60, "mu": 0.03}'`` on
+``python -m sglang.launch_server`` (added by the plugin's ServerArgs hooks) and
+``treespec_sglang.configure("talon", {"budget": 60})`` before ``sgl.Engine(...)`` both end up in
+the environment variables below, which SGLang's spawned scheduler processes (every TP rank)
+inherit. With neither set, the plugin changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..policies import parse_spec
+
+__all__ = ["ENV_POLICY", "ENV_CONFIG", "ServerDefaults", "configure", "server_defaults"]
+
+ENV_POLICY = "TREESPEC_POLICY"
+ENV_CONFIG = "TREESPEC_CONFIG"
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    """The policy applied to requests that carry no ``custom_params["treespec"]``."""
+
+    policy: Optional[str] = None
+    config: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.policy is None:
+            if self.config:
+                raise ValueError("--treespec-config needs --treespec-policy")
+            return
+        if not isinstance(self.config, dict):
+            raise ValueError(f"--treespec-config must be a JSON object, got {type(self.config).__name__}")
+        parse_spec(self.spec)  # raises ValueError naming the field and its range
+
+    @property
+    def active(self) -> bool:
+        return self.policy is not None
+
+    @property
+    def spec(self) -> Optional[dict]:
+        return None if self.policy is None else {**self.config, "policy": self.policy}
+
+
+def configure(policy: Optional[str] = None, config: Optional[dict] = None) -> ServerDefaults:
+    """Set (or with ``policy=None`` clear) the server-wide default; call before ``sgl.Engine``.
+
+    Examples
+    --------
+    >>> configure("salf", {"budget": 60, "th": 0.6}).spec["policy"]
+    'salf'
+    >>> configure(None).active
+    False
+    """
+    d = ServerDefaults(policy, dict(config or {}))
+    if d.policy is None:
+        os.environ.pop(ENV_POLICY, None)
+        os.environ.pop(ENV_CONFIG, None)
+    else:
+        os.environ[ENV_POLICY] = d.policy
+        os.environ[ENV_CONFIG] = json.dumps(d.config)
+    return d
+
+
+def server_defaults() -> ServerDefaults:
+    """Read the defaults from the environment (validated; errors name the variable)."""
+    policy = os.environ.get(ENV_POLICY) or None
+    raw = os.environ.get(ENV_CONFIG) or "{}"
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{ENV_CONFIG} must be a JSON object: {e}") from None
+    try:
+        return ServerDefaults(policy, config)
+    except ValueError as e:
+        raise ValueError(f"{ENV_POLICY}/{ENV_CONFIG}: {e}") from None
