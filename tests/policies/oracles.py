@@ -228,3 +228,54 @@ def c2t(draft, root, N, K, beta, max_depth, clf):
         layer = [T.add(w, v, lp) for _, lp, v, w in scored]
         d += 1
     return T
+
+
+def sglang_pool_lists(draft, roots, topk, steps):
+    """SGLang's draft loop (select_top_k_tokens, bs rows) -> (score_list, token_list, parents_list)
+    exactly as organize_draft_results receives them, plus the path of every flat candidate."""
+    k = topk
+    bs = len(roots)
+    probs0 = torch.stack([draft.logprobs((int(r),)).exp() for r in roots])  # [bs, V]
+    topk_p, topk_index = probs0.topk(k, dim=-1)
+    score_list = [topk_p[:, None, :]]
+    token_list = [topk_index]
+    parents_list = [torch.arange(-1, k).expand(bs, k + 1)]
+    scores = topk_p
+    flat_paths = [[(int(r), int(t)) for t in topk_index[b]] for b, r in enumerate(roots)]
+    frontier = [list(p) for p in flat_paths]  # paths of the current frontier nodes
+    for i in range(1, steps):
+        p = torch.stack([torch.stack([draft.logprobs(pp).exp() for pp in frontier[b]]) for b in range(bs)])
+        tp, ti = p.topk(k, dim=-1)  # [bs, k, k]
+        expand_scores = scores[:, :, None] * tp
+        cs_p, cs_index = expand_scores.flatten(1).topk(k, dim=-1)
+        flat_tok = ti.reshape(bs, -1)
+        for b in range(bs):
+            flat_paths[b] += [frontier[b][j // k] + (int(flat_tok[b, j]),) for j in range(k * k)]
+        frontier = [[frontier[b][j // k] + (int(flat_tok[b, j]),) for j in cs_index[b].tolist()] for b in range(bs)]
+        scores = cs_p
+        score_list.append(expand_scores)
+        token_list.append(flat_tok)
+        parents_list.append(cs_index + (k * k * (i - 1) + k))
+    return score_list, token_list, parents_list, flat_paths
+
+
+class BeamDraft:
+    """A draft restricted to what SGLang's beam computed: a path's children are the k candidates
+    the beam produced under it (true conditional probabilities), -inf elsewhere."""
+
+    def __init__(self, draft, score_list, flat_paths, vocab):
+        self.vocab = vocab
+        self.children = {}
+        scores = torch.cat(score_list, dim=1).flatten(1)
+        for b, paths in enumerate(flat_paths):
+            score_of = {p: float(scores[b, f]) for f, p in enumerate(paths)}
+            for p in paths:
+                parent = p[:-1]
+                own = 1.0 if len(parent) == 1 else score_of[parent]
+                self.children.setdefault(parent, {})[p[-1]] = math.log(score_of[p]) - math.log(own)
+
+    def logprobs(self, path):
+        out = torch.full((self.vocab,), float("-inf"))
+        for t, lp in self.children.get(tuple(path), {}).items():
+            out[t] = lp
+        return out

@@ -1,0 +1,133 @@
+"""The hooks the plugin registers with SGLang 0.5.23's ``HookRegistry`` (the only sglang importer).
+
+| target | type | what it does |
+|---|---|---|
+| ``ServerArgs.add_cli_args`` | AFTER | adds ``--treespec-policy`` / ``--treespec-config`` |
+| ``ServerArgs.from_cli_args`` | AFTER | validates them, exports the env defaults every rank inherits |
+| ``SamplingParams.verify`` | AFTER | validates ``custom_params["treespec"]``: a bad value fails that request only |
+| ``EagleDraftWorker.draft`` | AROUND | stages each request's policy for this draft step; native when none |
+| ``eagle_utils.organize_draft_results`` | AROUND | per-request node selection within SGLang's pool |
+| ``eagle_worker_common.build_eagle_verify_input`` | AFTER | unlinks the filler nodes of smaller trees |
+
+With no server default and no request carrying ``custom_params["treespec"]`` every hook calls
+straight through, so SGLang behaves exactly as without the plugin.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import os
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from .config import ENV_CONFIG, ENV_POLICY, ServerDefaults, server_defaults
+from .pool import select_from_pool, unlink_filler
+from .request import request_params, validate_custom_params
+
+logger = logging.getLogger("treespec_sglang.plugin")
+
+__all__ = ["HOOKS", "register_hooks", "DraftStep"]
+
+# The request policies of the draft step in progress (set by the draft() hook, read by the others).
+_STEP: contextvars.ContextVar = contextvars.ContextVar("treespec_draft_step", default=None)
+
+
+class DraftStep:
+    """Per-step state shared by the draft-loop hooks: one policy (or None = native) per row."""
+
+    def __init__(self, params: List, topk: int, num_steps: int, num_draft_tokens: int):
+        self.params = params
+        self.topk, self.num_steps, self.num_draft_tokens = topk, num_steps, num_draft_tokens
+        self.keep: Optional[torch.Tensor] = None  # [bs, N] bool after selection
+        self.sizes: Optional[torch.Tensor] = None  # [bs] int64 tree sizes (root included)
+
+
+# ---------------------------------------------------------------------------- server flags
+def _add_cli_args(result, parser, *args, **kwargs):
+    g = parser.add_argument_group("treespec", "per-request draft-tree policies (treespec-sglang plugin)")
+    g.add_argument("--treespec-policy", type=str, default=None,
+                   help="default tree policy for requests without custom_params['treespec'] "
+                        "(eagle2, talon, salf, c2t, chain); unset = SGLang's own tree")
+    g.add_argument("--treespec-config", type=str, default=None,
+                   help='JSON object of the default policy\'s parameters, e.g. \'{"budget": 60, "mu": 0.03}\'')
+    return result
+
+
+def _from_cli_args(result, cls, args, *a, **k):
+    policy = getattr(args, "treespec_policy", None)
+    raw = getattr(args, "treespec_config", None)
+    if policy is None and raw is None:
+        return result
+    try:
+        config = json.loads(raw) if raw else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--treespec-config must be a JSON object: {e}") from None
+    d = ServerDefaults(policy, config)  # raises ValueError naming the field and range
+    os.environ[ENV_POLICY] = d.policy
+    os.environ[ENV_CONFIG] = json.dumps(d.config)
+    return result
+
+
+# ---------------------------------------------------------------------------- request validation
+def _verify_sampling_params(result, self, *args, **kwargs):
+    validate_custom_params(getattr(self, "custom_params", None))
+    return result
+
+
+# ---------------------------------------------------------------------------- draft loop
+def _draft(original, self, batch, *args, **kwargs):
+    defaults = server_defaults()
+    reqs = getattr(batch, "reqs", None) or []
+    params = [request_params(r.sampling_params, defaults) for r in reqs]
+    if not any(p is not None for p in params):
+        return original(self, batch, *args, **kwargs)  # native SGLang
+    step = DraftStep(params, self.topk, self.speculative_num_steps, self.speculative_num_draft_tokens)
+    token = _STEP.set(step)
+    try:
+        return original(self, batch, *args, **kwargs)
+    finally:
+        _STEP.reset(token)
+
+
+def _organize(original, score_list, token_list, parents_list, num_draft_token, *args, **kwargs):
+    native = original(score_list, token_list, parents_list, num_draft_token, *args, **kwargs)
+    step = _STEP.get()
+    if step is None:
+        return native
+    parent_list, top_scores_index, draft_tokens, keep = select_from_pool(
+        score_list, token_list, parents_list, num_draft_token, step.topk, step.params, native=native)
+    step.keep = keep
+    step.sizes = keep.long().sum(-1)
+    return parent_list, top_scores_index, draft_tokens
+
+
+def _verify_input(result, *args, **kwargs):
+    step = _STEP.get()
+    if step is None or step.keep is None:
+        return result
+    nt, ns = unlink_filler(result.retrieve_next_token, result.retrieve_next_sibling, step.keep)
+    result.retrieve_next_token.copy_(nt)
+    result.retrieve_next_sibling.copy_(ns)
+    return result
+
+
+HOOKS: Dict[str, Tuple[str, Callable]] = {
+    "sglang.srt.server_args.ServerArgs.add_cli_args": ("AFTER", _add_cli_args),
+    "sglang.srt.server_args.ServerArgs.from_cli_args": ("AFTER", _from_cli_args),
+    "sglang.srt.sampling.sampling_params.SamplingParams.verify": ("AFTER", _verify_sampling_params),
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ("AROUND", _draft),
+    "sglang.srt.speculative.eagle_utils.organize_draft_results": ("AROUND", _organize),
+    "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input": ("AFTER", _verify_input),
+}
+
+
+def register_hooks() -> None:
+    """Register every hook (called by the ``sglang.srt.plugins`` entry point in each process)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, (kind, fn) in HOOKS.items():
+        HookRegistry.register(target, fn, getattr(HookType, kind))
+    logger.info("treespec-sglang: registered %d hooks", len(HOOKS))
