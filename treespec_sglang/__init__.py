@@ -5,3 +5,14 @@ Subpackages follow the dependency direction ``tree`` <- ``policies``/``verify``/
 """
 
 __version__ = "0.1.0"
+
+
+def configure(policy=None, config=None):
+    """Server-wide default tree policy for ``sgl.Engine`` (call before creating the engine).
+
+    ``treespec_sglang.configure("talon", {"budget": 60, "mu": 0.03})``; ``configure(None)`` clears.
+    Stored in environment variables that SGLang's spawned ranks inherit.
+    """
+    from .plugin.config import configure as _configure
+
+    return _configure(policy, config)

@@ -29,7 +29,7 @@ from .request import request_params, validate_custom_params
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
-__all__ = ["HOOKS", "register_hooks", "DraftStep"]
+__all__ = ["HOOKS", "SIGNATURES", "register_hooks", "DraftStep"]
 
 # The request policies of the draft step in progress (set by the draft() hook, read by the others).
 _STEP: contextvars.ContextVar = contextvars.ContextVar("treespec_draft_step", default=None)
@@ -121,6 +121,20 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ("AROUND", _draft),
     "sglang.srt.speculative.eagle_utils.organize_draft_results": ("AROUND", _organize),
     "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input": ("AFTER", _verify_input),
+}
+
+
+# The parameters each hook assumes of its target (checked against the installed sglang in tests).
+SIGNATURES: Dict[str, List[str]] = {
+    "sglang.srt.server_args.ServerArgs.add_cli_args": ["parser"],
+    "sglang.srt.server_args.ServerArgs.from_cli_args": ["cls", "args"],
+    "sglang.srt.sampling.sampling_params.SamplingParams.verify": ["self", "vocab_size"],
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ["self", "batch", "with_topology"],
+    "sglang.srt.speculative.eagle_utils.organize_draft_results":
+        ["score_list", "token_list", "parents_list", "num_draft_token"],
+    "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input":
+        ["batch", "draft_input", "parent_list", "top_scores_index", "draft_tokens", "draft_probs", "target_worker",
+         "topk", "num_steps", "num_draft_tokens", "tree_mask_mode", "device"],
 }
 
 

@@ -1,0 +1,177 @@
+"""The plugin against the real sglang==0.5.23 (CPU): discovery, hook application, signatures,
+SGLang's own draft-tree functions vs our EAGLE-2, custom_params validation, server flags."""
+
+import inspect
+import logging
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.sglang
+sglang = pytest.importorskip("sglang")
+
+from tests.helpers import PathDraft  # noqa: E402
+from tests.policies import oracles  # noqa: E402
+from treespec_sglang.plugin import SGLANG_VERSION  # noqa: E402
+from treespec_sglang.plugin.hooks import HOOKS, SIGNATURES  # noqa: E402
+
+if sglang.__version__ != SGLANG_VERSION:
+    pytest.skip(f"plugin pins sglang {SGLANG_VERSION}, found {sglang.__version__}", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """sglang's own loader: discovers our entry point and applies every hook."""
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    torch._dynamo.config.disable = True  # SGLang torch.compile's select_top_k; run it eagerly on CPU
+
+    records = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    h = Catch(level=logging.DEBUG)
+    logging.getLogger("sglang").addHandler(h)
+    try:
+        load_plugins()
+    finally:
+        logging.getLogger("sglang").removeHandler(h)
+    return HookRegistry, records
+
+
+def test_entry_point_is_discovered():
+    from importlib.metadata import entry_points
+
+    eps = {e.name: e.value for e in entry_points(group="sglang.srt.plugins")}
+    assert eps.get("treespec") == "treespec_sglang.plugin:register"
+
+
+def test_every_hook_applies_without_failure(loaded):
+    registry, records = loaded
+    failed = [r.getMessage() for r in records if "Failed to apply hooks" in r.getMessage()]
+    assert not failed, failed
+    assert set(HOOKS) <= registry._patched
+
+
+def test_hooked_signatures_match_what_the_hooks_assume(loaded):
+    from pkgutil import resolve_name
+
+    for target, expected in SIGNATURES.items():
+        owner, attr = target.rsplit(".", 1)
+        obj = resolve_name(owner)
+        raw = obj.__dict__.get(attr) if isinstance(obj, type) else getattr(obj, attr)
+        fn = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+        params = list(inspect.signature(inspect.unwrap(fn)).parameters)
+        assert params == expected, (target, params)
+
+
+def sglang_draft_loop(draft, roots, topk, steps, N):
+    """SGLang's own select_top_k_tokens + organize_draft_results on a path-keyed draft.
+
+    hidden_states carry ids of frontier paths, so SGLang's own row selection tells us which
+    parent each new frontier node came from."""
+    from sglang.srt.speculative.eagle_utils import organize_draft_results
+    from sglang.srt.speculative.spec_utils import select_top_k_tokens
+
+    table = [(int(r),) for r in roots]
+    hidden = torch.arange(len(roots), dtype=torch.float32)[:, None]  # root path ids
+    probs = torch.stack([draft.logprobs(p).exp() for p in table])
+    topk_p, topk_index = probs.topk(topk, dim=-1)
+    scores, sl, tl, pl = None, [], [], []
+    for i in range(steps):
+        input_ids, hidden, scores, info = select_top_k_tokens(i, topk_p, topk_index, hidden, scores, topk)
+        sl.append(info[0]), tl.append(info[1]), pl.append(info[2])
+        if i == steps - 1:
+            break
+        frontier = [table[int(h)] + (int(t),) for h, t in zip(hidden[:, 0], input_ids)]
+        hidden = torch.arange(len(table), len(table) + len(frontier), dtype=torch.float32)[:, None]
+        table += frontier
+        probs = torch.stack([draft.logprobs(p).exp() for p in frontier])
+        topk_p, topk_index = probs.topk(topk, dim=-1)
+    return organize_draft_results(sl, tl, pl, N), (sl, tl, pl)
+
+
+@pytest.mark.parametrize("topk,steps,N", [(3, 3, 8), (4, 4, 16), (2, 5, 9)])
+def test_sglang_draft_functions_agree_with_our_eagle2(loaded, topk, steps, N):
+    from treespec_sglang.policies import grow_tree
+
+    draft = PathDraft(30, seed=topk + steps, sharpness=1.5)
+    roots = torch.tensor([2, 9])
+    (parent_list, top, toks), _ = sglang_draft_loop(draft, roots, topk, steps, N)
+    ours = grow_tree([{"policy": "eagle2", "budget": N, "topk": topk, "depth": steps}] * 2, roots,
+                     draft.root(roots), draft.expand)
+    for b in range(2):
+        parents = [-1]
+        sel = top[b].tolist()
+        for i in range(1, N):
+            tb = sel[i - 1] // topk
+            parents.append(0 if tb == 0 else sel.index(int(parent_list[b, tb])) + 1)
+        assert ours.tokens[b].tolist() == [int(roots[b])] + toks[b].tolist()
+        assert ours.parents[b].tolist() == parents
+
+
+def test_custom_params_validate_on_real_sampling_params(loaded):
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from treespec_sglang.plugin import ServerDefaults, request_params
+
+    ok = SamplingParams(max_new_tokens=8, custom_params={"treespec": {"policy": "salf", "budget": 60, "th": 0.6}})
+    ok.verify(1000)
+    assert request_params(ok, ServerDefaults()).th == 0.6
+    bad = SamplingParams(max_new_tokens=8, custom_params={"treespec": {"policy": "talon", "mu": 3}})
+    with pytest.raises(ValueError, match=r"custom_params\['treespec'\]: talon.mu must be in \[0.0, 1.0\], got 3"):
+        bad.verify(1000)
+    plain = SamplingParams(max_new_tokens=8)
+    plain.verify(1000)  # untouched requests stay valid
+    assert request_params(plain, ServerDefaults()) is None
+    assert request_params(plain, ServerDefaults("talon", {"budget": 20})).budget == 20
+
+
+def test_server_flags_are_added_and_exported(loaded, monkeypatch):
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from treespec_sglang.plugin.hooks import _from_cli_args
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", "dummy", "--treespec-policy", "talon",
+                              "--treespec-config", '{"budget": 30, "mu": 0.05}'])
+    assert args.treespec_policy == "talon"
+    monkeypatch.delenv("TREESPEC_POLICY", raising=False)
+    _from_cli_args(None, ServerArgs, args)  # the AFTER hook on the parsed namespace
+    assert os.environ["TREESPEC_POLICY"] == "talon"
+    bad = parser.parse_args(["--model-path", "dummy", "--treespec-policy", "talon", "--treespec-config", '{"mu": 9}'])
+    with pytest.raises(ValueError, match=r"talon.mu must be in"):
+        _from_cli_args(None, ServerArgs, bad)
+    monkeypatch.delenv("TREESPEC_POLICY", raising=False)
+    monkeypatch.delenv("TREESPEC_CONFIG", raising=False)
+
+
+def test_organize_hook_applies_request_policies(loaded):
+    """The hooked organize_draft_results: native inside a step without policies, per-request
+    selection (and unlinking) inside a draft step with them."""
+    import sglang.srt.speculative.eagle_utils as eu
+
+    from treespec_sglang.plugin import hooks
+    from treespec_sglang.policies import parse_spec
+
+    draft = PathDraft(30, seed=5, sharpness=2.0)
+    roots = torch.tensor([2, 9])
+    native, (sl, tl, pl) = sglang_draft_loop(draft, roots, 4, 4, 12)
+    again = eu.organize_draft_results(sl, tl, pl, 12)  # hooked, but no draft step active
+    assert torch.equal(again[1], native[1])
+    step = hooks.DraftStep([parse_spec({"policy": "talon", "budget": 6, "topk": 3}), None], 4, 4, 12)
+    token = hooks._STEP.set(step)
+    try:
+        out = eu.organize_draft_results(sl, tl, pl, 12)
+    finally:
+        hooks._STEP.reset(token)
+    assert step.sizes.tolist() == [6, 12]  # talon's 6-node tree; the native row keeps all N
+    assert torch.equal(out[1][1], native[1][1]) and step.keep[1].all()
+    assert step.keep[0, 0] and int(step.keep[0].sum()) == 6

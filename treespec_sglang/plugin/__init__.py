@@ -1,0 +1,22 @@
+"""The SGLang plugin: per-request treespec tree policies inside SGLang 0.5.23's EAGLE worker.
+
+Installed with ``pip install treespec-sglang[sglang]``; SGLang discovers :func:`register` through
+the ``sglang.srt.plugins`` entry point in every process (launcher, tokenizer manager, each TP
+rank's scheduler) and applies the hooks of :mod:`treespec_sglang.plugin.hooks`. This package is
+the only place that imports sglang, and only inside :func:`register`.
+"""
+
+from .config import ENV_CONFIG, ENV_POLICY, ServerDefaults, configure, server_defaults
+from .request import CUSTOM_KEY, request_params, validate_custom_params
+
+__all__ = ["register", "configure", "server_defaults", "ServerDefaults", "validate_custom_params",
+           "request_params", "CUSTOM_KEY", "ENV_POLICY", "ENV_CONFIG", "SGLANG_VERSION"]
+
+SGLANG_VERSION = "0.5.23"
+
+
+def register() -> None:
+    """Entry point (group ``sglang.srt.plugins``): register the hooks with SGLang's HookRegistry."""
+    from .hooks import register_hooks
+
+    register_hooks()
