@@ -143,14 +143,13 @@ def test_server_flags_are_added_and_exported(loaded, monkeypatch):
     args = parser.parse_args(["--model-path", "dummy", "--treespec-policy", "talon",
                               "--treespec-config", '{"budget": 30, "mu": 0.05}'])
     assert args.treespec_policy == "talon"
-    monkeypatch.delenv("TREESPEC_POLICY", raising=False)
+    for var in ("TREESPEC_POLICY", "TREESPEC_CONFIG"):  # restored (to unset) at teardown
+        monkeypatch.setenv(var, "")
     _from_cli_args(None, ServerArgs, args)  # the AFTER hook on the parsed namespace
     assert os.environ["TREESPEC_POLICY"] == "talon"
     bad = parser.parse_args(["--model-path", "dummy", "--treespec-policy", "talon", "--treespec-config", '{"mu": 9}'])
     with pytest.raises(ValueError, match=r"talon.mu must be in"):
         _from_cli_args(None, ServerArgs, bad)
-    monkeypatch.delenv("TREESPEC_POLICY", raising=False)
-    monkeypatch.delenv("TREESPEC_CONFIG", raising=False)
 
 
 def test_organize_hook_applies_request_policies(loaded):
@@ -175,3 +174,62 @@ def test_organize_hook_applies_request_policies(loaded):
     assert step.sizes.tolist() == [6, 12]  # talon's 6-node tree; the native row keeps all N
     assert torch.equal(out[1][1], native[1][1]) and step.keep[1].all()
     assert step.keep[0, 0] and int(step.keep[0].sum()) == 6
+
+
+def test_draft_hook_stages_policies_and_reports_stats(loaded):
+    """EagleDraftWorker.draft (hooked) with a stand-in body: the policies staged from real
+    SamplingParams drive organize_draft_results, the verify chains lose the filler, and each
+    request's stats land in req.customized_info (request-level meta_info keys)."""
+    from types import SimpleNamespace
+
+    import sglang.srt.speculative.eagle_utils as eu
+    from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    from treespec_sglang.plugin import hooks
+    from treespec_sglang.tree import DraftTree, sglang_retrive
+
+    draft = PathDraft(30, seed=5, sharpness=2.0)
+    roots = torch.tensor([2, 9])
+    N, k = 12, 4
+    _, (sl, tl, pl) = sglang_draft_loop(draft, roots, k, 4, N)
+    reqs = [SimpleNamespace(sampling_params=SamplingParams(custom_params={"treespec": {"policy": "talon", "budget": 7,
+                                                                                      "topk": 3}}),
+                            customized_info=None),
+            SimpleNamespace(sampling_params=SamplingParams(), customized_info=None)]
+    seen = {}
+
+    def body(self, batch):  # what the real draft() does around the two hooked functions
+        parent_list, top, toks = eu.organize_draft_results(sl, tl, pl, N)
+        parents = []
+        for b in range(2):
+            sel, row = top[b].tolist(), [-1]
+            for i in range(1, N):
+                tb = sel[i - 1] // k
+                row.append(0 if tb == 0 else sel.index(int(parent_list[b, tb])) + 1)
+            parents.append(row)
+        r = sglang_retrive(DraftTree.from_lists([[int(roots[b])] + toks[b].tolist() for b in range(2)], parents))
+        vi = SimpleNamespace(retrieve_next_token=r.retrive_next_token.clone(),
+                             retrieve_next_sibling=r.retrive_next_sibling.clone())
+        seen["native_chain"] = r.retrive_next_token.clone()
+        return hooks._verify_input(vi)
+
+    worker = SimpleNamespace(topk=k, speculative_num_steps=4, speculative_num_draft_tokens=N)
+    out = hooks._draft(body, worker, SimpleNamespace(reqs=reqs))
+    assert reqs[0].customized_info == {"treespec_policy": ["talon"], "treespec_tree_sizes": [7]}
+    assert reqs[1].customized_info is None  # native request: untouched
+    assert torch.equal(out.retrieve_next_token[1], seen["native_chain"][1])
+    reach, stack = set(), [0]
+    while stack:
+        u = stack.pop()
+        reach.add(u)
+        c = int(out.retrieve_next_token[0, u])
+        while c >= 0:
+            stack.append(c)
+            c = int(out.retrieve_next_sibling[0, c])
+    assert len(reach) == 7
+    # the installed draft() is our wrapper, and stats keys are request-level
+    assert inspect.unwrap(EagleDraftWorker.draft) is not EagleDraftWorker.draft
+    assert SchedulerOutputStreamer.is_request_level_customized_info_key(None, "treespec_tree_sizes")
+    assert not SchedulerOutputStreamer.is_request_level_customized_info_key(None, "other")

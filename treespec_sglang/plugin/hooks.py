@@ -8,6 +8,10 @@
 | ``EagleDraftWorker.draft`` | AROUND | stages each request's policy for this draft step; native when none |
 | ``eagle_utils.organize_draft_results`` | AROUND | per-request node selection within SGLang's pool |
 | ``eagle_worker_common.build_eagle_verify_input`` | AFTER | unlinks the filler nodes of smaller trees |
+| ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | AROUND | ``treespec_*`` stats are per request |
+
+Per-request stats go to ``req.customized_info`` (-> the response's ``meta_info``):
+``treespec_policy`` and ``treespec_tree_sizes`` (verified nodes per round, root included).
 
 With no server default and no request carrying ``custom_params["treespec"]`` every hook calls
 straight through, so SGLang behaves exactly as without the plugin.
@@ -78,18 +82,50 @@ def _verify_sampling_params(result, self, *args, **kwargs):
 
 
 # ---------------------------------------------------------------------------- draft loop
+_UNSET = object()
+
+
+def _req_params(req, defaults: ServerDefaults):
+    """A request's policy, parsed once and cached on the request object."""
+    p = getattr(req, "_treespec_params", _UNSET)
+    if p is _UNSET:
+        p = request_params(req.sampling_params, defaults)
+        try:
+            req._treespec_params = p
+        except AttributeError:  # a slotted request type: recompute next time
+            pass
+    return p
+
+
+def _record_stats(reqs, params, step: "DraftStep") -> None:
+    sizes = step.sizes.tolist() if step.sizes is not None else [None] * len(reqs)  # one transfer per step
+    for req, p, n in zip(reqs, params, sizes):
+        if p is None or n is None:
+            continue
+        info = req.customized_info if getattr(req, "customized_info", None) is not None else {}
+        info["treespec_policy"] = [type(p).__name__.replace("Params", "").lower()]
+        info.setdefault("treespec_tree_sizes", []).append(int(n))
+        req.customized_info = info
+
+
 def _draft(original, self, batch, *args, **kwargs):
     defaults = server_defaults()
     reqs = getattr(batch, "reqs", None) or []
-    params = [request_params(r.sampling_params, defaults) for r in reqs]
+    params = [_req_params(r, defaults) for r in reqs]
     if not any(p is not None for p in params):
         return original(self, batch, *args, **kwargs)  # native SGLang
     step = DraftStep(params, self.topk, self.speculative_num_steps, self.speculative_num_draft_tokens)
     token = _STEP.set(step)
     try:
-        return original(self, batch, *args, **kwargs)
+        out = original(self, batch, *args, **kwargs)
     finally:
         _STEP.reset(token)
+    _record_stats(reqs, params, step)
+    return out
+
+
+def _request_level_key(original, self, key, *args, **kwargs):
+    return str(key).startswith("treespec_") or original(self, key, *args, **kwargs)
 
 
 def _organize(original, score_list, token_list, parents_list, num_draft_token, *args, **kwargs):
@@ -121,6 +157,8 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ("AROUND", _draft),
     "sglang.srt.speculative.eagle_utils.organize_draft_results": ("AROUND", _organize),
     "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input": ("AFTER", _verify_input),
+    "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+    ".is_request_level_customized_info_key": ("AROUND", _request_level_key),
 }
 
 
@@ -135,6 +173,8 @@ SIGNATURES: Dict[str, List[str]] = {
     "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input":
         ["batch", "draft_input", "parent_list", "top_scores_index", "draft_tokens", "draft_probs", "target_worker",
          "topk", "num_steps", "num_draft_tokens", "tree_mask_mode", "device"],
+    "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+    ".is_request_level_customized_info_key": ["self", "key"],
 }
 
 
