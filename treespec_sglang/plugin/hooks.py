@@ -9,6 +9,7 @@
 | ``eagle_utils.organize_draft_results`` | AROUND | per-request node selection within SGLang's pool |
 | ``eagle_worker_common.build_eagle_verify_input`` | AFTER | unlinks the filler nodes of smaller trees |
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | AROUND | ``treespec_*`` stats are per request |
+| ``ModelRunner.forward`` | AROUND | inside a chain draft loop only: feeds each step's logits to the C2T stop |
 
 Per-request stats go to ``req.customized_info`` (-> the response's ``meta_info``):
 ``treespec_policy`` and ``treespec_tree_sizes`` (verified nodes per round, root included).
@@ -27,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from .chain_stop import ChainStopper
 from .config import ENV_CONFIG, ENV_POLICY, ServerDefaults, server_defaults
 from .pool import select_from_pool, unlink_filler
 from .request import request_params, validate_custom_params
@@ -47,6 +49,7 @@ class DraftStep:
         self.topk, self.num_steps, self.num_draft_tokens = topk, num_steps, num_draft_tokens
         self.keep: Optional[torch.Tensor] = None  # [bs, N] bool after selection
         self.sizes: Optional[torch.Tensor] = None  # [bs] int64 tree sizes (root included)
+        self.chain: Optional[ChainStopper] = None  # chain mode (topk = 1) with C2T early stop
 
 
 # ---------------------------------------------------------------------------- server flags
@@ -115,6 +118,11 @@ def _draft(original, self, batch, *args, **kwargs):
     if not any(p is not None for p in params):
         return original(self, batch, *args, **kwargs)  # native SGLang
     step = DraftStep(params, self.topk, self.speculative_num_steps, self.speculative_num_draft_tokens)
+    if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)
+        stopper = ChainStopper(params, self.speculative_num_steps, getattr(self, "device", "cpu"))
+        step.chain = stopper if stopper.active else None
+        if step.chain is None:
+            return original(self, batch, *args, **kwargs)
     token = _STEP.set(step)
     try:
         out = original(self, batch, *args, **kwargs)
@@ -140,8 +148,30 @@ def _organize(original, score_list, token_list, parents_list, num_draft_token, *
     return parent_list, top_scores_index, draft_tokens
 
 
+def _tp_group():
+    try:
+        from sglang.srt.distributed import get_tp_group
+
+        return get_tp_group().device_group
+    except Exception:  # not initialised (tests, single process)
+        return None
+
+
+def _draft_model_forward(original, self, forward_batch, *args, **kwargs):
+    out = original(self, forward_batch, *args, **kwargs)
+    step = _STEP.get()
+    if step is not None and step.chain is not None:  # inside a chain draft loop: score this step
+        logits = getattr(getattr(out, "logits_output", None), "next_token_logits", None)
+        if logits is not None:
+            step.chain.observe(logits)
+    return out
+
+
 def _verify_input(result, *args, **kwargs):
     step = _STEP.get()
+    if step is not None and step.chain is not None:
+        step.keep = step.chain.keep_mask(result.retrieve_next_token.shape[-1], _tp_group())
+        step.sizes = step.keep.long().sum(-1)
     if step is None or step.keep is None:
         return result
     nt, ns = unlink_filler(result.retrieve_next_token, result.retrieve_next_sibling, step.keep)
@@ -157,6 +187,7 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ("AROUND", _draft),
     "sglang.srt.speculative.eagle_utils.organize_draft_results": ("AROUND", _organize),
     "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input": ("AFTER", _verify_input),
+    "sglang.srt.model_executor.model_runner.ModelRunner.forward": ("AROUND", _draft_model_forward),
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ("AROUND", _request_level_key),
 }
@@ -175,6 +206,9 @@ SIGNATURES: Dict[str, List[str]] = {
          "topk", "num_steps", "num_draft_tokens", "tree_mask_mode", "device"],
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ["self", "key"],
+    "sglang.srt.model_executor.model_runner.ModelRunner.forward":
+        ["self", "forward_batch", "skip_attn_backend_init", "pp_proxy_tensors", "reinit_attn_backend",
+         "split_forward_count"],
 }
 
 

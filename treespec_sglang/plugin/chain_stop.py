@@ -1,0 +1,88 @@
+"""C2T early stop for chain drafting (topk = 1) at large batch (C2T §5.4, App. I; no sglang import).
+
+SGLang's chain draft loop runs S steps for every row. For rows whose policy is
+``{"policy": "chain", "beta": ...}`` we capture the draft distribution of each step, score the
+chain token it produced with the C2T classifier (joint probability so far, entropy of the
+distribution over its top-1000, depth) and cut the row's chain at the first token scoring below
+beta. The cut is a *mask-only* change (the tail is unlinked from the verify traversal), so every
+TP rank runs the same kernels and collectives; the per-row lengths are broadcast from rank 0
+(as SGLang's ``spec_tp_sync`` does) so all ranks verify the same chains even if their draft
+logits differ in the last bit.
+
+The depth-1 token comes from the draft-extend step whose distribution the loop does not see,
+so it is always kept; depths 2..S are scored.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from ..policies.classifier import c2t_features, entropy_topm, load_classifier
+from ..policies.params import ChainParams
+
+__all__ = ["ChainStopper", "broadcast_from_rank0"]
+
+
+class ChainStopper:
+    """Per-row chain lengths from the draft's step-by-step distributions.
+
+    Parameters
+    ----------
+    params : one policy per row (rows that are not ``chain`` with ``beta`` never stop early)
+    num_steps : S, the captured chain length
+    """
+
+    def __init__(self, params: List, num_steps: int, device):
+        self.S = num_steps
+        rows = [i for i, p in enumerate(params) if isinstance(p, ChainParams) and p.beta is not None]
+        self.active = bool(rows)
+        bs = len(params)
+        self.device = torch.device(device)
+        beta = [p.beta if isinstance(p, ChainParams) and p.beta is not None else 0.0 for p in params]
+        self.beta = torch.tensor(beta, dtype=torch.float32, device=self.device)  # 0 = never stops
+        length = [min(p.length, num_steps) if isinstance(p, ChainParams) else num_steps for p in params]
+        self.max_len = torch.tensor(length, dtype=torch.int64, device=self.device)
+        self.classifiers = {}  # one forward per distinct classifier: key -> (module, rows)
+        for i in rows:
+            spec = params[i].classifier
+            key = spec if isinstance(spec, (str, type(None))) else id(spec)
+            self.classifiers.setdefault(key, (load_classifier(spec), []))[1].append(i)
+        self.logp = torch.zeros(bs, device=self.device)  # running joint log-prob of the chain
+        self.alive = torch.ones(bs, dtype=torch.bool, device=self.device)
+        self.length = torch.ones(bs, dtype=torch.int64, device=self.device)  # depth 1 is always kept
+        self.depth = 1
+
+    def observe(self, logits: torch.Tensor) -> None:
+        """Draft logits ``[bs, vocab]`` of one loop step: they produce the chain token at depth+1."""
+        self.depth += 1
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        top = lp.max(dim=-1).values
+        self.logp = self.logp + top
+        feats = c2t_features(self.logp, entropy_topm(lp), torch.full_like(self.length, self.depth))  # [bs, 3]
+        score = torch.ones(logits.shape[0], device=logits.device)
+        with torch.no_grad():
+            for clf, rows in self.classifiers.values():
+                r = torch.tensor(rows, device=logits.device)
+                score[r] = clf.to(logits.device)(feats[r])
+        self.alive = self.alive & (score >= self.beta) & (self.depth <= self.max_len)
+        self.length = self.length + self.alive.long()
+
+    def keep_mask(self, n_nodes: int, group=None) -> torch.Tensor:
+        """``[bs, n_nodes]`` bool: chain node i (0 = root) is kept iff i <= length (rank-0 lengths)."""
+        length = broadcast_from_rank0(torch.minimum(self.length, self.max_len), group)
+        return torch.arange(n_nodes, device=length.device)[None, :] <= length[:, None]
+
+
+def broadcast_from_rank0(t: torch.Tensor, group=None) -> torch.Tensor:
+    """Make every rank of ``group`` hold rank 0's ``t`` (no-op outside torch.distributed)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return t
+    out = t.clone()
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast(out, src=src, group=group)
+    return out
+
