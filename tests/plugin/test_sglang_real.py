@@ -233,3 +233,21 @@ def test_draft_hook_stages_policies_and_reports_stats(loaded):
     assert inspect.unwrap(EagleDraftWorker.draft) is not EagleDraftWorker.draft
     assert SchedulerOutputStreamer.is_request_level_customized_info_key(None, "treespec_tree_sizes")
     assert not SchedulerOutputStreamer.is_request_level_customized_info_key(None, "other")
+
+
+def test_policy_batches_draft_eagerly(loaded):
+    """prepare_for_draft (hooked) turns the draft CUDA graph off only inside a treespec draft step."""
+    from treespec_sglang.plugin import hooks
+
+    fake = ("fb", True, None)
+    assert hooks._prepare_for_draft(fake) == fake
+    token = hooks._STEP.set(hooks.DraftStep([None], 4, 4, 12))
+    try:
+        assert hooks._prepare_for_draft(fake) == ("fb", False, None)
+    finally:
+        hooks._STEP.reset(token)
+    import sglang.srt.speculative.eagle_worker_common as common
+    import sglang.srt.speculative.eagle_worker_v2 as v2
+
+    assert v2.prepare_for_draft is common.prepare_for_draft  # the patch reached eagle_worker_v2's import
+    assert inspect.unwrap(common.prepare_for_draft) is not common.prepare_for_draft

@@ -6,6 +6,7 @@
 | ``ServerArgs.from_cli_args`` | AFTER | validates them, exports the env defaults every rank inherits |
 | ``SamplingParams.verify`` | AFTER | validates ``custom_params["treespec"]``: a bad value fails that request only |
 | ``EagleDraftWorker.draft`` | AROUND | stages each request's policy for this draft step; native when none |
+| ``eagle_worker_common.prepare_for_draft`` | AFTER | a batch with treespec policies drafts eagerly |
 | ``eagle_utils.organize_draft_results`` | AROUND | per-request node selection within SGLang's pool |
 | ``eagle_worker_common.build_eagle_verify_input`` | AFTER | unlinks the filler nodes of smaller trees |
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | AROUND | ``treespec_*`` stats are per request |
@@ -136,6 +137,16 @@ def _request_level_key(original, self, key, *args, **kwargs):
     return str(key).startswith("treespec_") or original(self, key, *args, **kwargs)
 
 
+def _prepare_for_draft(result, *args, **kwargs):
+    # The draft CUDA graph replays SGLang's own selection (hooks do not run inside a replay), so a
+    # batch that carries treespec policies runs the draft loop eagerly; verify graphs are unaffected
+    # (only the retrieve chains change, never shapes). Other batches keep their graphs.
+    if _STEP.get() is None:
+        return result
+    forward_batch, _can_run_graph, kv_loc_plan = result
+    return forward_batch, False, kv_loc_plan
+
+
 def _organize(original, score_list, token_list, parents_list, num_draft_token, *args, **kwargs):
     native = original(score_list, token_list, parents_list, num_draft_token, *args, **kwargs)
     step = _STEP.get()
@@ -185,6 +196,7 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.server_args.ServerArgs.from_cli_args": ("AFTER", _from_cli_args),
     "sglang.srt.sampling.sampling_params.SamplingParams.verify": ("AFTER", _verify_sampling_params),
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ("AROUND", _draft),
+    "sglang.srt.speculative.eagle_worker_common.prepare_for_draft": ("AFTER", _prepare_for_draft),
     "sglang.srt.speculative.eagle_utils.organize_draft_results": ("AROUND", _organize),
     "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input": ("AFTER", _verify_input),
     "sglang.srt.model_executor.model_runner.ModelRunner.forward": ("AROUND", _draft_model_forward),
@@ -199,6 +211,9 @@ SIGNATURES: Dict[str, List[str]] = {
     "sglang.srt.server_args.ServerArgs.from_cli_args": ["cls", "args"],
     "sglang.srt.sampling.sampling_params.SamplingParams.verify": ["self", "vocab_size"],
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ["self", "batch", "with_topology"],
+    "sglang.srt.speculative.eagle_worker_common.prepare_for_draft":
+        ["draft_input", "req_to_token_pool", "batch", "cuda_graph_runner", "draft_model_runner", "topk", "num_steps",
+         "target_translator", "num_draft_tokens"],
     "sglang.srt.speculative.eagle_utils.organize_draft_results":
         ["score_list", "token_list", "parents_list", "num_draft_token"],
     "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input":
