@@ -17,3 +17,14 @@ def test_module_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "treespec_sglang", "policies"], capture_output=True, text=True,
                          check=True).stdout
     assert "talon" in out and "mu=0.03" in out
+
+
+def test_every_subpackage_is_packaged():
+    """pyproject lists packages explicitly (patches/ maps to treespec_sglang.patches): none missing."""
+    import pathlib
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "treespec_sglang").rglob("__init__.py")}
+    assert found | {"treespec_sglang.patches"} == listed

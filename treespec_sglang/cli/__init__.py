@@ -1,8 +1,8 @@
 """The ``treespec`` command line (``python -m treespec_sglang`` too).
 
-``demo`` (the main job), ``bench`` (whole prompt sets, JSONL + plots) and ``policies`` (every
-registered tree policy with its parameters and defaults); ``train`` and ``patch`` arrive with
-their issues.
+``demo`` (the main job), ``bench`` (whole prompt sets, JSONL + plots), ``policies`` (every
+registered tree policy with its parameters and defaults) and ``patch`` (sglang source patches);
+``train`` arrives with its issue.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ def main(argv=None) -> int:
     p = sub.add_parser("policies", help="list the tree policies, their parameters and defaults")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_policies)
-    from . import bench, demo
+    from . import bench, demo, patch
 
     demo.add_parser(sub)
     bench.add_parser(sub)
+    patch.add_parser(sub)
     args = ap.parse_args(argv)
     return args.fn(args)
 

@@ -1,0 +1,98 @@
+"""The patch tool: exact, idempotent apply/revert; version refusal; on a synthetic site and (sglang
+marker) on the real installed sglang files."""
+
+import hashlib
+import os
+import py_compile
+
+import pytest
+
+from treespec_sglang.cli import main
+from treespec_sglang.plugin.patching import (PatchError, apply_hunks, apply_patches, find_sglang, load_patches,
+                                             parse_patch, patch_status, revert_patches)
+
+DIFF = """why: a header line
+--- a/pkg/mod.py
++++ b/pkg/mod.py
+@@ -3,3 +3,4 @@
+ c
+-d
++D
++D2
+ e
+"""
+
+
+def test_apply_hunks_exact_with_offset_and_reverse():
+    p = parse_patch("x", DIFF)
+    assert p.header == "why: a header line" and p.files[0].path == "pkg/mod.py"
+    text = "a\nb\nc\nd\ne\nf"
+    new = apply_hunks(text, p.files[0].hunks)
+    assert new == "a\nb\nc\nD\nD2\ne\nf"
+    assert apply_hunks(new, p.files[0].hunks, reverse=True) == text
+    shifted = "z\nz\n" + text  # the hunk moved by two lines
+    assert apply_hunks(shifted, p.files[0].hunks) == "z\nz\n" + new
+    with pytest.raises(PatchError, match="does not match"):
+        apply_hunks("a\nb\nc\nX\ne", p.files[0].hunks)
+
+
+def fake_site(tmp_path, version, patches):
+    """A site-packages with sglang-<version>.dist-info and the pre-patch text of every patched file."""
+    site = tmp_path / "site"
+    (site / f"sglang-{version}.dist-info").mkdir(parents=True)
+    for p in patches:
+        for fp in p.files:
+            path = site / fp.path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            body = []
+            for h in fp.hunks:
+                body += ["# filler"] * max(0, h.old_start - 1 - len(body)) + h.old
+            path.write_text("\n".join(body + ["# end"]))
+    (site / "sglang").mkdir(exist_ok=True)
+    return str(site)
+
+
+def digest(site, patches):
+    return {fp.path: hashlib.sha256(open(os.path.join(site, fp.path), "rb").read()).hexdigest()
+            for p in patches for fp in p.files}
+
+
+def test_shipped_patches_roundtrip_on_a_synthetic_site(tmp_path, capsys):
+    patches = load_patches()
+    assert patches and all(p.header for p in patches)  # every patch says why it exists
+    site = fake_site(tmp_path, "0.5.23", patches)
+    before = digest(site, patches)
+    assert all(patch_status(p, site) == "not applied" for p in patches)
+    assert main(["patch", "apply", "--site", site]) == 0
+    assert all(patch_status(p, site) == "applied" for p in patches)
+    assert [s for _, s in apply_patches(patches, site)] == ["already applied"] * len(patches)  # idempotent
+    assert main(["patch", "check", "--site", site]) == 0
+    assert main(["patch", "revert", "--site", site]) == 0
+    assert digest(site, patches) == before
+    assert "reverted" in capsys.readouterr().out
+
+
+def test_other_versions_are_refused(tmp_path, capsys):
+    site = fake_site(tmp_path, "0.5.22", load_patches())
+    with pytest.raises(PatchError, match=r"target sglang==0.5.23, found sglang==0.5.22"):
+        find_sglang(site)
+    assert main(["patch", "apply", "--site", site]) == 2
+    assert "found sglang==0.5.22" in capsys.readouterr().out
+
+
+@pytest.mark.sglang
+def test_patches_apply_and_revert_on_the_installed_sglang():
+    pytest.importorskip("sglang")
+    site, version = find_sglang()
+    patches = load_patches()
+    before = digest(site, patches)
+    assert all(patch_status(p, site) == "not applied" for p in patches)
+    try:
+        apply_patches(patches, site)
+        assert all(patch_status(p, site) == "applied" for p in patches)
+        for p in patches:
+            for fp in p.files:
+                py_compile.compile(os.path.join(site, fp.path), doraise=True)
+    finally:
+        revert_patches(patches, site)
+    assert digest(site, patches) == before
