@@ -251,3 +251,17 @@ def test_policy_batches_draft_eagerly(loaded):
 
     assert v2.prepare_for_draft is common.prepare_for_draft  # the patch reached eagle_worker_v2's import
     assert inspect.unwrap(common.prepare_for_draft) is not common.prepare_for_draft
+
+
+def test_worker_and_request_attributes_the_hooks_read(loaded):
+    """The hooks read worker / request attributes by name: they must exist in this sglang."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    init = inspect.getsource(inspect.unwrap(EagleDraftWorker.__init__))
+    for attr in ("self.topk =", "self.speculative_num_steps =", "self.speculative_num_draft_tokens =", "self.device ="):
+        assert attr in init, attr
+    assert "custom_params" in SamplingParams.__struct_fields__
+    req_init = inspect.getsource(Req.__init__)
+    assert "self.sampling_params = sampling_params" in req_init and "self.customized_info" in req_init
