@@ -1,0 +1,76 @@
+"""TTT forward == the inference-time draft chain; training improves acceptance on a tiny model."""
+
+import pytest
+import torch
+
+from tests.engine.test_draft_tree_expansion import chain_draft
+from tests.models.tiny import make_tiny_llama
+from treespec_sglang.engine import SpecEngine
+from treespec_sglang.training.data import generate_distill_data, iter_sequences, load_shards, target_hidden
+from treespec_sglang.training.trainer import TrainConfig, batch_sequences, evaluate_alpha, train_draft, ttt_forward
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    make_tiny_llama(path, vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, seed=3)
+    return SpecEngine.from_pretrained(str(path), draft=None, seed=0)
+
+
+def test_ttt_step_k_equals_the_inference_chain(engine):
+    """Step k at position t = the draft run over committed pairs 0..t-k (real features) followed by
+    k pairs fed its own features — exactly what a depth-(k+1) node sees in the engine."""
+    e = engine
+    seq = [3, 9, 4, 17, 22, 5, 8, 30, 2, 11]
+    h = target_hidden(e.target, [seq])[0]
+    tok, hid, msk, lens = batch_sequences([(torch.tensor(seq), h, torch.ones(len(seq), dtype=torch.bool))], 64)
+    with torch.no_grad():
+        outs = ttt_forward(e.draft, e.target.lm_head, tok, hid, msk, lens, ttt_steps=3)
+        for k in range(3):
+            for t in range(k, len(seq) - 2):
+                toks = seq[1:t - k + 2]  # pairs 0..t-k: (h_s, x_{s+1})
+                feats = [h[s] for s in range(t - k + 1)]
+                for j in range(1, k + 1):  # own features along the chain
+                    prev = chain_draft(e, toks, feats)[-1]
+                    toks = toks + [seq[t - k + j + 1]]
+                    feats = feats + [prev]
+                ref = e.target.lm_head(chain_draft(e, toks, feats)[-1])
+                torch.testing.assert_close(outs[k][0][0, t], ref, rtol=1e-4, atol=1e-4)
+            assert outs[k][2][0, :k].sum() == 0 and outs[k][2][0, k:len(seq) - 2].all()
+
+
+@pytest.mark.parametrize("loss", ["kl", "lk-alpha", "lk-lambda"])
+def test_training_raises_heldout_acceptance(engine, tmp_path, loss):
+    e = engine
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 48, (5,), generator=g).tolist() for _ in range(24)]
+    e.tokenizer = None
+    man = generate_distill_data(_IdsEngine(e), [str(i) for i in range(24)], prompts, str(tmp_path / "d"),
+                                max_new_tokens=16, batch_size=8, progress=False)
+    assert man["answer_tokens"] == 24 * 16 and len(man["done"]) == 24
+    again = generate_distill_data(_IdsEngine(e), [str(i) for i in range(24)], prompts, str(tmp_path / "d"),
+                                  max_new_tokens=16, progress=False)  # resumable: nothing left to do
+    assert again["shards"] == man["shards"]
+    seqs = iter_sequences(load_shards(str(tmp_path / "d")))
+    train, held = seqs[:20], seqs[20:]
+    head = type(e.draft).for_target(e.target.config, seed=1).attach(e.target.model.embed_tokens)
+    cfg = TrainConfig(loss=loss, steps=60, lr=3e-3, batch_size=4, ttt_steps=2, eval_every=60)
+    before = evaluate_alpha(head, e.target.lm_head, held, cfg)
+    log = train_draft(head, e.target.lm_head, train, cfg, eval_seqs=held, progress=False)
+    after = log[-1]["alpha"]
+    assert after[0] > before[0] + 0.1 and after[1] > before[1], (before, after)
+
+
+class _IdsEngine:
+    """The tiny model has no tokenizer: prompts are token-id lists already."""
+
+    def __init__(self, e):
+        self.e, self.target = e, e.target
+
+    def encode(self, prompts):
+        return [list(p) for p in prompts]
+
+    def generate(self, *a, **k):
+        return self.e.generate(*a, **k)

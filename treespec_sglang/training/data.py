@@ -1,0 +1,134 @@
+"""Self-distillation data: prompts answered by the target itself, stored with its hidden states.
+
+On disk (one directory): ``manifest.json`` and ``shard-XXXXX.safetensors`` files, each holding
+``tokens`` [n_tok] int32 (prompt + answer, concatenated), ``hidden`` [n_tok, hidden] float16 (the
+target's final-norm hidden state at every position), ``loss_mask`` [n_tok] bool (answer tokens)
+and ``offsets`` [n_seq + 1] int64. Generation is batched, shows a progress bar and is resumable:
+the manifest lists finished prompt ids and a rerun skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence
+
+import torch
+
+from ..engine.kv_cache import KVCache
+
+__all__ = ["DistillShard", "target_hidden", "generate_distill_data", "load_shards", "iter_sequences", "disk_usage"]
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class DistillShard:
+    tokens: torch.Tensor  # [n_tok] int32
+    hidden: torch.Tensor  # [n_tok, hidden] float16
+    loss_mask: torch.Tensor  # [n_tok] bool
+    offsets: torch.Tensor  # [n_seq + 1] int64
+
+    def sequences(self) -> Iterator[tuple]:
+        for i in range(len(self.offsets) - 1):
+            a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+            yield self.tokens[a:b].long(), self.hidden[a:b], self.loss_mask[a:b]
+
+
+@torch.inference_mode()
+def target_hidden(model, seqs: Sequence[Sequence[int]]) -> List[torch.Tensor]:
+    """Final-norm hidden states of the target at every position: one batched causal forward.
+
+    Returns one ``[len_i, hidden]`` float32 tensor per sequence.
+    """
+    cfg = model.config
+    bs, T = len(seqs), max(len(s) for s in seqs)
+    dev = next(model.parameters()).device
+    ids = torch.zeros(bs, T, dtype=torch.long, device=dev)
+    lens = torch.tensor([len(s) for s in seqs], device=dev)
+    for b, s in enumerate(seqs):
+        ids[b, :len(s)] = torch.tensor(list(s), device=dev)
+    pos = torch.arange(T, device=dev).expand(bs, T)
+    cache = KVCache(cfg.num_hidden_layers, bs, cfg.num_key_value_heads, T, cfg.head_dim,
+                    next(model.parameters()).dtype, dev)
+    mask = (pos[:, None, :] <= pos[:, :, None]) & (pos[:, None, :] < lens[:, None, None])
+    h = model(ids, pos, cache.stores(pos, T), mask)
+    return [h[b, :len(s)].float() for b, s in enumerate(seqs)]
+
+
+def _manifest(out_dir: str) -> dict:
+    path = os.path.join(out_dir, MANIFEST)
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    return {"format": "treespec-distill-v1", "done": [], "shards": [], "tokens": 0, "answer_tokens": 0}
+
+
+def disk_usage(out_dir: str) -> int:
+    return sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir))
+
+
+def generate_distill_data(engine, prompt_ids: Sequence[str], prompts: Sequence[str], out_dir: str, *,
+                          max_new_tokens: int = 128, batch_size: int = 8, temperature: float = 0.0,
+                          seed: int = 0, progress: bool = True) -> dict:
+    """Answer ``prompts`` with the engine's target (plain decoding) and store hidden states.
+
+    Resumable: prompts whose id is already in the manifest are skipped. Returns the manifest.
+    """
+    from safetensors.torch import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    man = _manifest(out_dir)
+    done = set(man["done"])
+    todo = [(i, p) for i, p in zip(prompt_ids, prompts) if i not in done]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), unit="prompt", desc="distill")
+    for start in range(0, len(todo), batch_size):
+        chunk = todo[start:start + batch_size]
+        ids = engine.encode([p for _, p in chunk])
+        res = engine.generate([list(x) for x in ids], max_new_tokens=max_new_tokens, policy=None,
+                              temperature=temperature, seed=seed + start)
+        seqs = [x + r.token_ids for x, r in zip(ids, res)]
+        hidden = target_hidden(engine.target, seqs)
+        tokens = torch.cat([torch.tensor(s, dtype=torch.int32) for s in seqs])
+        mask = torch.cat([torch.tensor([False] * len(x) + [True] * len(r.token_ids)) for x, r in zip(ids, res)])
+        offsets = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
+        name = f"shard-{len(man['shards']):05d}.safetensors"
+        save_file({"tokens": tokens, "hidden": torch.cat(hidden).half(), "loss_mask": mask, "offsets": offsets},
+                  os.path.join(out_dir, name))
+        man["shards"].append(name)
+        man["done"] += [i for i, _ in chunk]
+        man["tokens"] += int(tokens.numel())
+        man["answer_tokens"] += int(mask.sum())
+        man["bytes"] = disk_usage(out_dir)
+        with open(os.path.join(out_dir, MANIFEST + ".tmp"), "w") as f:
+            json.dump(man, f)
+        os.replace(os.path.join(out_dir, MANIFEST + ".tmp"), os.path.join(out_dir, MANIFEST))
+        if bar is not None:
+            bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+    return man
+
+
+def load_shards(out_dir: str) -> List[DistillShard]:
+    from safetensors.torch import load_file
+
+    man = _manifest(out_dir)
+    if not man["shards"]:
+        raise FileNotFoundError(f"{out_dir}: no distillation shards (run `treespec train data` first)")
+    out = []
+    for name in man["shards"]:
+        t = load_file(os.path.join(out_dir, name))
+        out.append(DistillShard(t["tokens"], t["hidden"], t["loss_mask"], t["offsets"]))
+    return out
+
+
+def iter_sequences(shards: Sequence[DistillShard], ids: Optional[Sequence[int]] = None):
+    """All (tokens [T], hidden [T, H], loss_mask [T]) sequences, optionally a subset by index."""
+    seqs = [s for sh in shards for s in sh.sequences()]
+    return seqs if ids is None else [seqs[i] for i in ids]

@@ -1,0 +1,171 @@
+"""Draft-head training with multi-step test-time training (TTT) over self-distillation data.
+
+Step 0 feeds the target's real features: the pair at draft position t is (h_t, x_{t+1}) at RoPE
+position t+1 and predicts the target's distribution of x_{t+2}, p_t = softmax(lm_head(h_{t+1})).
+Step k >= 1 feeds the draft's own step-(k-1) output from position t-1 (what a depth-(k+1) tree node
+sees at inference) and attends HASS-style: to step-0 keys at positions <= t-k (the committed
+prefix) and to the step-j key at position t-k+j for j = 1..k (its own ancestors). Losses per step
+are weighted gamma^k (:func:`multi_step_loss`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from .losses import acceptance_rate, kl_loss, lk_alpha_loss, lk_lambda_loss, multi_step_loss
+
+__all__ = ["TrainConfig", "LOSSES", "ttt_forward", "batch_sequences", "train_draft", "evaluate_alpha"]
+
+LOSSES: Dict[str, Callable] = {
+    "kl": lambda t, d, m, cfg: kl_loss(t, d, m),
+    "lk-alpha": lambda t, d, m, cfg: lk_alpha_loss(t, d, m),
+    "lk-lambda": lambda t, d, m, cfg: lk_lambda_loss(t, d, m, eta=cfg.eta),
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    loss: str = "kl"
+    steps: int = 200
+    lr: float = 3e-4
+    batch_size: int = 4
+    ttt_steps: int = 3
+    gamma: float = 0.8
+    eta: float = 3.0
+    max_len: int = 384
+    seed: int = 0
+    eval_every: int = 50
+
+    def __post_init__(self):
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {sorted(LOSSES)} (talf: see the training notes), got {self.loss!r}")
+        for name, lo in (("steps", 1), ("batch_size", 1), ("ttt_steps", 1), ("max_len", 8), ("eval_every", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if not (0 < self.lr < 1 and 0 < self.gamma <= 1 and self.eta >= 0):
+            raise ValueError("lr must be in (0, 1), gamma in (0, 1], eta >= 0")
+
+
+def batch_sequences(seqs, max_len: int, device="cpu"):
+    """Pad (tokens [T], hidden [T, H], loss_mask [T]) sequences into a batch (truncating to max_len).
+
+    Returns tokens [bs, T] int64, hidden [bs, T, H] float32, loss_mask [bs, T] bool, lens [bs].
+    """
+    seqs = [(t[:max_len], h[:max_len], m[:max_len]) for t, h, m in seqs]
+    bs, T, H = len(seqs), max(len(t) for t, _, _ in seqs), seqs[0][1].shape[-1]
+    tok = torch.zeros(bs, T, dtype=torch.long)
+    hid = torch.zeros(bs, T, H)
+    msk = torch.zeros(bs, T, dtype=torch.bool)
+    for b, (t, h, m) in enumerate(seqs):
+        tok[b, :len(t)], hid[b, :len(t)], msk[b, :len(t)] = t, h.float(), m
+    lens = torch.tensor([len(t) for t, _, _ in seqs])
+    return tok.to(device), hid.to(device), msk.to(device), lens.to(device)
+
+
+def ttt_forward(head, lm_head, tokens, hidden, loss_mask, lens, ttt_steps: int):
+    """Run the draft for ``ttt_steps`` steps -> list of (draft_logits, target_logits, mask), one per step.
+
+    tokens [bs, T], hidden [bs, T, hidden], loss_mask [bs, T], lens [bs]; positions t = 0..T-3.
+    """
+    bs, T = tokens.shape
+    n = T - 2  # pairs (h_t, x_{t+1}) whose target p_t = softmax(lm_head(h_{t+1})) predicts x_{t+2}
+    dev = tokens.device
+    t = torch.arange(n, device=dev)
+    pos = (t + 1).expand(bs, n)
+    toks = tokens[:, 1:n + 1]
+    with torch.no_grad():
+        target_logits = lm_head(hidden[:, 1:n + 1]).float()  # [bs, n, vocab]
+    base_ok = (t[None, :] + 2 < lens[:, None]) & loss_mask[:, 2:n + 2]
+    keys: List[tuple] = []
+    outs = []
+    feats = hidden[:, :n]
+    prev = None  # the previous step's outputs
+    for k in range(ttt_steps):
+        if k > 0:  # own features from the previous step, shifted right by one position
+            feats = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
+        # query (step k, t) -> step-0 keys at s <= t-k; step-j keys (1 <= j <= k) at s = t-k+j
+        blocks = [t[None, :] <= (t[:, None] - k)]
+        for j in range(1, k + 1):
+            blocks.append(t[None, :] == (t[:, None] - k + j))
+        mask = torch.cat(blocks, dim=1)[None].expand(bs, n, n * (k + 1))
+        mask = mask | (~mask.any(-1, keepdim=True))  # rows with no key (t < k) attend anywhere; masked below
+
+        def store(kk, vv):
+            keys.append((kk, vv))
+            return torch.cat([x for x, _ in keys], dim=2), torch.cat([y for _, y in keys], dim=2)
+
+        prev = head(toks, feats, pos, store, mask)  # [bs, n, hidden]
+        keys = keys[: k + 1]
+        ok = base_ok & (t[None, :] >= k)
+        outs.append((lm_head(prev).float(), target_logits, ok))
+    return outs
+
+
+def _loss(cfg: TrainConfig, outs) -> torch.Tensor:
+    fn = LOSSES[cfg.loss]
+    return multi_step_loss([fn(tl, dl, m, cfg) for dl, tl, m in outs], cfg.gamma)
+
+
+@torch.no_grad()
+def evaluate_alpha(head, lm_head, seqs, cfg: TrainConfig) -> List[float]:
+    """Mean acceptance alpha per draft position (TTT step) over held-out sequences."""
+    sums, counts = [0.0] * cfg.ttt_steps, [0] * cfg.ttt_steps
+    for i in range(0, len(seqs), cfg.batch_size):
+        tok, hid, msk, lens = batch_sequences(seqs[i:i + cfg.batch_size], cfg.max_len)
+        for k, (dl, tl, m) in enumerate(ttt_forward(head, lm_head, tok, hid, msk, lens, cfg.ttt_steps)):
+            a = acceptance_rate(tl, dl)
+            sums[k] += float((a * m).sum())
+            counts[k] += int(m.sum())
+    return [s / max(c, 1) for s, c in zip(sums, counts)]
+
+
+def train_draft(head, lm_head, train_seqs, cfg: TrainConfig, eval_seqs: Optional[Sequence] = None,
+                on_eval: Optional[Callable] = None, progress: bool = True) -> List[dict]:
+    """Optimise ``head`` (the target's ``lm_head`` stays frozen); returns the log of evaluations."""
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    head.train()
+    for p in list(lm_head.parameters()) + ([head.embed.weight] if head.embed is not None else []):
+        p.requires_grad_(False)  # the target's embedding and LM head are shared and frozen
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 *
+                                              (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)))
+    log = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, desc=f"train {cfg.loss}", unit="step")
+    order: List[int] = []
+    for step in range(cfg.steps):
+        if len(order) < cfg.batch_size:
+            order += rng.sample(range(len(train_seqs)), len(train_seqs))
+        idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
+        tok, hid, msk, lens = batch_sequences([train_seqs[i] for i in idx], cfg.max_len)
+        loss = _loss(cfg, ttt_forward(head, lm_head, tok, hid, msk, lens, cfg.ttt_steps))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+            bar.update(1)
+        if eval_seqs and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+            head.eval()
+            entry = {"step": step + 1, "loss": loss.item(), "alpha": evaluate_alpha(head, lm_head, eval_seqs, cfg)}
+            if on_eval is not None:
+                entry.update(on_eval(head) or {})
+            log.append(entry)
+            head.train()
+    if bar is not None:
+        bar.close()
+    head.eval()
+    return log
+
