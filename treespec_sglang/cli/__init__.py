@@ -1,8 +1,8 @@
 """The ``treespec`` command line (``python -m treespec_sglang`` too).
 
 ``demo`` (the main job), ``bench`` (whole prompt sets, JSONL + plots), ``policies`` (every
-registered tree policy with its parameters and defaults) and ``patch`` (sglang source patches);
-``train`` arrives with its issue.
+registered tree policy with its parameters and defaults), ``patch`` (sglang source patches) and
+``train data|draft`` (self-distillation data, draft-head training).
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ def main(argv=None) -> int:
     p = sub.add_parser("policies", help="list the tree policies, their parameters and defaults")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_policies)
-    from . import bench, demo, patch
+    from . import bench, demo, patch, train
 
     demo.add_parser(sub)
     bench.add_parser(sub)
     patch.add_parser(sub)
+    train.add_parser(sub)
     args = ap.parse_args(argv)
     return args.fn(args)
 

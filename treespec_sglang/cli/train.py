@@ -1,0 +1,99 @@
+"""``treespec train data|draft``: self-distillation data and draft-head training."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from .runs import set_threads
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="self-distillation data and draft-head training")
+    tsub = p.add_subparsers(dest="what", required=True)
+    d = tsub.add_parser("data", help="answer prompts with the target and store its hidden states (resumable)")
+    d.add_argument("--target", default="smollm2-135m")
+    d.add_argument("--prompts", default="humaneval,mtbench")
+    d.add_argument("--limit", type=int, default=None, help="first N prompts of each set")
+    d.add_argument("--max-new-tokens", type=int, default=128)
+    d.add_argument("--batch-size", type=int, default=8)
+    d.add_argument("--temperature", type=float, default=0.0)
+    d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--out", default="data/distill")
+    d.set_defaults(fn=run_data)
+    t = tsub.add_parser("draft", help="train an EAGLE draft head (SGLang format checkpoints)")
+    t.add_argument("--target", default="smollm2-135m")
+    t.add_argument("--data", default="data/distill")
+    t.add_argument("--loss", default="kl", choices=["kl", "lk-alpha", "lk-lambda"])
+    t.add_argument("--init", default=None, help="start from this draft directory (default: seeded random)")
+    t.add_argument("--steps", type=int, default=200)
+    t.add_argument("--lr", type=float, default=3e-4)
+    t.add_argument("--batch-size", type=int, default=4)
+    t.add_argument("--ttt-steps", type=int, default=3)
+    t.add_argument("--gamma", type=float, default=0.8)
+    t.add_argument("--eta", type=float, default=3.0)
+    t.add_argument("--max-len", type=int, default=384)
+    t.add_argument("--heldout", type=float, default=0.1, help="fraction of sequences held out for evaluation")
+    t.add_argument("--eval-every", type=int, default=50)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--config", default=None, help="JSON file with any of the flags above")
+    t.add_argument("--out", default="checkpoints/draft")
+    t.set_defaults(fn=run_draft)
+
+
+def run_data(a: argparse.Namespace) -> int:
+    from ..data import load_prompt_set
+    from ..engine import SpecEngine
+    from ..training.data import generate_distill_data
+
+    set_threads(a.threads)
+    engine = SpecEngine.from_pretrained(a.target, draft=None)
+    ids, prompts = [], []
+    for name in [x.strip() for x in a.prompts.split(",") if x.strip()]:
+        ps = load_prompt_set(name).take(a.limit)
+        ids += [f"{name}/{i}" for i in ps.ids]
+        prompts += ps.prompts
+    man = generate_distill_data(engine, ids, prompts, a.out, max_new_tokens=a.max_new_tokens,
+                                batch_size=a.batch_size, temperature=a.temperature)
+    print(f"{a.out}: {len(man['done'])} sequences, {man['tokens']} tokens ({man['answer_tokens']} answer), "
+          f"{man.get('bytes', 0) / 2**20:.1f} MiB on disk")
+    return 0
+
+
+def run_draft(a: argparse.Namespace) -> int:
+    import torch
+
+    from ..engine import SpecEngine
+    from ..training.data import iter_sequences, load_shards
+    from ..training.trainer import TrainConfig, train_draft
+
+    if a.config:
+        with open(a.config) as f:
+            for k, v in json.load(f).items():
+                setattr(a, k.replace("-", "_"), v)
+    set_threads(a.threads)
+    torch.manual_seed(a.seed)
+    engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed)
+    seqs = iter_sequences(load_shards(a.data))
+    n_held = max(1, int(len(seqs) * a.heldout))
+    held, train = seqs[:n_held], seqs[n_held:]
+    cfg = TrainConfig(loss=a.loss, steps=a.steps, lr=a.lr, batch_size=a.batch_size, ttt_steps=a.ttt_steps,
+                      gamma=a.gamma, eta=a.eta, max_len=a.max_len, seed=a.seed, eval_every=a.eval_every)
+    os.makedirs(a.out, exist_ok=True)
+
+    def checkpoint(head):
+        head.save(a.out, dtype=torch.bfloat16)
+        return {}
+
+    log = train_draft(engine.draft, engine.target.lm_head, train, cfg, eval_seqs=held, on_eval=checkpoint)
+    with open(os.path.join(a.out, "train_log.json"), "w") as f:
+        json.dump({"config": vars(cfg), "log": log, "train_sequences": len(train), "heldout_sequences": len(held)},
+                  f, indent=2)
+    last = log[-1] if log else {}
+    print(f"{a.out}: loss {last.get('loss', float('nan')):.4f}, held-out alpha per position "
+          f"{[round(x, 3) for x in last.get('alpha', [])]}")
+    return 0
