@@ -27,7 +27,7 @@ def test_ttt_step_k_equals_the_inference_chain(engine):
     h = target_hidden(e.target, [seq])[0]
     tok, hid, msk, lens = batch_sequences([(torch.tensor(seq), h, torch.ones(len(seq), dtype=torch.bool))], 64)
     with torch.no_grad():
-        outs = ttt_forward(e.draft, e.target.lm_head, tok, hid, msk, lens, ttt_steps=3)
+        steps, _ = ttt_forward(e.draft, tok, hid, msk, lens, ttt_steps=3)
         for k in range(3):
             for t in range(k, len(seq) - 2):
                 toks = seq[1:t - k + 2]  # pairs 0..t-k: (h_s, x_{s+1})
@@ -37,8 +37,8 @@ def test_ttt_step_k_equals_the_inference_chain(engine):
                     toks = toks + [seq[t - k + j + 1]]
                     feats = feats + [prev]
                 ref = e.target.lm_head(chain_draft(e, toks, feats)[-1])
-                torch.testing.assert_close(outs[k][0][0, t], ref, rtol=1e-4, atol=1e-4)
-            assert outs[k][2][0, :k].sum() == 0 and outs[k][2][0, k:len(seq) - 2].all()
+                torch.testing.assert_close(e.target.lm_head(steps[k][0][0, t]), ref, rtol=1e-4, atol=1e-4)
+            assert steps[k][1][0, :k].sum() == 0 and steps[k][1][0, k:len(seq) - 2].all()
 
 
 @pytest.mark.parametrize("loss", ["kl", "lk-alpha", "lk-lambda"])
@@ -74,3 +74,20 @@ class _IdsEngine:
 
     def generate(self, *a, **k):
         return self.e.generate(*a, **k)
+
+
+def test_heldout_split_matches_bench_every(tmp_path):
+    import json
+
+    from treespec_sglang.data.prompts import PromptSet
+    from treespec_sglang.training.data import heldout_flags
+
+    ids = [f"humaneval/HumanEval/{i}" for i in range(12)] + [f"mtbench/{81 + i}" for i in range(7)]
+    (tmp_path / "manifest.json").write_text(json.dumps({"done": ids, "shards": []}))
+    flags = heldout_flags(str(tmp_path), 5)
+    held = [i for i, f in zip(ids, flags) if f]
+    he = PromptSet("humaneval", [f"HumanEval/{i}" for i in range(12)], ["p"] * 12).every(5)
+    mt = PromptSet("mtbench", [str(81 + i) for i in range(7)], ["p"] * 7).every(5)
+    assert held == [f"humaneval/{x}" for x in he.ids] + [f"mtbench/{x}" for x in mt.ids]
+    assert held == ["humaneval/HumanEval/0", "humaneval/HumanEval/5", "humaneval/HumanEval/10", "mtbench/81",
+                    "mtbench/86"]

@@ -18,6 +18,8 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", default="demo")
     p.add_argument("--prompts", default="humaneval,mtbench", help="comma-separated prompt sets")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each set")
+    p.add_argument("--every", type=int, default=1,
+                   help="only prompts whose index % N == 0 (e.g. 10: the split `train draft` holds out)")
     p.add_argument("--policies", default="eagle2,talon,salf,c2t,chain")
     p.add_argument("--policy-json", default=None)
     p.add_argument("--budget", type=int, default=None)
@@ -38,7 +40,7 @@ def run(a: argparse.Namespace) -> int:
 
     set_threads(a.threads)
     specs = [None] + parse_policies(a.policies, a.policy_json, a.budget)
-    sets = [load_prompt_set(n.strip()).take(a.limit) for n in a.prompts.split(",") if n.strip()]
+    sets = [load_prompt_set(n.strip()).every(a.every).take(a.limit) for n in a.prompts.split(",") if n.strip()]
     engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed)
     os.makedirs(a.out, exist_ok=True)
     all_runs = {}

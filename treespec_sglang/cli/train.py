@@ -36,7 +36,8 @@ def add_parser(sub) -> None:
     t.add_argument("--gamma", type=float, default=0.8)
     t.add_argument("--eta", type=float, default=3.0)
     t.add_argument("--max-len", type=int, default=384)
-    t.add_argument("--heldout", type=float, default=0.1, help="fraction of sequences held out for evaluation")
+    t.add_argument("--heldout-every", type=int, default=10,
+                   help="hold out every N-th sequence (index % N == 0) for evaluation")
     t.add_argument("--eval-every", type=int, default=50)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None)
@@ -68,7 +69,7 @@ def run_draft(a: argparse.Namespace) -> int:
     import torch
 
     from ..engine import SpecEngine
-    from ..training.data import iter_sequences, load_shards
+    from ..training.data import heldout_flags, iter_sequences, load_shards
     from ..training.trainer import TrainConfig, train_draft
 
     if a.config:
@@ -79,8 +80,9 @@ def run_draft(a: argparse.Namespace) -> int:
     torch.manual_seed(a.seed)
     engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed)
     seqs = iter_sequences(load_shards(a.data))
-    n_held = max(1, int(len(seqs) * a.heldout))
-    held, train = seqs[:n_held], seqs[n_held:]
+    flags = heldout_flags(a.data, a.heldout_every)
+    held = [s for s, f in zip(seqs, flags) if f]
+    train = [s for s, f in zip(seqs, flags) if not f]
     cfg = TrainConfig(loss=a.loss, steps=a.steps, lr=a.lr, batch_size=a.batch_size, ttt_steps=a.ttt_steps,
                       gamma=a.gamma, eta=a.eta, max_len=a.max_len, seed=a.seed, eval_every=a.eval_every)
     os.makedirs(a.out, exist_ok=True)

@@ -33,6 +33,11 @@ class PromptSet:
     def take(self, n: Optional[int]) -> "PromptSet":
         return self if n is None else PromptSet(self.name, self.ids[:n], self.prompts[:n])
 
+    def every(self, n: int, offset: int = 0) -> "PromptSet":
+        """Prompts whose position i satisfies (offset + i) % n == 0."""
+        keep = [i for i in range(len(self.ids)) if (offset + i) % n == 0]
+        return PromptSet(self.name, [self.ids[i] for i in keep], [self.prompts[i] for i in keep])
+
 
 def _locate(cands, name: str) -> str:
     for dist, rel in cands:

@@ -18,7 +18,8 @@ import torch
 
 from ..engine.kv_cache import KVCache
 
-__all__ = ["DistillShard", "target_hidden", "generate_distill_data", "load_shards", "iter_sequences", "disk_usage"]
+__all__ = ["DistillShard", "target_hidden", "generate_distill_data", "load_shards", "iter_sequences", "disk_usage",
+           "heldout_flags"]
 
 MANIFEST = "manifest.json"
 
@@ -126,6 +127,18 @@ def load_shards(out_dir: str) -> List[DistillShard]:
         t = load_file(os.path.join(out_dir, name))
         out.append(DistillShard(t["tokens"], t["hidden"], t["loss_mask"], t["offsets"]))
     return out
+
+
+def heldout_flags(out_dir: str, every: int) -> List[bool]:
+    """Per stored sequence: held out iff its position *within its prompt set* is a multiple of
+    ``every`` (ids look like ``humaneval/HumanEval/3``), matching ``treespec bench --every``."""
+    seen: dict = {}
+    flags = []
+    for pid in _manifest(out_dir)["done"]:
+        name = pid.split("/", 1)[0]
+        flags.append(seen.get(name, 0) % every == 0)
+        seen[name] = seen.get(name, 0) + 1
+    return flags
 
 
 def iter_sequences(shards: Sequence[DistillShard], ids: Optional[Sequence[int]] = None):

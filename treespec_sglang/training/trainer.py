@@ -19,7 +19,7 @@ import torch
 
 from .losses import acceptance_rate, kl_loss, lk_alpha_loss, lk_lambda_loss, multi_step_loss
 
-__all__ = ["TrainConfig", "LOSSES", "ttt_forward", "batch_sequences", "train_draft", "evaluate_alpha"]
+__all__ = ["TrainConfig", "LOSSES", "ttt_forward", "step_logits", "batch_sequences", "train_draft", "evaluate_alpha"]
 
 LOSSES: Dict[str, Callable] = {
     "kl": lambda t, d, m, cfg: kl_loss(t, d, m),
@@ -68,33 +68,35 @@ def batch_sequences(seqs, max_len: int, device="cpu"):
     return tok.to(device), hid.to(device), msk.to(device), lens.to(device)
 
 
-def ttt_forward(head, lm_head, tokens, hidden, loss_mask, lens, ttt_steps: int):
-    """Run the draft for ``ttt_steps`` steps -> list of (draft_logits, target_logits, mask), one per step.
+def ttt_forward(head, tokens, hidden, loss_mask, lens, ttt_steps: int):
+    """Run the draft for ``ttt_steps`` steps.
 
-    tokens [bs, T], hidden [bs, T, hidden], loss_mask [bs, T], lens [bs]; positions t = 0..T-3.
+    tokens [bs, T], hidden [bs, T, hidden], loss_mask [bs, T], lens [bs]; draft positions
+    t = 0..T-3. Returns (steps, target_hidden) where steps is a list of (draft features
+    [bs, n, hidden], valid [bs, n] bool) and target_hidden [bs, n, hidden] is h_{t+1}, whose LM-head
+    distribution p_t is every step's target at position t.
     """
     bs, T = tokens.shape
-    n = T - 2  # pairs (h_t, x_{t+1}) whose target p_t = softmax(lm_head(h_{t+1})) predicts x_{t+2}
+    n = T - 2
     dev = tokens.device
     t = torch.arange(n, device=dev)
     pos = (t + 1).expand(bs, n)
     toks = tokens[:, 1:n + 1]
-    with torch.no_grad():
-        target_logits = lm_head(hidden[:, 1:n + 1]).float()  # [bs, n, vocab]
     base_ok = (t[None, :] + 2 < lens[:, None]) & loss_mask[:, 2:n + 2]
     keys: List[tuple] = []
-    outs = []
+    steps = []
     feats = hidden[:, :n]
     prev = None  # the previous step's outputs
     for k in range(ttt_steps):
         if k > 0:  # own features from the previous step, shifted right by one position
             feats = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
         # query (step k, t) -> step-0 keys at s <= t-k; step-j keys (1 <= j <= k) at s = t-k+j
+        # example k = 1, t = 3: step-0 keys 0..2 (committed prefix) and the step-1 key at 3 (itself)
         blocks = [t[None, :] <= (t[:, None] - k)]
         for j in range(1, k + 1):
             blocks.append(t[None, :] == (t[:, None] - k + j))
         mask = torch.cat(blocks, dim=1)[None].expand(bs, n, n * (k + 1))
-        mask = mask | (~mask.any(-1, keepdim=True))  # rows with no key (t < k) attend anywhere; masked below
+        mask = mask | (~mask.any(-1, keepdim=True))  # rows with no key (t < k) attend anywhere; never used
 
         def store(kk, vv):
             keys.append((kk, vv))
@@ -102,14 +104,27 @@ def ttt_forward(head, lm_head, tokens, hidden, loss_mask, lens, ttt_steps: int):
 
         prev = head(toks, feats, pos, store, mask)  # [bs, n, hidden]
         keys = keys[: k + 1]
-        ok = base_ok & (t[None, :] >= k)
-        outs.append((lm_head(prev).float(), target_logits, ok))
-    return outs
+        steps.append((prev, base_ok & (t[None, :] >= k)))
+    return steps, hidden[:, 1:n + 1]
 
 
-def _loss(cfg: TrainConfig, outs) -> torch.Tensor:
+def step_logits(lm_head, feats, target_hidden, valid):
+    """Draft and target logits at the valid positions only: ``[M, vocab]`` each (M = valid.sum()).
+
+    Training runs the LM head only where a loss is taken (answer tokens), not over the prompt.
+    """
+    with torch.no_grad():
+        tl = lm_head(target_hidden[valid]).float()
+    return lm_head(feats[valid]).float(), tl
+
+
+def _loss(cfg: TrainConfig, lm_head, steps, target_hidden) -> torch.Tensor:
     fn = LOSSES[cfg.loss]
-    return multi_step_loss([fn(tl, dl, m, cfg) for dl, tl, m in outs], cfg.gamma)
+    losses = []
+    for feats, valid in steps:
+        dl, tl = step_logits(lm_head, feats, target_hidden, valid)
+        losses.append(fn(tl, dl, None, cfg))
+    return multi_step_loss(losses, cfg.gamma)
 
 
 @torch.no_grad()
@@ -118,10 +133,11 @@ def evaluate_alpha(head, lm_head, seqs, cfg: TrainConfig) -> List[float]:
     sums, counts = [0.0] * cfg.ttt_steps, [0] * cfg.ttt_steps
     for i in range(0, len(seqs), cfg.batch_size):
         tok, hid, msk, lens = batch_sequences(seqs[i:i + cfg.batch_size], cfg.max_len)
-        for k, (dl, tl, m) in enumerate(ttt_forward(head, lm_head, tok, hid, msk, lens, cfg.ttt_steps)):
-            a = acceptance_rate(tl, dl)
-            sums[k] += float((a * m).sum())
-            counts[k] += int(m.sum())
+        steps, th = ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps)
+        for k, (feats, valid) in enumerate(steps):
+            dl, tl = step_logits(lm_head, feats, th, valid)
+            sums[k] += float(acceptance_rate(tl, dl).sum())
+            counts[k] += int(valid.sum())
     return [s / max(c, 1) for s, c in zip(sums, counts)]
 
 
@@ -148,7 +164,7 @@ def train_draft(head, lm_head, train_seqs, cfg: TrainConfig, eval_seqs: Optional
             order += rng.sample(range(len(train_seqs)), len(train_seqs))
         idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
         tok, hid, msk, lens = batch_sequences([train_seqs[i] for i in idx], cfg.max_len)
-        loss = _loss(cfg, ttt_forward(head, lm_head, tok, hid, msk, lens, cfg.ttt_steps))
+        loss = _loss(cfg, lm_head, *ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps))
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
