@@ -68,6 +68,8 @@ class SpecEngine:
         self.target = target.to(device=device, dtype=dtype).eval()
         self.draft = draft.to(device=device, dtype=dtype).eval().attach(self.target.model.embed_tokens)
         self.tokenizer = tokenizer
+        # optional ``observer(tree, parent_entropy, result)`` called after each verify (C2T data)
+        self.observer = None
         self.device = torch.device(device)
         self.dtype = dtype
         cfg = target.config
@@ -254,7 +256,8 @@ class SpecEngine:
         without a sync; the only syncs are grow_tree's per-step check and one transfer at the end."""
         bs, dev = root.shape[0], self.device
         expand = _TreeExpander(self, dcache, lens, f_root, lmax)
-        tree = grow_tree(params, root, root_lp, expand)
+        recorder = _EntropyRecorder(expand, root_lp) if self.observer is not None else None
+        tree = grow_tree(params, root, root_lp, recorder or expand)
         n = tree.n_nodes
         # ---- verify: one target forward over every tree, tree attention on the per-request cache
         slots = lens[:, None] + torch.arange(n, device=dev)
@@ -267,6 +270,8 @@ class SpecEngine:
         positions = lens[:, None] + tree.depth.clamp(min=0)
         hidden = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask)
         result = verify_tree(tree, self._logits(hidden), generator=gen, **sampling)
+        if recorder is not None:
+            self.observer(tree, recorder.parent_entropy(tree), result)
         em = emitted_tokens(tree, result)  # [bs, depth + 1]
         # ---- commit: keep only the accepted path's KV, at consecutive slots after the prefix
         D1 = result.path.shape[1]
@@ -359,3 +364,34 @@ class _TreeExpander:
         cur_feat = torch.gather(self.feat, 1, fr[:, :, None].expand_as(out))
         self.feat.scatter_(1, fr[:, :, None].expand_as(out), torch.where(valid, out, cur_feat))
         return torch.log_softmax(self.e._logits(out), dim=-1)
+
+
+class _EntropyRecorder:
+    """Wraps an ``expand`` to remember, per working-tree node, the entropy (top-1000, C2T Eq. 7) of
+    the distribution its children are drawn from. Used only when an observer is attached."""
+
+    def __init__(self, expand, root_logprobs):
+        from ..policies.classifier import entropy_topm
+
+        self.expand, self.entropy_topm = expand, entropy_topm
+        self.root = entropy_topm(root_logprobs.float())  # [bs]
+        self.buf = None
+
+    def __call__(self, tree, frontier):
+        out = self.expand(tree, frontier)
+        if self.buf is None:
+            self.buf = torch.zeros(tree.tokens.shape, device=out.device)
+            self.buf[:, 0] = self.root
+        ent = self.entropy_topm(out.float())  # [bs, width]
+        fr = frontier.clamp(min=0)
+        self.buf.scatter_(1, fr, torch.where(frontier >= 0, ent, torch.gather(self.buf, 1, fr)))
+        return out
+
+    def parent_entropy(self, tree):
+        """``[bs, n_nodes]`` entropy of each node's parent distribution. Valid when the final tree
+        keeps the working tree's node order (EAGLE-2 with the full pool as budget, TALON, C2T, chain)."""
+        if self.buf is None:
+            buf = self.root[:, None].expand(tree.tokens.shape).clone()
+        else:
+            buf = self.buf[:, :tree.n_nodes]
+        return torch.gather(buf, 1, tree.parents.clamp(min=0))
