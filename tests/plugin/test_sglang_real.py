@@ -12,7 +12,6 @@ pytestmark = pytest.mark.sglang
 sglang = pytest.importorskip("sglang")
 
 from tests.helpers import PathDraft  # noqa: E402
-from tests.policies import oracles  # noqa: E402
 from treespec_sglang.plugin import SGLANG_VERSION  # noqa: E402
 from treespec_sglang.plugin.hooks import HOOKS, SIGNATURES  # noqa: E402
 

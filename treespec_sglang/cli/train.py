@@ -44,6 +44,22 @@ def add_parser(sub) -> None:
     t.add_argument("--config", default=None, help="JSON file with any of the flags above")
     t.add_argument("--out", default="checkpoints/draft")
     t.set_defaults(fn=run_draft)
+    c = tsub.add_parser("c2t", help="collect C2T node data with a draft head and train the classifier")
+    c.add_argument("--target", default="smollm2-135m")
+    c.add_argument("--draft", default="demo")
+    c.add_argument("--prompts", default="humaneval,mtbench")
+    c.add_argument("--every", type=int, default=1, help="use prompts whose index % N == 0")
+    c.add_argument("--offset", type=int, default=0, help="... or (index + offset) % N == 0")
+    c.add_argument("--limit", type=int, default=None)
+    c.add_argument("--topk", type=int, default=4)
+    c.add_argument("--depth", type=int, default=4)
+    c.add_argument("--max-new-tokens", type=int, default=64)
+    c.add_argument("--batch-size", type=int, default=8)
+    c.add_argument("--hidden", type=int, default=48)
+    c.add_argument("--epochs", type=int, default=10)
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--out", default="checkpoints/c2t.pt")
+    c.set_defaults(fn=run_c2t)
 
 
 def run_data(a: argparse.Namespace) -> int:
@@ -98,4 +114,29 @@ def run_draft(a: argparse.Namespace) -> int:
     last = log[-1] if log else {}
     print(f"{a.out}: loss {last.get('loss', float('nan')):.4f}, held-out alpha per position "
           f"{[round(x, 3) for x in last.get('alpha', [])]}")
+    return 0
+
+
+def run_c2t(a: argparse.Namespace) -> int:
+    from ..data import load_prompt_set
+    from ..engine import SpecEngine
+    from ..training.c2t import collect_c2t_samples, train_c2t
+
+    set_threads(a.threads)
+    engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft)
+    prompts = []
+    for name in [x.strip() for x in a.prompts.split(",") if x.strip()]:
+        prompts += load_prompt_set(name).every(a.every, a.offset).take(a.limit).prompts
+    feats, labels = collect_c2t_samples(engine, prompts, topk=a.topk, depth=a.depth, max_new_tokens=a.max_new_tokens,
+                                        batch_size=a.batch_size)
+    clf, report = train_c2t(feats, labels, hidden=a.hidden, epochs=a.epochs)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    clf.save(a.out)
+    with open(os.path.splitext(a.out)[0] + "_report.json", "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"{a.out}: {len(labels)} nodes, positive rate {report['positive_rate']:.3f}; held-out recall "
+          f"{report['recall']:.3f} keeping {report['kept_rate']:.3f} of nodes (beta {report['beta']})")
+    for r in report["buckets"]:
+        print(f"  entropy {r['entropy']:>12}: nodes {r['nodes']:6d} accepted {r['accepted']:5d} "
+              f"recall {r['recall']:.3f} kept {r['kept_rate']:.3f}")
     return 0
