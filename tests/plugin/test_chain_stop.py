@@ -4,11 +4,13 @@
 import os
 
 import torch
+
+from treespec_sglang.policies.classifier import load_classifier
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from treespec_sglang.plugin.chain_stop import ChainStopper
-from treespec_sglang.policies import C2TClassifier, parse_spec
+from treespec_sglang.policies import parse_spec
 from treespec_sglang.policies.classifier import entropy_topm
 
 S, V = 6, 40
@@ -30,7 +32,7 @@ def test_lengths_match_a_plain_loop():
     logits = step_logits(0)
     for lg in logits:
         st.observe(lg)
-    clf = C2TClassifier.default()
+    clf = load_classifier(None)
     for b, p in enumerate(params):
         if p is None:
             assert int(st.length[b]) == S and int(st.keep_mask(S + 1)[b].sum()) == S + 1

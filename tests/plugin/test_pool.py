@@ -5,6 +5,8 @@ import random
 import pytest
 import torch
 
+from treespec_sglang.policies.classifier import load_classifier
+
 from tests.helpers import PathDraft, random_batch
 from tests.policies import oracles
 from treespec_sglang.plugin.pool import select_from_pool, unlink_filler
@@ -73,9 +75,7 @@ def test_policy_rows_select_the_policy_tree_on_the_beam(spec):
         elif spec["policy"] == "salf":
             expect = oracles.salf(beam, roots[b], spec["budget"], spec["batch"], spec["th"])
         elif spec["policy"] == "c2t":
-            from treespec_sglang.policies import C2TClassifier
-
-            ref = oracles.c2t(beam, roots[b], spec["budget"], spec["topk"], spec["beta"], 10, C2TClassifier.default())
+            ref = oracles.c2t(beam, roots[b], spec["budget"], spec["topk"], spec["beta"], 10, load_classifier(None))
             expect = {ref.path(i) for i in range(len(ref.tok))}
         elif spec["policy"] == "chain":
             expect, p = {(roots[b],)}, (roots[b],)

@@ -126,8 +126,10 @@ def test_chain_is_the_greedy_path():
 def test_chain_c2t_early_stop_matches_scores():
     from treespec_sglang.policies.classifier import entropy_topm
 
+    from treespec_sglang.policies.classifier import load_classifier
+
     draft = PathDraft(30, seed=3, sharpness=1.2)
-    clf = C2TClassifier.default()
+    clf = load_classifier(None)  # the package default (what a spec without "classifier" uses)
     beta = 0.5
     tree = run([{"policy": "chain", "length": 8, "beta": beta}, {"policy": "chain", "length": 8}], draft, [5, 5])
     path, lp_sum, expect = (5,), 0.0, 0

@@ -8,8 +8,9 @@ Features of a candidate node i (C2T Eq. 6-8):
 * ``d_i`` the node's tree depth (root 0, its children 1).
 
 With ``hidden=48`` the network has 3*48 + 48 + 48 + 1 = 241 parameters, as in the paper.
-Training (C2T App. C) is the training package's job; :meth:`C2TClassifier.default` is a
-hand-set stand-in until a trained classifier ships with the package.
+Training (C2T App. C) is :mod:`treespec_sglang.training.c2t`; the package default is the shipped
+trained classifier (``assets/c2t-classifier.pt``) when present, else :meth:`C2TClassifier.default`,
+a hand-set stand-in.
 """
 
 from __future__ import annotations
@@ -83,14 +84,17 @@ class C2TClassifier(nn.Module):
 
 
 _DEFAULT = None
+# the classifier trained by `treespec train c2t` and shipped with the package, if present
+DEFAULT_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "c2t-classifier.pt")
 
 
 def load_classifier(spec) -> C2TClassifier:
-    """``None`` -> package default, a path -> loaded (cached per call site), a module -> itself."""
+    """``None`` -> package default (the shipped trained classifier, else the hand-set one),
+    a path -> loaded, a module -> itself."""
     global _DEFAULT
     if spec is None:
         if _DEFAULT is None:
-            _DEFAULT = C2TClassifier.default()
+            _DEFAULT = C2TClassifier.load(DEFAULT_FILE) if os.path.isfile(DEFAULT_FILE) else C2TClassifier.default()
         return _DEFAULT
     if isinstance(spec, nn.Module):
         return spec
