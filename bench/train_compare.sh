@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Train the demo target's draft head with each loss on the same self-distillation data for the same
+# steps, then measure held-out tau with EAGLE-2 (N=60) at T=0 and T=1. CPU-sized defaults.
+# Usage: bash bench/train_compare.sh [steps] [losses...]
+set -euo pipefail
+STEPS=${1:-150}; shift || true
+LOSSES=${*:-kl lk-alpha lk-lambda}
+DATA=${DATA:-data/distill}
+OUT=${OUT:-checkpoints/compare}
+THREADS=${THREADS:-2}
+[ -f "$DATA/manifest.json" ] || treespec train data --out "$DATA" --max-new-tokens 96 --batch-size 16 --threads "$THREADS"
+for loss in $LOSSES; do
+  treespec train draft --data "$DATA" --loss "$loss" --steps "$STEPS" --lr 1e-3 --ttt-steps 2 --eval-every 50 \
+    --threads "$THREADS" --out "$OUT/$loss"
+done
+for loss in $LOSSES; do
+  for T in 0 1; do
+    treespec bench --draft "$OUT/$loss" --every 10 --policies "" \
+      --policy-json '{"policy": "eagle2", "budget": 60, "topk": 10, "depth": 6}' \
+      --max-new-tokens 48 --batch-size 8 --temperature "$T" --threads "$THREADS" --out "$OUT/$loss/bench-T$T"
+  done
+done
