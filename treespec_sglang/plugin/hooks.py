@@ -74,6 +74,11 @@ def _from_cli_args(result, cls, args, *a, **k):
     except json.JSONDecodeError as e:
         raise ValueError(f"--treespec-config must be a JSON object: {e}") from None
     d = ServerDefaults(policy, config)  # raises ValueError naming the field and range
+    thresholds = [getattr(args, n, 1.0) for n in ("speculative_accept_threshold_single",
+                                                    "speculative_accept_threshold_acc")]
+    if any(t is not None and t != 1.0 for t in thresholds):
+        logger.warning("treespec: --speculative-accept-threshold-single/acc != 1 relaxes verification; "
+                       "sampling is then not lossless (greedy is unaffected)")
     os.environ[ENV_POLICY] = d.policy
     os.environ[ENV_CONFIG] = json.dumps(d.config)
     return result
