@@ -169,15 +169,18 @@ class SpecEngine:
         return self.target.lm_head(h).float()
 
     @staticmethod
-    def _finish(outs, new_rows, eos, max_new) -> List[bool]:
-        done = []
+    def _finish(outs, new_rows, eos, max_new):
+        """Append each row's new tokens up to EOS / the length limit -> (done flags, tokens appended)."""
+        done, added = [], 0
         for out, new in zip(outs, new_rows):
+            before = len(out)
             for t in new:
                 out.append(t)
                 if t in eos or len(out) >= max_new:
                     break
+            added += len(out) - before
             done.append(bool(out) and (out[-1] in eos or len(out) >= max_new))
-        return done
+        return done, added
 
     # ------------------------------------------------------------------ plain decoding
     def _plain(self, ids, params, stats, max_new, sampling, gen, progress):
@@ -191,9 +194,9 @@ class SpecEngine:
         for s in stats:
             s.rounds += 1
         while True:
-            done = self._finish([outs[r] for r in rows], [[t] for t in tok.tolist()], self.eos, max_new)
+            done, added = self._finish([outs[r] for r in rows], [[t] for t in tok.tolist()], self.eos, max_new)
             if progress:
-                progress(len(rows))
+                progress(added)
             keep = [i for i, d in enumerate(done) if not d]
             if not keep:
                 return outs
@@ -233,9 +236,9 @@ class SpecEngine:
             s.rounds += 1
         pending = [[t] for t in root.tolist()]  # the first token comes from the prefill
         while True:
-            done = self._finish([outs[r] for r in rows], pending, self.eos, max_new)
+            done, added = self._finish([outs[r] for r in rows], pending, self.eos, max_new)
             if progress:
-                progress(sum(len(p) for p in pending))
+                progress(added)
             keep = [i for i, d in enumerate(done) if not d]
             if not keep:
                 return outs
