@@ -4,6 +4,7 @@ policies side by side with plain decoding, measured in the same run."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from .runs import format_table, parse_policies, run_policy, set_threads
 
@@ -50,5 +51,8 @@ def run(a: argparse.Namespace) -> int:
           f"delta = draft forwards per round, tree = mean nodes verified")
     print(format_table(runs, a.temperature))
     if a.draft == "demo":
-        print("note: the shipped draft head is untrained until the training issue lands, so tau ~ 1 here")
+        from ..engine.loading import demo_draft_dir
+
+        if not os.path.isfile(os.path.join(demo_draft_dir(), "model.safetensors")):
+            print("note: no trained draft head is installed; a seeded random head was used, so tau ~ 1 here")
     return 0

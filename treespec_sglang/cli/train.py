@@ -57,6 +57,8 @@ def add_parser(sub) -> None:
     c.add_argument("--batch-size", type=int, default=8)
     c.add_argument("--hidden", type=int, default=48)
     c.add_argument("--epochs", type=int, default=10)
+    c.add_argument("--neg-per-pos", type=float, default=1.0, help="negatives sampled per positive each epoch")
+    c.add_argument("--samples", default=None, help="reuse (or save) the collected node samples at this .pt path")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--out", default="checkpoints/c2t.pt")
     c.set_defaults(fn=run_c2t)
@@ -118,18 +120,26 @@ def run_draft(a: argparse.Namespace) -> int:
 
 
 def run_c2t(a: argparse.Namespace) -> int:
+    import torch
+
     from ..data import load_prompt_set
     from ..engine import SpecEngine
     from ..training.c2t import collect_c2t_samples, train_c2t
 
     set_threads(a.threads)
     engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft)
-    prompts = []
-    for name in [x.strip() for x in a.prompts.split(",") if x.strip()]:
-        prompts += load_prompt_set(name).every(a.every, a.offset).take(a.limit).prompts
-    feats, labels = collect_c2t_samples(engine, prompts, topk=a.topk, depth=a.depth, max_new_tokens=a.max_new_tokens,
-                                        batch_size=a.batch_size)
-    clf, report = train_c2t(feats, labels, hidden=a.hidden, epochs=a.epochs)
+    if a.samples and os.path.isfile(a.samples):
+        blob = torch.load(a.samples)
+        feats, labels = blob["features"], blob["labels"]
+    else:
+        prompts = []
+        for name in [x.strip() for x in a.prompts.split(",") if x.strip()]:
+            prompts += load_prompt_set(name).every(a.every, a.offset).take(a.limit).prompts
+        feats, labels = collect_c2t_samples(engine, prompts, topk=a.topk, depth=a.depth,
+                                            max_new_tokens=a.max_new_tokens, batch_size=a.batch_size)
+        if a.samples:
+            torch.save({"features": feats, "labels": labels}, a.samples)
+    clf, report = train_c2t(feats, labels, hidden=a.hidden, epochs=a.epochs, neg_per_pos=a.neg_per_pos)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     clf.save(a.out)
     with open(os.path.splitext(a.out)[0] + "_report.json", "w") as f:

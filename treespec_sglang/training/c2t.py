@@ -71,7 +71,7 @@ def _split(n: int, seed: int, heldout: float) -> Tuple[List[int], List[int]]:
 
 
 def train_c2t(features: torch.Tensor, labels: torch.Tensor, *, hidden: int = 48, epochs: int = 10,
-              lr: float = 1e-3, batch_size: int = 32, neg_per_pos: float = 3.0, heldout: float = 0.05,
+              lr: float = 1e-3, batch_size: int = 32, neg_per_pos: float = 1.0, heldout: float = 0.05,
               seed: int = 0) -> Tuple[C2TClassifier, Dict]:
     """Fit the classifier (BCE; negatives subsampled to ``neg_per_pos`` per positive each epoch)."""
     torch.manual_seed(seed)
