@@ -182,6 +182,14 @@ class SpecEngine:
             done.append(bool(out) and (out[-1] in eos or len(out) >= max_new))
         return done, added
 
+    def _advance(self, outs, rows, new_rows, max_new, progress) -> List[int]:
+        """Commit a round's tokens of the active ``rows``; return the positions (within ``rows``)
+        of the requests that continue (empty when every request has finished)."""
+        done, added = self._finish([outs[r] for r in rows], new_rows, self.eos, max_new)
+        if progress:
+            progress(added)
+        return [i for i, d in enumerate(done) if not d]
+
     # ------------------------------------------------------------------ plain decoding
     def _plain(self, ids, params, stats, max_new, sampling, gen, progress):
         bs = len(ids)
@@ -194,10 +202,7 @@ class SpecEngine:
         for s in stats:
             s.rounds += 1
         while True:
-            done, added = self._finish([outs[r] for r in rows], [[t] for t in tok.tolist()], self.eos, max_new)
-            if progress:
-                progress(added)
-            keep = [i for i, d in enumerate(done) if not d]
+            keep = self._advance(outs, rows, [[t] for t in tok.tolist()], max_new, progress)
             if not keep:
                 return outs
             if len(keep) < len(rows):
@@ -236,10 +241,7 @@ class SpecEngine:
             s.rounds += 1
         pending = [[t] for t in root.tolist()]  # the first token comes from the prefill
         while True:
-            done, added = self._finish([outs[r] for r in rows], pending, self.eos, max_new)
-            if progress:
-                progress(added)
-            keep = [i for i, d in enumerate(done) if not d]
+            keep = self._advance(outs, rows, pending, max_new, progress)
             if not keep:
                 return outs
             if len(keep) < len(rows):
