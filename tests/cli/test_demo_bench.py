@@ -32,3 +32,28 @@ def test_bench_writes_jsonl_and_plots(tmp_path, monkeypatch):
     assert len(per_req) == 6 and all(r["new_tokens"] == 6 for r in per_req)
     assert (out / "tau_delta.png").stat().st_size > 1000
     assert (out / "acceptance_heatmap.png").stat().st_size > 1000
+
+
+def test_train_draft_cli_writes_sglang_checkpoint_and_log(tmp_path):
+    import torch
+
+    from tests.training.test_trainer import _IdsEngine
+    from treespec_sglang.engine import SpecEngine
+    from treespec_sglang.models import EagleDraftHead
+    from treespec_sglang.training.data import generate_distill_data
+
+    tiny = tmp_path / "tiny"
+    make_tiny_llama(tiny, vocab=48, hidden=32, layers=1)
+    e = SpecEngine.from_pretrained(str(tiny), draft=None)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 48, (4,), generator=g).tolist() for _ in range(8)]
+    generate_distill_data(_IdsEngine(e), [f"humaneval/{i}" for i in range(8)], prompts, str(tmp_path / "d"),
+                          max_new_tokens=8, batch_size=4, progress=False)
+    out = tmp_path / "ck"
+    assert main(["train", "draft", "--target", str(tiny), "--data", str(tmp_path / "d"), "--loss", "lk-lambda",
+                 "--steps", "4", "--batch-size", "2", "--eval-every", "2", "--heldout-every", "4",
+                 "--eval-prompts", "2", "--out", str(out)]) == 0
+    log = json.loads((out / "train_log.json").read_text())
+    assert [e["step"] for e in log["log"]] == [2, 4] and log["heldout_sequences"] == 2
+    assert all(len(e["alpha"]) == 3 and e["tau"] >= 1.0 for e in log["log"])
+    EagleDraftHead.load(str(out))  # SGLang-format checkpoint

@@ -39,6 +39,9 @@ def add_parser(sub) -> None:
     t.add_argument("--heldout-every", type=int, default=10,
                    help="hold out every N-th sequence (index % N == 0) for evaluation")
     t.add_argument("--eval-every", type=int, default=50)
+    t.add_argument("--eval-policy", default='{"policy": "eagle2", "budget": 16, "topk": 4, "depth": 4}',
+                   help="policy (JSON) for the periodic held-out tau measured through the engine")
+    t.add_argument("--eval-prompts", type=int, default=4, help="held-out prompts for that tau (0 = skip)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None)
     t.add_argument("--config", default=None, help="JSON file with any of the flags above")
@@ -105,9 +108,17 @@ def run_draft(a: argparse.Namespace) -> int:
                       gamma=a.gamma, eta=a.eta, max_len=a.max_len, seed=a.seed, eval_every=a.eval_every)
     os.makedirs(a.out, exist_ok=True)
 
+    eval_prompts = [seq[0][:int(seq[2].long().argmax())].tolist() for seq in held[:a.eval_prompts]
+                    if bool(seq[2].any())]
+    eval_policy = json.loads(a.eval_policy)
+
     def checkpoint(head):
         head.save(a.out, dtype=torch.bfloat16)
-        return {}
+        if not eval_prompts:
+            return {}
+        res = engine.generate(eval_prompts, max_new_tokens=32, policy=eval_policy)  # engine.draft is `head`
+        acc = [x for r in res for x in r.stats.accepted]
+        return {"tau": 1.0 + sum(acc) / max(len(acc), 1), "tau_policy": eval_policy}
 
     log = train_draft(engine.draft, engine.target.lm_head, train, cfg, eval_seqs=held, on_eval=checkpoint)
     with open(os.path.join(a.out, "train_log.json"), "w") as f:
@@ -115,7 +126,7 @@ def run_draft(a: argparse.Namespace) -> int:
                   f, indent=2)
     last = log[-1] if log else {}
     print(f"{a.out}: loss {last.get('loss', float('nan')):.4f}, held-out alpha per position "
-          f"{[round(x, 3) for x in last.get('alpha', [])]}")
+          f"{[round(x, 3) for x in last.get('alpha', [])]}, held-out tau {last.get('tau', float('nan')):.3f}")
     return 0
 
 
