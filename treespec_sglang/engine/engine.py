@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from ..policies import grow_tree, parse_spec
-from ..tree import DraftTree, dense_mask
+from ..tree import DraftTree, ancestor_mask, dense_mask
 from ..verify import emitted_tokens, sample, verify_tree
 from .kv_cache import KVCache
 from .loading import load_models
@@ -345,13 +345,10 @@ class _TreeExpander:
         par = torch.gather(tree.parents, 1, fr).clamp(min=0)
         pfeat = torch.gather(self.feat, 1, par[:, :, None].expand(bs, W, self.feat.shape[-1]))
         pos = self.lens[:, None] + torch.gather(tree.depth, 1, fr).clamp(min=0)
-        # ancestors-or-self of each frontier node within the tree region (root excluded: it is
-        # the committed slot len); pointer jumping one level per iteration
-        anc = torch.zeros(bs, W, self.C, dtype=torch.bool, device=fr.device)
-        cur = frontier.clone()
-        for _ in range(tree.depth_bound + 1):
-            anc |= torch.nn.functional.one_hot(cur.clamp(min=0), self.C).bool() & (cur >= 1)[..., None]
-            cur = torch.where(cur >= 0, torch.gather(tree.parents, 1, cur.clamp(min=0)), -1)
+        # ancestors-or-self of each frontier node within the tree region; the root is excluded
+        # (its pair is the committed slot len)
+        anc = ancestor_mask(tree, frontier)
+        anc[:, :, 0] = False
         Lk = self.lmax + 1
         col = torch.arange(Lk, device=fr.device)[None, None, :]
         committed = (col >= 1) & (col <= self.lens[:, None, None])

@@ -12,8 +12,37 @@ import torch
 
 from .draft_tree import DraftTree
 
-__all__ = ["dense_mask", "positions", "prefix_tree_mask", "FlashInferLayout", "flashinfer_layout",
+__all__ = ["ancestor_mask", "dense_mask", "positions", "prefix_tree_mask", "FlashInferLayout", "flashinfer_layout",
            "pack_segments_little", "SGLangRetrive", "sglang_retrive", "SGLangVerifyArrays", "sglang_verify_arrays"]
+
+
+def ancestor_mask(tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+    """Ancestor-or-self sets of some query nodes.
+
+    Parameters
+    ----------
+    tree : DraftTree
+        ``[bs, n_nodes]``.
+    nodes : torch.Tensor
+        ``[bs, width]`` int64 query node indices, -1 = none.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[bs, width, n_nodes]`` bool, row w True at ``nodes[w]`` and each of its ancestors (all
+        False for -1). Pointer jumping, one level per iteration, ``depth_bound + 1`` iterations.
+
+    Examples
+    --------
+    parents [-1, 0, 0, 1], nodes [[3, -1]] -> [[[1, 1, 0, 1], [0, 0, 0, 0]]]
+    """
+    n = tree.n_nodes
+    mask = torch.zeros(*nodes.shape, n, dtype=torch.bool, device=nodes.device)
+    cur = nodes.clone()
+    for _ in range(tree.depth_bound + 1):
+        mask |= torch.nn.functional.one_hot(cur.clamp(min=0), n).bool() & (cur >= 0)[..., None]
+        cur = torch.where(cur >= 0, torch.gather(tree.parents, 1, cur.clamp(min=0)), -1)
+    return mask
 
 
 def dense_mask(tree: DraftTree) -> torch.Tensor:
@@ -28,7 +57,7 @@ def dense_mask(tree: DraftTree) -> torch.Tensor:
     -------
     torch.Tensor
         ``[bs, n_nodes, n_nodes]`` bool; row = query node, True = may attend (itself and its
-        ancestors). A padding row attends to itself only, so softmax stays finite.
+        ancestors). A padding row (parent -1) attends to itself only, so softmax stays finite.
 
     Examples
     --------
@@ -38,17 +67,8 @@ def dense_mask(tree: DraftTree) -> torch.Tensor:
      [1,0,1,0],
      [1,1,0,1]]
     """
-    bs, n = tree.tokens.shape
-    dev = tree.device
-    eye = torch.eye(n, dtype=torch.bool, device=dev).expand(bs, n, n)
-    mask = eye.clone()
-    cur = tree.parents.clone()  # [bs, n_nodes] current ancestor of each node (-1 = none)
-    for _ in range(tree.depth_bound):  # pointer jumping one level per iteration
-        hit = torch.nn.functional.one_hot(cur.clamp(min=0), n).bool() & (cur >= 0)[..., None]
-        mask |= hit
-        cur = torch.where(cur >= 0, torch.gather(tree.parents, 1, cur.clamp(min=0)), -1)
-    valid = tree.valid
-    return torch.where(valid[:, :, None], mask, eye)
+    ar = torch.arange(tree.n_nodes, device=tree.device)
+    return ancestor_mask(tree, ar.expand(tree.bs, -1))
 
 
 def positions(tree: DraftTree, prefix_lens: torch.Tensor) -> torch.Tensor:
