@@ -13,7 +13,7 @@ import torch
 from .draft_tree import DraftTree
 
 __all__ = ["ancestor_mask", "dense_mask", "positions", "prefix_tree_mask", "FlashInferLayout", "flashinfer_layout",
-           "pack_segments_little", "SGLangRetrive", "sglang_retrive", "SGLangVerifyArrays", "sglang_verify_arrays"]
+           "pack_segments_little", "flat_block_mask", "SGLangRetrive", "sglang_retrive", "SGLangVerifyArrays", "sglang_verify_arrays"]
 
 
 def ancestor_mask(tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
@@ -145,6 +145,37 @@ def pack_segments_little(bits: torch.Tensor, indptr: torch.Tensor, total_bytes: 
     return packed, packed_indptr
 
 
+def flat_block_mask(dense: torch.Tensor, qo: torch.Tensor, prefix_lens: torch.Tensor):
+    """Concatenate per-request ``[qo_b, prefix_b + qo_b]`` attention blocks, row-major.
+
+    Parameters
+    ----------
+    dense : ``[bs, n_nodes, n_nodes]`` bool tree mask; qo : ``[bs]`` int64 query rows per request
+    (<= n_nodes); prefix_lens : ``[bs]`` int64 (prefix columns are all True).
+
+    Returns
+    -------
+    (mask ``[sum qo_b (prefix_b + qo_b)]`` bool, indptr ``[bs + 1]`` int64). One host sync: the total.
+
+    Examples
+    --------
+    qo [2], prefix [1], dense [[1,0],[1,1]] -> [1,1,0, 1,1,1], indptr [0, 6].
+    """
+    dev = dense.device
+    pre_all = prefix_lens.long()
+    kv = pre_all + qo
+    indptr = _indptr(qo * kv)
+    total = int(indptr[-1])  # the one host sync (layout sizes)
+    t = torch.arange(total, device=dev)
+    req = torch.searchsorted(indptr[1:], t, right=True)  # request of each flat entry
+    local = t - indptr[req]
+    kv_r = kv[req]
+    row, col = local // kv_r, local % kv_r
+    pre = pre_all[req]
+    in_tree = dense[req, row, (col - pre).clamp(min=0, max=dense.shape[-1] - 1)]
+    return (col < pre) | in_tree, indptr
+
+
 def flashinfer_layout(tree: DraftTree, prefix_lens: torch.Tensor) -> FlashInferLayout:
     """Build FlashInfer's ragged custom-mask layout for heterogeneous trees.
 
@@ -170,23 +201,10 @@ def flashinfer_layout(tree: DraftTree, prefix_lens: torch.Tensor) -> FlashInferL
     Two requests, sizes [2, 1], prefixes [1, 0]: qo_indptr [0, 2, 3], kv_indptr [0, 3, 4],
     request 0 block [[1,1,0],[1,1,1]] (prefix column, root, child), request 1 block [[1]].
     """
-    dev = tree.device
     qo = tree.size
     kv = prefix_lens.long() + tree.size
-    seg = qo * kv
-    mask_indptr = _indptr(seg)
-    total = int(mask_indptr[-1])  # the one host sync (layout sizes)
-    dense = dense_mask(tree)  # [bs, n_nodes, n_nodes]
-    t = torch.arange(total, device=dev)
-    req = torch.searchsorted(mask_indptr[1:], t, right=True)  # request of each flat entry
-    local = t - mask_indptr[req]
-    kv_r = kv[req]
-    row, col = local // kv_r, local % kv_r
-    pre = prefix_lens.long()[req]
-    tcol = (col - pre).clamp(min=0)
-    in_tree = dense[req, row, tcol]
-    custom = (col < pre) | in_tree
-    total_bytes = int(((seg + 7) // 8).sum())
+    custom, mask_indptr = flat_block_mask(dense_mask(tree), qo, prefix_lens)
+    total_bytes = int(((qo * kv + 7) // 8).sum())
     packed, packed_indptr = pack_segments_little(custom, mask_indptr, total_bytes)
     i32 = torch.int32
     return FlashInferLayout(_indptr(qo).to(i32), _indptr(kv).to(i32), custom, mask_indptr.to(i32),
@@ -282,16 +300,7 @@ def sglang_verify_arrays(tree: DraftTree, seq_lens: torch.Tensor) -> SGLangVerif
     dense = dense_mask(tree)  # [bs, N, N]; padding rows: self only
     dense[:, :, 0] = True  # every row sees the root (the kernel sets it for all N rows)
     seq = seq_lens.long()
-    kv = seq + n
-    seg = n * kv
-    indptr = _indptr(seg)
-    total = int(indptr[-1])  # one host sync, like SGLang's seq_lens_sum
-    t = torch.arange(total, device=dev)
-    req = torch.searchsorted(indptr[1:], t, right=True)
-    local = t - indptr[req]
-    row, col = local // kv[req], local % kv[req]
-    pre = seq[req]
-    mask = (col < pre) | dense[req, row, (col - pre).clamp(min=0, max=n - 1)]
+    mask, _ = flat_block_mask(dense, torch.full_like(seq, n), seq)  # all N rows per request
     r = sglang_retrive(tree)
     ar = torch.arange(n, device=dev)
     index = torch.arange(bs, device=dev)[:, None] * n + ar[None, :]  # all N slots are real verify rows
