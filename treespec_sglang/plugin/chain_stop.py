@@ -19,7 +19,8 @@ from typing import List
 
 import torch
 
-from ..policies.classifier import c2t_features, entropy_topm, load_classifier
+from ..policies.c2t import classifier_scores, group_classifiers
+from ..policies.classifier import c2t_features, entropy_topm
 from ..policies.params import ChainParams
 
 __all__ = ["ChainStopper", "broadcast_from_rank0"]
@@ -35,20 +36,17 @@ class ChainStopper:
     """
 
     def __init__(self, params: List, num_steps: int, device):
-        self.S = num_steps
-        rows = [i for i, p in enumerate(params) if isinstance(p, ChainParams) and p.beta is not None]
-        self.active = bool(rows)
+        stops = [isinstance(p, ChainParams) and p.beta is not None for p in params]
+        self.active = any(stops)
         bs = len(params)
         self.device = torch.device(device)
         beta = [p.beta if isinstance(p, ChainParams) and p.beta is not None else 0.0 for p in params]
         self.beta = torch.tensor(beta, dtype=torch.float32, device=self.device)  # 0 = never stops
         length = [min(p.length, num_steps) if isinstance(p, ChainParams) else num_steps for p in params]
         self.max_len = torch.tensor(length, dtype=torch.int64, device=self.device)
-        self.classifiers = {}  # one forward per distinct classifier: key -> (module, rows)
-        for i in rows:
-            spec = params[i].classifier
-            key = spec if isinstance(spec, (str, type(None))) else id(spec)
-            self.classifiers.setdefault(key, (load_classifier(spec), []))[1].append(i)
+        # rows without an early stop are scored by the default classifier against beta 0: never stop
+        self.classifiers = group_classifiers([p.classifier if s else None for p, s in zip(params, stops)],
+                                             self.device) if self.active else []
         self.logp = torch.zeros(bs, device=self.device)  # running joint log-prob of the chain
         self.alive = torch.ones(bs, dtype=torch.bool, device=self.device)
         self.length = torch.ones(bs, dtype=torch.int64, device=self.device)  # depth 1 is always kept
@@ -61,11 +59,7 @@ class ChainStopper:
         top = lp.max(dim=-1).values
         self.logp = self.logp + top
         feats = c2t_features(self.logp, entropy_topm(lp), torch.full_like(self.length, self.depth))  # [bs, 3]
-        score = torch.ones(logits.shape[0], device=logits.device)
-        with torch.no_grad():
-            for clf, rows in self.classifiers.values():
-                r = torch.tensor(rows, device=logits.device)
-                score[r] = clf.to(logits.device)(feats[r])
+        score = classifier_scores(feats[:, None], self.classifiers)[:, 0]
         self.alive = self.alive & (score >= self.beta) & (self.depth <= self.max_len)
         self.length = self.length + self.alive.long()
 

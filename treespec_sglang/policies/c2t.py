@@ -21,7 +21,7 @@ __all__ = ["C2TPolicy"]
 NEG_INF = float("-inf")
 
 
-def classifier_scores(params, features: torch.Tensor, classifiers) -> torch.Tensor:
+def classifier_scores(features: torch.Tensor, classifiers) -> torch.Tensor:
     """Score ``[bs, m, 3]`` features with each row's classifier -> ``[bs, m]``.
 
     Rows sharing a classifier are scored together (one forward per distinct classifier).
@@ -35,12 +35,12 @@ def classifier_scores(params, features: torch.Tensor, classifiers) -> torch.Tens
         return out
 
 
-def group_classifiers(params, device):
-    """[(rows [g] int64, module)] grouping the requests by classifier spec (host-side)."""
+def group_classifiers(specs, device):
+    """[(rows [g] int64, module)] grouping the rows by classifier spec (None / path / module), host-side."""
     groups = {}
-    for i, p in enumerate(params):
-        key = p.classifier if isinstance(p.classifier, (str, type(None))) else id(p.classifier)
-        groups.setdefault(key, (p.classifier, []))[1].append(i)
+    for i, spec in enumerate(specs):
+        key = spec if isinstance(spec, (str, type(None))) else id(spec)
+        groups.setdefault(key, (spec, []))[1].append(i)
     return [(torch.tensor(rows, device=device), load_classifier(spec).to(device))
             for spec, rows in groups.values()]
 
@@ -58,7 +58,7 @@ class C2TPolicy(TreePolicy):
         self.budget = row_param(self.params, "budget", self.device)
         self.beta = row_param(self.params, "beta", self.device, torch.float32)
         self.max_depth = row_param(self.params, "max_depth", self.device)
-        self.classifiers = group_classifiers(self.params, self.device)
+        self.classifiers = group_classifiers([p.classifier for p in self.params], self.device)
 
     @property
     def max_steps(self) -> int:
@@ -97,7 +97,7 @@ class C2TPolicy(TreePolicy):
         c_par = torch.gather(frontier[:, :, None].expand(bs, W, K).reshape(bs, -1), 1, order)
         c_H = torch.gather(H[:, :, None].expand(bs, W, K).reshape(bs, -1), 1, order)
         depth = torch.full_like(c_tok, self.layer)
-        conf = classifier_scores(self.params, c2t_features(c_lp, c_H, depth), self.classifiers)  # [bs, K]
+        conf = classifier_scores(c2t_features(c_lp, c_H, depth), self.classifiers)  # [bs, K]
         # first pruning: C_i >= beta; stage 2: top-K by confidence within the remaining budget
         passed = c_ok & (conf >= self.beta[:, None]) & (self.layer <= self.max_depth)[:, None]
         remaining = (self.budget - self.buf.size)[:, None]

@@ -30,7 +30,8 @@ class ChainPolicy(TreePolicy):
         self.early = any(p.beta is not None for p in self.params)
         betas = [p.beta if p.beta is not None else 0.0 for p in self.params]
         self.beta = torch.tensor(betas, dtype=torch.float32, device=self.device)  # 0 = never stops
-        self.classifiers = group_classifiers(self.params, self.device) if self.early else []
+        specs = [p.classifier for p in self.params]
+        self.classifiers = group_classifiers(specs, self.device) if self.early else []
 
     @property
     def max_steps(self) -> int:
@@ -59,7 +60,7 @@ class ChainPolicy(TreePolicy):
         ok = (frontier >= 0) & torch.isfinite(cum) & self.alive[:, None]
         if self.early:
             feats = c2t_features(cum, entropy_topm(lp_all)[:, None], torch.full_like(tok, self.d))
-            ok = ok & (classifier_scores(self.params, feats, self.classifiers) >= self.beta[:, None])
+            ok = ok & (classifier_scores(feats, self.classifiers) >= self.beta[:, None])
         idx = self.buf.append(tok, frontier, cum, ok)
         self.alive = self.alive & (idx[:, 0] >= 0) & (self.length > self.d)
         self.frontier = torch.where(self.alive[:, None], idx, -1)

@@ -13,7 +13,8 @@ import torch
 from .draft_tree import DraftTree
 
 __all__ = ["ancestor_mask", "dense_mask", "positions", "prefix_tree_mask", "FlashInferLayout", "flashinfer_layout",
-           "pack_segments_little", "flat_block_mask", "SGLangRetrive", "sglang_retrive", "SGLangVerifyArrays", "sglang_verify_arrays"]
+           "pack_segments_little", "flat_block_mask", "SGLangRetrive", "sglang_retrive", "SGLangVerifyArrays",
+           "sglang_verify_arrays"]
 
 
 def ancestor_mask(tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
