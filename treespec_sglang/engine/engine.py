@@ -23,7 +23,7 @@ import torch
 from ..policies import grow_tree, parse_spec
 from ..tree import DraftTree, ancestor_mask, dense_mask
 from ..verify import emitted_tokens, sample, verify_tree
-from .kv_cache import KVCache
+from .kv_cache import KVCache, prefill
 from .loading import load_models
 
 __all__ = ["SpecEngine", "GenerationResult", "RequestStats"]
@@ -151,18 +151,8 @@ class SpecEngine:
 
     # ------------------------------------------------------------------ shared pieces
     def _prefill(self, ids: List[List[int]], max_len: int):
-        bs, P = len(ids), max(len(x) for x in ids)
-        dev = self.device
-        cfg = self.target.config
-        inp = torch.zeros(bs, P, dtype=torch.long, device=dev)
-        for b, x in enumerate(ids):
-            inp[b, :len(x)] = torch.tensor(x)
-        lens = torch.tensor([len(x) for x in ids], device=dev)
-        pos = torch.arange(P, device=dev).expand(bs, P)
-        cache = KVCache(cfg.num_hidden_layers, bs, cfg.num_key_value_heads, max_len, cfg.head_dim, self.dtype, dev)
-        mask = (pos[:, None, :] <= pos[:, :, None]) & (pos[:, None, :] < lens[:, None, None])
-        hidden = self.target(inp, pos, cache.stores(pos, P), mask)  # [bs, P, hidden]
-        last = torch.gather(hidden, 1, (lens - 1)[:, None, None].expand(bs, 1, hidden.shape[-1]))[:, 0]
+        cache, inp, hidden, lens = prefill(self.target, ids, max_len)
+        last = torch.gather(hidden, 1, (lens - 1)[:, None, None].expand(len(ids), 1, hidden.shape[-1]))[:, 0]
         return cache, inp, hidden, lens, self._logits(last)
 
     def _logits(self, h):

@@ -12,7 +12,7 @@ from typing import List
 
 import torch
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "prefill"]
 
 
 class KVCache:
@@ -54,3 +54,29 @@ class KVCache:
         """Keep only ``rows`` (``[bs']`` int64) of the batch."""
         self.k = self.k.index_select(1, rows)
         self.v = self.v.index_select(1, rows)
+
+
+def prefill(model, ids: List[List[int]], max_len: int):
+    """One batched causal forward of right-padded prompts into a fresh cache.
+
+    Parameters
+    ----------
+    model : LlamaModel; ids : token-id lists; max_len : cache slots per request (>= longest prompt)
+
+    Returns
+    -------
+    (cache, inp ``[bs, P]`` int64 padded ids, hidden ``[bs, P, hidden]`` final-norm states,
+    lens ``[bs]`` int64). Padding columns hold garbage that no later step attends to.
+    """
+    param = next(model.parameters())
+    dev, cfg = param.device, model.config
+    bs, P = len(ids), max(len(x) for x in ids)
+    inp = torch.zeros(bs, P, dtype=torch.long, device=dev)
+    for b, x in enumerate(ids):
+        inp[b, :len(x)] = torch.tensor(list(x), device=dev)
+    lens = torch.tensor([len(x) for x in ids], device=dev)
+    pos = torch.arange(P, device=dev).expand(bs, P)
+    cache = KVCache(cfg.num_hidden_layers, bs, cfg.num_key_value_heads, max_len, cfg.head_dim, param.dtype, dev)
+    mask = (pos[:, None, :] <= pos[:, :, None]) & (pos[:, None, :] < lens[:, None, None])
+    hidden = model(inp, pos, cache.stores(pos, P), mask)  # [bs, P, hidden]
+    return cache, inp, hidden, lens

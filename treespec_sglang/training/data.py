@@ -16,7 +16,7 @@ from typing import Iterator, List, Optional, Sequence
 
 import torch
 
-from ..engine.kv_cache import KVCache
+from ..engine.kv_cache import prefill
 
 __all__ = ["DistillShard", "target_hidden", "generate_distill_data", "load_shards", "iter_sequences", "disk_usage",
            "heldout_flags"]
@@ -43,18 +43,7 @@ def target_hidden(model, seqs: Sequence[Sequence[int]]) -> List[torch.Tensor]:
 
     Returns one ``[len_i, hidden]`` float32 tensor per sequence.
     """
-    cfg = model.config
-    bs, T = len(seqs), max(len(s) for s in seqs)
-    dev = next(model.parameters()).device
-    ids = torch.zeros(bs, T, dtype=torch.long, device=dev)
-    lens = torch.tensor([len(s) for s in seqs], device=dev)
-    for b, s in enumerate(seqs):
-        ids[b, :len(s)] = torch.tensor(list(s), device=dev)
-    pos = torch.arange(T, device=dev).expand(bs, T)
-    cache = KVCache(cfg.num_hidden_layers, bs, cfg.num_key_value_heads, T, cfg.head_dim,
-                    next(model.parameters()).dtype, dev)
-    mask = (pos[:, None, :] <= pos[:, :, None]) & (pos[:, None, :] < lens[:, None, None])
-    h = model(ids, pos, cache.stores(pos, T), mask)
+    _, _, h, _ = prefill(model, seqs, max(len(s) for s in seqs))
     return [h[b, :len(s)].float() for b, s in enumerate(seqs)]
 
 
