@@ -164,7 +164,7 @@ def test_organize_hook_applies_request_policies(loaded):
     native, (sl, tl, pl) = sglang_draft_loop(draft, roots, 4, 4, 12)
     again = eu.organize_draft_results(sl, tl, pl, 12)  # hooked, but no draft step active
     assert torch.equal(again[1], native[1])
-    step = hooks.DraftStep([parse_spec({"policy": "talon", "budget": 6, "topk": 3}), None], 4, 4, 12)
+    step = hooks.DraftStep([parse_spec({"policy": "talon", "budget": 6, "topk": 3}), None], 4)
     token = hooks._STEP.set(step)
     try:
         out = eu.organize_draft_results(sl, tl, pl, 12)
@@ -240,7 +240,7 @@ def test_policy_batches_draft_eagerly(loaded):
 
     fake = ("fb", True, None)
     assert hooks._prepare_for_draft(fake) == fake
-    token = hooks._STEP.set(hooks.DraftStep([None], 4, 4, 12))
+    token = hooks._STEP.set(hooks.DraftStep([None], 4))
     try:
         assert hooks._prepare_for_draft(fake) == ("fb", False, None)
     finally:

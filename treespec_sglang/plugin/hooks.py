@@ -24,13 +24,12 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import os
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from .chain_stop import ChainStopper
-from .config import ENV_CONFIG, ENV_POLICY, ServerDefaults, server_defaults
+from .config import ServerDefaults, configure, server_defaults
 from .pool import select_from_pool, unlink_filler
 from .request import request_params, validate_custom_params
 
@@ -45,12 +44,16 @@ _STEP: contextvars.ContextVar = contextvars.ContextVar("treespec_draft_step", de
 class DraftStep:
     """Per-step state shared by the draft-loop hooks: one policy (or None = native) per row."""
 
-    def __init__(self, params: List, topk: int, num_steps: int, num_draft_tokens: int):
+    def __init__(self, params: List, topk: int):
         self.params = params
-        self.topk, self.num_steps, self.num_draft_tokens = topk, num_steps, num_draft_tokens
+        self.topk = topk
         self.keep: Optional[torch.Tensor] = None  # [bs, N] bool after selection
-        self.sizes: Optional[torch.Tensor] = None  # [bs] int64 tree sizes (root included)
         self.chain: Optional[ChainStopper] = None  # chain mode (topk = 1) with C2T early stop
+
+    @property
+    def sizes(self) -> Optional[torch.Tensor]:
+        """``[bs]`` int64 verified tree sizes (root included), once the selection is made."""
+        return None if self.keep is None else self.keep.long().sum(-1)
 
 
 # ---------------------------------------------------------------------------- server flags
@@ -73,14 +76,12 @@ def _from_cli_args(result, cls, args, *a, **k):
         config = json.loads(raw) if raw else {}
     except json.JSONDecodeError as e:
         raise ValueError(f"--treespec-config must be a JSON object: {e}") from None
-    d = ServerDefaults(policy, config)  # raises ValueError naming the field and range
+    configure(policy, config)  # validates (ValueError naming field and range), exports to the env
     thresholds = [getattr(args, n, 1.0) for n in ("speculative_accept_threshold_single",
                                                     "speculative_accept_threshold_acc")]
     if any(t is not None and t != 1.0 for t in thresholds):
         logger.warning("treespec: --speculative-accept-threshold-single/acc != 1 relaxes verification; "
                        "sampling is then not lossless (greedy is unaffected)")
-    os.environ[ENV_POLICY] = d.policy
-    os.environ[ENV_CONFIG] = json.dumps(d.config)
     return result
 
 
@@ -123,7 +124,7 @@ def _draft(original, self, batch, *args, **kwargs):
     params = [_req_params(r, defaults) for r in reqs]
     if not any(p is not None for p in params):
         return original(self, batch, *args, **kwargs)  # native SGLang
-    step = DraftStep(params, self.topk, self.speculative_num_steps, self.speculative_num_draft_tokens)
+    step = DraftStep(params, self.topk)
     if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)
         stopper = ChainStopper(params, self.speculative_num_steps, getattr(self, "device", "cpu"))
         step.chain = stopper if stopper.active else None
@@ -160,7 +161,6 @@ def _organize(original, score_list, token_list, parents_list, num_draft_token, *
     parent_list, top_scores_index, draft_tokens, keep = select_from_pool(
         score_list, token_list, parents_list, num_draft_token, step.topk, step.params, native=native)
     step.keep = keep
-    step.sizes = keep.long().sum(-1)
     return parent_list, top_scores_index, draft_tokens
 
 
@@ -187,7 +187,6 @@ def _verify_input(result, *args, **kwargs):
     step = _STEP.get()
     if step is not None and step.chain is not None:
         step.keep = step.chain.keep_mask(result.retrieve_next_token.shape[-1], _tp_group())
-        step.sizes = step.keep.long().sum(-1)
     if step is None or step.keep is None:
         return result
     nt, ns = unlink_filler(result.retrieve_next_token, result.retrieve_next_sibling, step.keep)
