@@ -89,10 +89,11 @@ class C2TPolicy(TreePolicy):
         ok = (frontier >= 0)[:, :, None].expand(bs, W, K).reshape(bs, -1) & torch.isfinite(cum)
         cum = torch.where(ok, cum, NEG_INF)
         # stage 1: the layer's top-K candidates by joint probability
-        cand = ok & (rank_desc(cum) < self.k[:, None])
         order = torch.sort(cum, dim=-1, descending=True, stable=True).indices[:, :self.K]  # [bs, K]
         c_lp = torch.gather(cum, 1, order)
-        c_ok = torch.gather(cand, 1, order)
+        # sorted position j < k_row <=> rank < k_row
+        top = torch.arange(order.shape[1], device=self.device)[None, :] < self.k[:, None]
+        c_ok = torch.gather(ok, 1, order) & top
         c_tok = torch.gather(tok.reshape(bs, -1), 1, order)
         c_par = torch.gather(frontier[:, :, None].expand(bs, W, K).reshape(bs, -1), 1, order)
         c_H = torch.gather(H[:, :, None].expand(bs, W, K).reshape(bs, -1), 1, order)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree, TreeBuffer
-from .base import TreePolicy, keep_top_budget, rank_desc, register_policy, row_param, sanitize_logprobs
+from .base import TreePolicy, keep_top_budget, register_policy, row_param, sanitize_logprobs
 from .params import Eagle2Params
 
 __all__ = ["Eagle2Policy"]
@@ -76,10 +76,11 @@ class Eagle2Policy(TreePolicy):
         idx = self.buf.append(tok.reshape(bs, -1), par.reshape(bs, -1), cum.reshape(bs, -1), valid.reshape(bs, -1))
         # next frontier: top-k of the k*k candidates by path value
         flat = cum.reshape(bs, -1)
-        r = rank_desc(flat)  # [bs, width*K]
-        sel = (r < self.k[:, None]) & valid.reshape(bs, -1)
         order = torch.sort(flat, dim=-1, descending=True, stable=True).indices[:, :self.K]  # [bs, K]
-        nxt = torch.gather(torch.where(sel, idx, -1), 1, order)
+        # sorted position j < k_row <=> rank < k_row
+        sel = (torch.arange(self.K, device=self.device)[None, :] < self.k[:, None]) \
+            & torch.gather(valid.reshape(bs, -1), 1, order)
+        nxt = torch.where(sel, torch.gather(idx, 1, order), -1)
         self.steps_done += 1
         return self._remember(self._frontier(nxt))
 
