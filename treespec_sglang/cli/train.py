@@ -24,10 +24,19 @@ def add_parser(sub) -> None:
     d.add_argument("--threads", type=int, default=None)
     d.add_argument("--out", default="data/distill")
     d.set_defaults(fn=run_data)
+    r = tsub.add_parser("trees", help="TALF: the target's EAGLE-2 beam tree at every loss position (resumable)")
+    r.add_argument("--target", default="smollm2-135m")
+    r.add_argument("--data", default="data/distill")
+    r.add_argument("--topk", type=int, default=4, help="beam width k (SALF & TALF App. D: 4)")
+    r.add_argument("--depth", type=int, default=3, help="tree levels, root included (App. D: 3)")
+    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--out", default="data/talf-trees")
+    r.set_defaults(fn=run_trees)
     t = tsub.add_parser("draft", help="train an EAGLE draft head (SGLang format checkpoints)")
     t.add_argument("--target", default="smollm2-135m")
     t.add_argument("--data", default="data/distill")
-    t.add_argument("--loss", default="kl", choices=["kl", "lk-alpha", "lk-lambda"])
+    t.add_argument("--loss", default="kl", choices=["kl", "lk-alpha", "lk-lambda", "talf"])
+    t.add_argument("--trees", default="data/talf-trees", help="TALF only: `treespec train trees` output")
     t.add_argument("--init", default=None, help="start from this draft directory (default: seeded random)")
     t.add_argument("--steps", type=int, default=200)
     t.add_argument("--lr", type=float, default=3e-4)
@@ -86,6 +95,21 @@ def run_data(a: argparse.Namespace) -> int:
     return 0
 
 
+def run_trees(a: argparse.Namespace) -> int:
+    import time
+
+    from ..engine.loading import resolve_target
+    from ..models import LlamaModel
+    from ..training.talf import generate_talf_trees
+
+    set_threads(a.threads)
+    t0 = time.time()
+    man = generate_talf_trees(LlamaModel.from_pretrained(resolve_target(a.target)), a.data, a.out, topk=a.topk, depth=a.depth)
+    print(f"{a.out}: {man['nodes']} target-tree nodes (k={a.topk}, depth={a.depth}), "
+          f"{man.get('bytes', 0) / 2**20:.1f} MiB on disk, {time.time() - t0:.0f} s")
+    return 0
+
+
 def run_draft(a: argparse.Namespace) -> int:
     import torch
 
@@ -101,6 +125,14 @@ def run_draft(a: argparse.Namespace) -> int:
     torch.manual_seed(a.seed)
     engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed)
     seqs = iter_sequences(load_shards(a.data))
+    if a.loss == "talf":
+        from ..training.talf import load_trees
+
+        trees = load_trees(a.trees)
+        if len(trees) != len(seqs):
+            raise SystemExit(f"--trees {a.trees} holds {len(trees)} sequences, --data {a.data} {len(seqs)}: "
+                             f"rerun `treespec train trees --data {a.data} --out {a.trees}`")
+        seqs = [s + (tr,) for s, tr in zip(seqs, trees)]
     flags = heldout_flags(a.data, a.heldout_every)
     held = [s for s, f in zip(seqs, flags) if f]
     train = [s for s, f in zip(seqs, flags) if not f]

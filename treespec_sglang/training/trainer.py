@@ -17,9 +17,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .losses import acceptance_rate, kl_loss, lk_alpha_loss, lk_lambda_loss, multi_step_loss
+from .losses import acceptance_rate, kl_loss, lk_alpha_loss, lk_lambda_loss, multi_step_loss, talf_loss
+from .talf import batch_trees, talf_forward
 
-__all__ = ["TrainConfig", "LOSSES", "ttt_forward", "step_logits", "batch_sequences", "train_draft", "evaluate_alpha"]
+__all__ = ["TrainConfig", "LOSSES", "ttt_forward", "step_logits", "batch_sequences", "talf_batch_loss", "train_draft",
+           "evaluate_alpha"]
 
 LOSSES: Dict[str, Callable] = {
     "kl": lambda t, d, m, cfg: kl_loss(t, d, m),
@@ -42,8 +44,8 @@ class TrainConfig:
     eval_every: int = 50
 
     def __post_init__(self):
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {sorted(LOSSES)} (talf: see the training notes), got {self.loss!r}")
+        if self.loss not in LOSSES and self.loss != "talf":
+            raise ValueError(f"loss must be one of {sorted(LOSSES) + ['talf']}, got {self.loss!r}")
         for name, lo in (("steps", 1), ("batch_size", 1), ("ttt_steps", 1), ("max_len", 8), ("eval_every", 1)):
             v = getattr(self, name)
             if not isinstance(v, int) or v < lo:
@@ -57,7 +59,7 @@ def batch_sequences(seqs, max_len: int, device="cpu"):
 
     Returns tokens [bs, T] int64, hidden [bs, T, H] float32, loss_mask [bs, T] bool, lens [bs].
     """
-    seqs = [(t[:max_len], h[:max_len], m[:max_len]) for t, h, m in seqs]
+    seqs = [(s[0][:max_len], s[1][:max_len], s[2][:max_len]) for s in seqs]  # TALF items carry a 4th field
     bs, T, H = len(seqs), max(len(t) for t, _, _ in seqs), seqs[0][1].shape[-1]
     tok = torch.zeros(bs, T, dtype=torch.long)
     hid = torch.zeros(bs, T, H)
@@ -118,6 +120,20 @@ def step_logits(lm_head, feats, target_hidden, valid):
     return lm_head(feats[valid]).float(), tl
 
 
+def talf_batch_loss(head, lm_head, seqs, cfg: TrainConfig) -> torch.Tensor:
+    """TALF (SALF & TALF Alg. 1) on a batch of (tokens, hidden, loss_mask, tree) items: mean CE over the
+    root and every target-tree node; the LM head runs only at nodes that take a loss."""
+    tok, hid, msk, lens = batch_sequences(seqs, cfg.max_len)
+    n = tok.shape[1] - 2
+    ntok, npar, nhid, has = batch_trees(seqs, n, cfg.max_len)
+    f0, ok, levels = talf_forward(head, tok, hid, msk, lens, ntok, npar, has)
+    has = has & ok
+    draft = torch.cat([f0[ok], levels[has].flatten(0, -2)])  # [nodes, hidden]
+    with torch.no_grad():
+        target = lm_head(torch.cat([hid[:, 1:n + 1][ok], nhid[has].flatten(0, -2)])).float()
+    return talf_loss(target, lm_head(draft).float(), torch.ones(draft.shape[0], dtype=torch.bool))
+
+
 def _loss(cfg: TrainConfig, lm_head, steps, target_hidden) -> torch.Tensor:
     fn = LOSSES[cfg.loss]
     losses = []
@@ -163,8 +179,12 @@ def train_draft(head, lm_head, train_seqs, cfg: TrainConfig, eval_seqs: Optional
         if len(order) < cfg.batch_size:
             order += rng.sample(range(len(train_seqs)), len(train_seqs))
         idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
-        tok, hid, msk, lens = batch_sequences([train_seqs[i] for i in idx], cfg.max_len)
-        loss = _loss(cfg, lm_head, *ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps))
+        batch = [train_seqs[i] for i in idx]
+        if cfg.loss == "talf":
+            loss = talf_batch_loss(head, lm_head, batch, cfg)
+        else:
+            tok, hid, msk, lens = batch_sequences(batch, cfg.max_len)
+            loss = _loss(cfg, lm_head, *ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps))
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)

@@ -1,0 +1,119 @@
+"""TALF: the target's trees == a brute-force beam over plain causal forwards; the draft's tree pass ==
+the inference-time draft chain along every branch; training on the trees raises held-out acceptance."""
+
+import pytest
+import torch
+
+from tests.engine.test_draft_tree_expansion import chain_draft
+from tests.models.tiny import make_tiny_llama
+from tests.training.test_trainer import _IdsEngine
+from treespec_sglang.engine import SpecEngine
+from treespec_sglang.training.data import generate_distill_data, iter_sequences, load_shards, target_hidden
+from treespec_sglang.training.talf import (batch_trees, generate_talf_trees, load_trees, loss_positions,
+                                          talf_forward, target_tree)
+from treespec_sglang.training.trainer import TrainConfig, batch_sequences, evaluate_alpha, train_draft
+
+pytest.importorskip("transformers")
+
+SEQ = [3, 9, 4, 17, 22, 5, 8, 30, 2, 11, 6, 40]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    make_tiny_llama(path, vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, seed=3)
+    return SpecEngine.from_pretrained(str(path), draft=None, seed=0)
+
+
+def brute_tree(e, seq, t, k, depth):
+    """EAGLE-2 beam with the target, every node's law from a plain causal forward of prefix + branch."""
+    def law(path):
+        h = target_hidden(e.target, [seq[:t + 2] + path])[0][-1]
+        return h, torch.log_softmax(e.target.lm_head(h), -1)
+
+    _, root = law([])
+    lp, tok = root.topk(k)
+    level = [([int(c)], float(v)) for c, v in zip(tok, lp)]
+    toks, pars, hids = [], [], []
+    toks.append([p[-1] for p, _ in level])
+    pars.append([0] * k)
+    hids.append([law(p)[0] for p, _ in level])
+    for _ in range(depth - 2):
+        cand = []
+        for i, (path, v) in enumerate(level):
+            clp, ctok = law(path)[1].topk(k)
+            cand += [(v + float(c_lp), i, path + [int(c)]) for c_lp, c in zip(clp, ctok)]
+        best = sorted(cand, key=lambda x: -x[0])[:k]
+        level = [(p, v) for v, _, p in best]
+        toks.append([p[-1] for _, _, p in best])
+        pars.append([i for _, i, _ in best])
+        hids.append([law(p)[0] for _, _, p in best])
+    return torch.tensor(toks), torch.tensor(pars), torch.stack([torch.stack(h) for h in hids])
+
+
+@pytest.mark.parametrize("k,depth,chunk", [(2, 3, 128), (3, 4, 4), (1, 2, 2)])
+def test_target_tree_equals_brute_force_beam(engine, k, depth, chunk):
+    seq = torch.tensor(SEQ)
+    mask = torch.tensor([False] * 4 + [True] * (len(SEQ) - 4))
+    pos = loss_positions(len(SEQ), mask)
+    assert pos.tolist() == list(range(2, len(SEQ) - 2))
+    with torch.no_grad():
+        nt, np_, nh = target_tree(engine.target, seq, pos, topk=k, depth=depth, chunk=chunk)
+        assert nt.shape == (len(pos), depth - 1, k) and nh.shape == (len(pos), depth - 1, k, 32)
+        for i, t in enumerate(pos.tolist()):
+            bt, bp, bh = brute_tree(engine, SEQ, t, k, depth)
+            assert torch.equal(nt[i], bt) and torch.equal(np_[i], bp), (t, nt[i], bt)
+            torch.testing.assert_close(nh[i], bh, rtol=1e-4, atol=1e-4)
+
+
+def test_draft_tree_pass_equals_the_inference_chain_on_every_branch(engine):
+    """Node (t, level l, j) == the draft run over committed pairs 0..t (real features) and then the
+    branch root -> node fed its own features: what that node sees at inference."""
+    e = engine
+    seq = torch.tensor(SEQ)
+    mask = torch.tensor([False] * 3 + [True] * (len(SEQ) - 3))
+    h = target_hidden(e.target, [SEQ])[0]
+    with torch.no_grad():
+        tree = target_tree(e.target, seq, loss_positions(len(SEQ), mask), topk=3, depth=4)
+        items = [(seq, h, mask, tree)]
+        tok, hid, msk, lens = batch_sequences(items, 64)
+        ntok, npar, nhid, has = batch_trees(items, tok.shape[1] - 2, 64)
+        f0, ok, levels = talf_forward(e.draft, tok, hid, msk, lens, ntok, npar, has)
+        assert torch.equal(ok[0], has[0]) and has[0].sum() == len(SEQ) - 3
+        for t in torch.nonzero(has[0]).flatten().tolist():
+            toks, feats = SEQ[1:t + 2], [h[s] for s in range(t + 1)]
+            root = chain_draft(e, toks, feats)[-1]
+            torch.testing.assert_close(f0[0, t], root, rtol=1e-4, atol=1e-4)
+            for lvl in range(3):
+                for j in range(3):
+                    path, i = [], j  # walk up to the root: tokens of the branch, root-first
+                    for m in range(lvl, -1, -1):
+                        path.insert(0, int(ntok[0, t, m, i]))
+                        i = int(npar[0, t, m, i])
+                    bt, bf, prev = list(toks), list(feats), root
+                    for c in path:
+                        bt, bf = bt + [c], bf + [prev]
+                        prev = chain_draft(e, bt, bf)[-1]
+                    torch.testing.assert_close(levels[0, t, lvl, j], prev, rtol=1e-4, atol=1e-4)
+
+
+def test_talf_training_raises_heldout_acceptance(engine, tmp_path):
+    e = engine
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 48, (5,), generator=g).tolist() for _ in range(24)]
+    generate_distill_data(_IdsEngine(e), [str(i) for i in range(24)], prompts, str(tmp_path / "d"),
+                          max_new_tokens=16, batch_size=8, progress=False)
+    man = generate_talf_trees(e.target, str(tmp_path / "d"), str(tmp_path / "t"), topk=3, depth=3, progress=False)
+    assert man["nodes"] == 24 * 16 * 2 * 3  # one loss position per answer token (it is x_{t+2})
+    again = generate_talf_trees(e.target, str(tmp_path / "d"), str(tmp_path / "t"), topk=3, depth=3, progress=False)
+    assert again["shards"] == man["shards"]  # resumable: nothing recomputed
+    with pytest.raises(ValueError, match="topk=3 depth=3"):
+        generate_talf_trees(e.target, str(tmp_path / "d"), str(tmp_path / "t"), topk=4, depth=3, progress=False)
+    seqs = [s + (tr,) for s, tr in zip(iter_sequences(load_shards(str(tmp_path / "d"))), load_trees(str(tmp_path / "t")))]
+    train, held = seqs[:20], seqs[20:]
+    head = type(e.draft).for_target(e.target.config, seed=1).attach(e.target.model.embed_tokens)
+    cfg = TrainConfig(loss="talf", steps=60, lr=1e-2, batch_size=4, ttt_steps=2, eval_every=60)
+    before = evaluate_alpha(head, e.target.lm_head, held, cfg)
+    log = train_draft(head, e.target.lm_head, train, cfg, eval_seqs=held, progress=False)
+    after = log[-1]["alpha"]
+    assert after[0] > before[0] + 0.1 and after[1] > before[1] + 0.05, (before, after)
