@@ -57,3 +57,32 @@ def test_train_draft_cli_writes_sglang_checkpoint_and_log(tmp_path):
     assert [e["step"] for e in log["log"]] == [2, 4] and log["heldout_sequences"] == 2
     assert all(len(e["alpha"]) == 3 and e["tau"] >= 1.0 for e in log["log"])
     EagleDraftHead.load(str(out))  # SGLang-format checkpoint
+
+
+def test_train_vocab_trees_and_talf_with_token_map_cli(tmp_path):
+    import torch
+
+    from tests.training.test_trainer import _IdsEngine
+    from treespec_sglang.engine import SpecEngine
+    from treespec_sglang.training.data import generate_distill_data
+
+    tiny = tmp_path / "tiny"
+    make_tiny_llama(tiny, vocab=48, hidden=32, layers=1)
+    e = SpecEngine.from_pretrained(str(tiny), draft=None)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 48, (4,), generator=g).tolist() for _ in range(8)]
+    generate_distill_data(_IdsEngine(e), [f"humaneval/{i}" for i in range(8)], prompts, str(tmp_path / "d"),
+                          max_new_tokens=8, batch_size=4, progress=False)
+    common = ["--target", str(tiny), "--data", str(tmp_path / "d")]
+    assert main(["train", "vocab", *common, "--size", "20", "--heldout-every", "4", "--out", str(tmp_path / "tm.pt")]) == 0
+    tm = torch.load(tmp_path / "tm.pt")
+    assert len(tm) == 20 and len(set(tm)) == 20
+    assert main(["train", "trees", *common, "--topk", "2", "--depth", "3", "--out", str(tmp_path / "trees")]) == 0
+    out = tmp_path / "ck"
+    assert main(["train", "draft", *common, "--loss", "talf", "--trees", str(tmp_path / "trees"), "--token-map",
+                 str(tmp_path / "tm.pt"), "--steps", "2", "--batch-size", "2", "--eval-every", "2",
+                 "--heldout-every", "4", "--eval-prompts", "2", "--out", str(out)]) == 0
+    assert torch.load(out / "token_map.pt") == tm
+    e2 = SpecEngine.from_pretrained(str(tiny), draft=str(out))
+    assert e2.token_map.tolist() == tm
+    assert json.loads((out / "train_log.json").read_text())["log"][-1]["tau"] >= 1.0

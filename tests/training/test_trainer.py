@@ -91,3 +91,36 @@ def test_heldout_split_matches_bench_every(tmp_path):
     assert held == [f"humaneval/{x}" for x in he.ids] + [f"mtbench/{x}" for x in mt.ids]
     assert held == ["humaneval/HumanEval/0", "humaneval/HumanEval/5", "humaneval/HumanEval/10", "mtbench/81",
                     "mtbench/86"]
+
+
+def test_token_map_keeps_frequent_answer_tokens_and_eos():
+    from treespec_sglang.training.vocab import build_token_map, coverage
+
+    def item(toks, n_prompt):
+        return (torch.tensor(toks), None, torch.tensor([False] * n_prompt + [True] * (len(toks) - n_prompt)))
+
+    seqs = [item([1, 1, 1, 5, 5, 7], 3), item([2, 7, 5, 3], 1)]  # answers: 5 x3, 7 x2, 3 x1
+    assert build_token_map(seqs, 2, vocab=10, always=[9]).tolist() == [9, 5]
+    assert build_token_map(seqs, 3, vocab=10).tolist() == [5, 7, 3]
+    assert build_token_map(seqs, 4, vocab=10).tolist() == [5, 7, 3, 1]  # then by overall count (1 x3)
+    assert coverage(seqs, torch.tensor([5, 7])) == 5 / 6
+    with pytest.raises(ValueError, match=r"size must be an integer in \[1, 10\]"):
+        build_token_map(seqs, 11, vocab=10)
+
+
+def test_training_with_a_token_map_raises_heldout_acceptance(engine, tmp_path):
+    from treespec_sglang.training.vocab import build_token_map
+
+    e = engine
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 48, (5,), generator=g).tolist() for _ in range(24)]
+    generate_distill_data(_IdsEngine(e), [str(i) for i in range(24)], prompts, str(tmp_path / "d"),
+                          max_new_tokens=16, batch_size=8, progress=False)
+    seqs = iter_sequences(load_shards(str(tmp_path / "d")))
+    train, held = seqs[:20], seqs[20:]
+    d2t = build_token_map(train, 24, vocab=48)
+    head = type(e.draft).for_target(e.target.config, seed=1).attach(e.target.model.embed_tokens)
+    cfg = TrainConfig(loss="kl", steps=60, lr=1e-2, batch_size=4, ttt_steps=2, eval_every=60)
+    before = evaluate_alpha(head, e.target.lm_head, held, cfg, d2t)
+    after = train_draft(head, e.target.lm_head, train, cfg, eval_seqs=held, progress=False, d2t=d2t)[-1]["alpha"]
+    assert after[0] > before[0] + 0.1 and after[1] > before[1], (before, after)

@@ -32,11 +32,21 @@ def add_parser(sub) -> None:
     r.add_argument("--threads", type=int, default=None)
     r.add_argument("--out", default="data/talf-trees")
     r.set_defaults(fn=run_trees)
+    v = tsub.add_parser("vocab", help="a reduced draft vocabulary (token map) from the distillation data")
+    v.add_argument("--target", default="smollm2-135m")
+    v.add_argument("--data", default="data/distill")
+    v.add_argument("--size", type=int, default=8192)
+    v.add_argument("--heldout-every", type=int, default=10)
+    v.add_argument("--out", default="checkpoints/token_map.pt")
+    v.set_defaults(fn=run_vocab)
     t = tsub.add_parser("draft", help="train an EAGLE draft head (SGLang format checkpoints)")
     t.add_argument("--target", default="smollm2-135m")
     t.add_argument("--data", default="data/distill")
     t.add_argument("--loss", default="kl", choices=["kl", "lk-alpha", "lk-lambda", "talf"])
     t.add_argument("--trees", default="data/talf-trees", help="TALF only: `treespec train trees` output")
+    t.add_argument("--token-map", default=None,
+                   help="train a reduced-vocabulary draft over these target ids (`treespec train vocab`); "
+                        "copied into the output as token_map.pt (SGLang: --speculative-token-map)")
     t.add_argument("--init", default=None, help="start from this draft directory (default: seeded random)")
     t.add_argument("--steps", type=int, default=200)
     t.add_argument("--lr", type=float, default=3e-4)
@@ -110,11 +120,37 @@ def run_trees(a: argparse.Namespace) -> int:
     return 0
 
 
+def _split(data: str, every: int, seqs):
+    from ..training.data import heldout_flags
+
+    flags = heldout_flags(data, every)
+    return [s for s, f in zip(seqs, flags) if not f], [s for s, f in zip(seqs, flags) if f]
+
+
+def run_vocab(a: argparse.Namespace) -> int:
+    import torch
+
+    from ..engine.loading import resolve_target
+    from ..models.llama import LlamaConfig
+    from ..training.data import iter_sequences, load_shards
+    from ..training.vocab import build_token_map, coverage
+
+    cfg = LlamaConfig.from_dir(resolve_target(a.target))
+    train, held = _split(a.data, a.heldout_every, iter_sequences(load_shards(a.data)))
+    tm = build_token_map(train, a.size, cfg.vocab_size, always=cfg.eos_ids)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    torch.save(tm.tolist(), a.out)
+    print(f"{a.out}: {a.size} of {cfg.vocab_size} target ids; answer-token coverage train "
+          f"{coverage(train, tm):.4f}, held-out {coverage(held, tm):.4f}")
+    return 0
+
+
 def run_draft(a: argparse.Namespace) -> int:
     import torch
 
     from ..engine import SpecEngine
-    from ..training.data import heldout_flags, iter_sequences, load_shards
+    from ..engine.loading import TOKEN_MAP
+    from ..training.data import iter_sequences, load_shards
     from ..training.trainer import TrainConfig, train_draft
 
     if a.config:
@@ -124,6 +160,9 @@ def run_draft(a: argparse.Namespace) -> int:
     set_threads(a.threads)
     torch.manual_seed(a.seed)
     engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed)
+    if a.token_map:
+        engine.set_token_map(torch.as_tensor(torch.load(a.token_map, weights_only=True)))
+    d2t = engine.token_map  # from --token-map, or the --init draft's own token_map.pt
     seqs = iter_sequences(load_shards(a.data))
     if a.loss == "talf":
         from ..training.talf import load_trees
@@ -133,9 +172,7 @@ def run_draft(a: argparse.Namespace) -> int:
             raise SystemExit(f"--trees {a.trees} holds {len(trees)} sequences, --data {a.data} {len(seqs)}: "
                              f"rerun `treespec train trees --data {a.data} --out {a.trees}`")
         seqs = [s + (tr,) for s, tr in zip(seqs, trees)]
-    flags = heldout_flags(a.data, a.heldout_every)
-    held = [s for s, f in zip(seqs, flags) if f]
-    train = [s for s, f in zip(seqs, flags) if not f]
+    train, held = _split(a.data, a.heldout_every, seqs)
     cfg = TrainConfig(loss=a.loss, steps=a.steps, lr=a.lr, batch_size=a.batch_size, ttt_steps=a.ttt_steps,
                       gamma=a.gamma, eta=a.eta, max_len=a.max_len, seed=a.seed, eval_every=a.eval_every)
     os.makedirs(a.out, exist_ok=True)
@@ -146,13 +183,15 @@ def run_draft(a: argparse.Namespace) -> int:
 
     def checkpoint(head):
         head.save(a.out, dtype=torch.bfloat16)
+        if d2t is not None:
+            torch.save(d2t.tolist(), os.path.join(a.out, TOKEN_MAP))
         if not eval_prompts:
             return {}
         res = engine.generate(eval_prompts, max_new_tokens=32, policy=eval_policy)  # engine.draft is `head`
         acc = [x for r in res for x in r.stats.accepted]
         return {"tau": 1.0 + sum(acc) / max(len(acc), 1), "tau_policy": eval_policy}
 
-    log = train_draft(engine.draft, engine.target.lm_head, train, cfg, eval_seqs=held, on_eval=checkpoint)
+    log = train_draft(engine.draft, engine.target.lm_head, train, cfg, eval_seqs=held, on_eval=checkpoint, d2t=d2t)
     with open(os.path.join(a.out, "train_log.json"), "w") as f:
         json.dump({"config": vars(cfg), "log": log, "train_sequences": len(train), "heldout_sequences": len(held)},
                   f, indent=2)

@@ -14,6 +14,7 @@ the pair (target hidden at p - 1, x_p) for p = 1..L_b; a tree node of depth d si
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
@@ -64,7 +65,8 @@ class GenerationResult:
 class SpecEngine:
     """Reference engine. Build with :meth:`from_pretrained`; run with :meth:`generate`."""
 
-    def __init__(self, target, draft, tokenizer=None, device="cpu", dtype=torch.float32):
+    def __init__(self, target, draft, tokenizer=None, device="cpu", dtype=torch.float32,
+                 token_map: Optional[torch.Tensor] = None):
         self.target = target.to(device=device, dtype=dtype).eval()
         self.draft = draft.to(device=device, dtype=dtype).eval().attach(self.target.model.embed_tokens)
         self.tokenizer = tokenizer
@@ -76,14 +78,34 @@ class SpecEngine:
         self.eos = set(cfg.eos_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             self.eos.add(int(tokenizer.eos_token_id))
+        self.set_token_map(token_map)
+
+    def set_token_map(self, token_map: Optional[torch.Tensor]) -> None:
+        """Restrict the draft to a reduced vocabulary (FR-Spec; SGLang's ``--speculative-token-map``).
+
+        ``token_map`` ``[vocab_d]`` int64: the target ids the draft scores (its LM head = those rows of
+        the target's). Trees grow over draft ids and are mapped to target ids before verification, so
+        outputs are unchanged (verification reads only target probabilities). None = the full vocabulary.
+        """
+        w = self.target.lm_head.weight
+        if token_map is None:
+            self.token_map, self._draft_w = None, w
+            return
+        tm = torch.as_tensor(token_map).to(device=self.device, dtype=torch.int64)
+        V = self.target.config.vocab_size
+        if tm.dim() != 1 or tm.numel() < 1 or int(tm.min()) < 0 or int(tm.max()) >= V or tm.unique().numel() != tm.numel():
+            raise ValueError(f"token_map must be a 1-D list of distinct target ids in [0, {V - 1}], "
+                             f"got shape {tuple(tm.shape)}")
+        self.token_map, self._draft_w = tm, w.detach()[tm].contiguous()
 
     @classmethod
     def from_pretrained(cls, target: str = "smollm2-135m", draft: Optional[str] = None, device="cpu",
                         dtype=torch.float32, seed: int = 0) -> "SpecEngine":
         """``target``: a HF Llama-family directory or ``"smollm2-135m"``; ``draft``: an EAGLE
-        directory, ``"demo"`` for the shipped head, or None for a seeded random head (tests)."""
-        t, d, tok = load_models(target, draft, dtype=dtype, seed=seed)
-        return cls(t, d, tok, device=device, dtype=dtype)
+        directory, ``"demo"`` for the shipped head, or None for a seeded random head (tests). A
+        ``token_map.pt`` in the draft directory restricts the draft's vocabulary (:meth:`set_token_map`)."""
+        t, d, tok, tmap = load_models(target, draft, dtype=dtype, seed=seed)
+        return cls(t, d, tok, device=device, dtype=dtype, token_map=tmap)
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompts: Sequence[Union[str, Sequence[int]]], chat: bool = True) -> List[List[int]]:
@@ -157,6 +179,17 @@ class SpecEngine:
 
     def _logits(self, h):
         return self.target.lm_head(h).float()
+
+    def _draft_logprobs(self, h):
+        """``[..., hidden]`` draft features -> ``[..., vocab_d]`` draft log-probs (over draft ids)."""
+        return torch.log_softmax(torch.nn.functional.linear(h, self._draft_w).float(), dim=-1)
+
+    def _target_ids(self, tokens: torch.Tensor, is_root: torch.Tensor) -> torch.Tensor:
+        """Draft ids -> target ids for non-root nodes (the root is already a target id); -1 stays."""
+        if self.token_map is None:
+            return tokens
+        keep = is_root | (tokens < 0)
+        return torch.where(keep, tokens, self.token_map[torch.where(keep, 0, tokens)])
 
     @staticmethod
     def _finish(outs, new_rows, eos, max_new):
@@ -254,6 +287,8 @@ class SpecEngine:
         recorder = _EntropyRecorder(expand, root_lp) if self.observer is not None else None
         tree = grow_tree(params, root, root_lp, recorder or expand)
         n = tree.n_nodes
+        if self.token_map is not None:
+            tree = dataclasses.replace(tree, tokens=self._target_ids(tree.tokens, (tree.parents < 0)))
         # ---- verify: one target forward over every tree, tree attention on the per-request cache
         slots = lens[:, None] + torch.arange(n, device=dev)
         kv = lmax + n
@@ -299,7 +334,7 @@ class SpecEngine:
         mask = (col >= 1) & (col <= pos[:, :, None])
         out = self.draft(tokens, feats.to(self.dtype), pos, dcache.stores(pos, kv)[0], mask)
         last = torch.gather(out, 1, (count - 1)[:, None, None].expand(bs, 1, out.shape[-1]))[:, 0]
-        return last, torch.log_softmax(self._logits(last), dim=-1)
+        return last, self._draft_logprobs(last)
 
 
 class _TreeExpander:
@@ -331,8 +366,9 @@ class _TreeExpander:
         self.calls += 1
         bs, W = frontier.shape
         fr = frontier.clamp(min=0)
-        tok = torch.gather(tree.tokens, 1, fr).clamp(min=0)
-        par = torch.gather(tree.parents, 1, fr).clamp(min=0)
+        par = torch.gather(tree.parents, 1, fr)
+        tok = self.e._target_ids(torch.gather(tree.tokens, 1, fr), par < 0).clamp(min=0)
+        par = par.clamp(min=0)
         pfeat = torch.gather(self.feat, 1, par[:, :, None].expand(bs, W, self.feat.shape[-1]))
         pos = self.lens[:, None] + torch.gather(tree.depth, 1, fr).clamp(min=0)
         # ancestors-or-self of each frontier node within the tree region; the root is excluded
@@ -355,7 +391,7 @@ class _TreeExpander:
         valid = (frontier >= 0)[:, :, None]
         cur_feat = torch.gather(self.feat, 1, fr[:, :, None].expand_as(out))
         self.feat.scatter_(1, fr[:, :, None].expand_as(out), torch.where(valid, out, cur_feat))
-        return torch.log_softmax(self.e._logits(out), dim=-1)
+        return self.e._draft_logprobs(out)
 
 
 class _EntropyRecorder:

@@ -10,7 +10,7 @@ import torch
 from ..models import EagleDraftHead, LlamaModel, demo_target
 from ..models.demo import DEMO_NAME, cache_dir
 
-__all__ = ["load_models", "resolve_target", "demo_draft_dir"]
+__all__ = ["load_models", "load_token_map", "resolve_target", "demo_draft_dir", "TOKEN_MAP"]
 
 
 def resolve_target(target: str) -> str:
@@ -34,10 +34,22 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
+TOKEN_MAP = "token_map.pt"
+
+
+def load_token_map(draft_dir: str) -> Optional[torch.Tensor]:
+    """``[vocab_d]`` int64 from ``<draft_dir>/token_map.pt`` (SGLang ``--speculative-token-map`` format), or None."""
+    path = os.path.join(draft_dir, TOKEN_MAP)
+    if not os.path.isfile(path):
+        return None
+    return torch.as_tensor(torch.load(path, weights_only=True), dtype=torch.int64)
+
+
 def load_models(target: str, draft: Optional[str], dtype=torch.float32, seed: int = 0):
-    """-> (LlamaModel, EagleDraftHead, tokenizer or None)."""
+    """-> (LlamaModel, EagleDraftHead, tokenizer or None, token map or None)."""
     path = resolve_target(target)
     model = LlamaModel.from_pretrained(path, dtype=dtype)
+    d = None
     if draft is None:
         head = EagleDraftHead.for_target(model.config, seed=seed, dtype=dtype)
     elif draft == "demo":
@@ -50,8 +62,9 @@ def load_models(target: str, draft: Optional[str], dtype=torch.float32, seed: in
                 EagleDraftHead.for_target(model.config, seed=seed).save(d, dtype=torch.float32)
             head = EagleDraftHead.load(d, dtype=dtype)
     else:
+        d = draft
         head = EagleDraftHead.load(draft, dtype=dtype)
     if head.config.hidden_size != model.config.hidden_size or head.config.vocab_size != model.config.vocab_size:
         raise ValueError(f"draft head hidden/vocab ({head.config.hidden_size}, {head.config.vocab_size}) do not match "
                          f"the target's ({model.config.hidden_size}, {model.config.vocab_size})")
-    return model, head, _tokenizer(path)
+    return model, head, _tokenizer(path), (load_token_map(d) if d is not None else None)

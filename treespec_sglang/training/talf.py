@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
 

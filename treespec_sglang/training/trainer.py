@@ -20,13 +20,13 @@ import torch
 from .losses import acceptance_rate, kl_loss, lk_alpha_loss, lk_lambda_loss, multi_step_loss, talf_loss
 from .talf import batch_trees, talf_forward
 
-__all__ = ["TrainConfig", "LOSSES", "ttt_forward", "step_logits", "batch_sequences", "talf_batch_loss", "train_draft",
+__all__ = ["TrainConfig", "LOSSES", "ttt_forward", "step_logits", "draft_logits", "batch_sequences", "talf_batch_loss", "train_draft",
            "evaluate_alpha"]
 
-LOSSES: Dict[str, Callable] = {
-    "kl": lambda t, d, m, cfg: kl_loss(t, d, m),
-    "lk-alpha": lambda t, d, m, cfg: lk_alpha_loss(t, d, m),
-    "lk-lambda": lambda t, d, m, cfg: lk_lambda_loss(t, d, m, eta=cfg.eta),
+LOSSES: Dict[str, Callable] = {  # (target logits, draft logits, mask, cfg, d2t) -> scalar
+    "kl": lambda t, d, m, cfg, d2t: kl_loss(t, d, m, d2t),
+    "lk-alpha": lambda t, d, m, cfg, d2t: lk_alpha_loss(t, d, m, d2t),
+    "lk-lambda": lambda t, d, m, cfg, d2t: lk_lambda_loss(t, d, m, d2t, eta=cfg.eta),
 }
 
 
@@ -110,17 +110,25 @@ def ttt_forward(head, tokens, hidden, loss_mask, lens, ttt_steps: int):
     return steps, hidden[:, 1:n + 1]
 
 
-def step_logits(lm_head, feats, target_hidden, valid):
-    """Draft and target logits at the valid positions only: ``[M, vocab]`` each (M = valid.sum()).
+def draft_logits(lm_head, feats, d2t: Optional[torch.Tensor] = None):
+    """``[..., hidden]`` -> ``[..., vocab_d]``: the shared target head, restricted to the draft
+    vocabulary ``d2t`` ([vocab_d] target ids, FR-Spec token map) when given."""
+    if d2t is None:
+        return lm_head(feats).float()
+    return torch.nn.functional.linear(feats, lm_head.weight[d2t]).float()
+
+
+def step_logits(lm_head, feats, target_hidden, valid, d2t: Optional[torch.Tensor] = None):
+    """Draft ``[M, vocab_d]`` and target ``[M, vocab]`` logits at the valid positions only (M = valid.sum()).
 
     Training runs the LM head only where a loss is taken (answer tokens), not over the prompt.
     """
     with torch.no_grad():
         tl = lm_head(target_hidden[valid]).float()
-    return lm_head(feats[valid]).float(), tl
+    return draft_logits(lm_head, feats[valid], d2t), tl
 
 
-def talf_batch_loss(head, lm_head, seqs, cfg: TrainConfig) -> torch.Tensor:
+def talf_batch_loss(head, lm_head, seqs, cfg: TrainConfig, d2t: Optional[torch.Tensor] = None) -> torch.Tensor:
     """TALF (SALF & TALF Alg. 1) on a batch of (tokens, hidden, loss_mask, tree) items: mean CE over the
     root and every target-tree node; the LM head runs only at nodes that take a loss."""
     tok, hid, msk, lens = batch_sequences(seqs, cfg.max_len)
@@ -131,35 +139,39 @@ def talf_batch_loss(head, lm_head, seqs, cfg: TrainConfig) -> torch.Tensor:
     draft = torch.cat([f0[ok], levels[has].flatten(0, -2)])  # [nodes, hidden]
     with torch.no_grad():
         target = lm_head(torch.cat([hid[:, 1:n + 1][ok], nhid[has].flatten(0, -2)])).float()
-    return talf_loss(target, lm_head(draft).float(), torch.ones(draft.shape[0], dtype=torch.bool))
+    return talf_loss(target, draft_logits(lm_head, draft, d2t), torch.ones(draft.shape[0], dtype=torch.bool), d2t)
 
 
-def _loss(cfg: TrainConfig, lm_head, steps, target_hidden) -> torch.Tensor:
+def _loss(cfg: TrainConfig, lm_head, steps, target_hidden, d2t=None) -> torch.Tensor:
     fn = LOSSES[cfg.loss]
     losses = []
     for feats, valid in steps:
-        dl, tl = step_logits(lm_head, feats, target_hidden, valid)
-        losses.append(fn(tl, dl, None, cfg))
+        dl, tl = step_logits(lm_head, feats, target_hidden, valid, d2t)
+        losses.append(fn(tl, dl, None, cfg, d2t))
     return multi_step_loss(losses, cfg.gamma)
 
 
 @torch.no_grad()
-def evaluate_alpha(head, lm_head, seqs, cfg: TrainConfig) -> List[float]:
-    """Mean acceptance alpha per draft position (TTT step) over held-out sequences."""
+def evaluate_alpha(head, lm_head, seqs, cfg: TrainConfig, d2t: Optional[torch.Tensor] = None) -> List[float]:
+    """Mean acceptance alpha per draft position (TTT step) over held-out sequences (against the full
+    target distribution: with a token map, the mass outside it counts as rejected)."""
     sums, counts = [0.0] * cfg.ttt_steps, [0] * cfg.ttt_steps
     for i in range(0, len(seqs), cfg.batch_size):
         tok, hid, msk, lens = batch_sequences(seqs[i:i + cfg.batch_size], cfg.max_len)
         steps, th = ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps)
         for k, (feats, valid) in enumerate(steps):
-            dl, tl = step_logits(lm_head, feats, th, valid)
-            sums[k] += float(acceptance_rate(tl, dl).sum())
+            dl, tl = step_logits(lm_head, feats, th, valid, d2t)
+            sums[k] += float(acceptance_rate(tl, dl, d2t).sum())
             counts[k] += int(valid.sum())
     return [s / max(c, 1) for s, c in zip(sums, counts)]
 
 
 def train_draft(head, lm_head, train_seqs, cfg: TrainConfig, eval_seqs: Optional[Sequence] = None,
-                on_eval: Optional[Callable] = None, progress: bool = True) -> List[dict]:
-    """Optimise ``head`` (the target's ``lm_head`` stays frozen); returns the log of evaluations."""
+                on_eval: Optional[Callable] = None, progress: bool = True,
+                d2t: Optional[torch.Tensor] = None) -> List[dict]:
+    """Optimise ``head`` (the target's ``lm_head`` stays frozen); returns the log of evaluations.
+
+    ``d2t`` ([vocab_d] target ids) trains a reduced-vocabulary draft (losses per LK §4.4)."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     head.train()
@@ -181,10 +193,10 @@ def train_draft(head, lm_head, train_seqs, cfg: TrainConfig, eval_seqs: Optional
         idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
         batch = [train_seqs[i] for i in idx]
         if cfg.loss == "talf":
-            loss = talf_batch_loss(head, lm_head, batch, cfg)
+            loss = talf_batch_loss(head, lm_head, batch, cfg, d2t)
         else:
             tok, hid, msk, lens = batch_sequences(batch, cfg.max_len)
-            loss = _loss(cfg, lm_head, *ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps))
+            loss = _loss(cfg, lm_head, *ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps), d2t=d2t)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -195,7 +207,8 @@ def train_draft(head, lm_head, train_seqs, cfg: TrainConfig, eval_seqs: Optional
             bar.update(1)
         if eval_seqs and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             head.eval()
-            entry = {"step": step + 1, "loss": loss.item(), "alpha": evaluate_alpha(head, lm_head, eval_seqs, cfg)}
+            entry = {"step": step + 1, "loss": loss.item(),
+                     "alpha": evaluate_alpha(head, lm_head, eval_seqs, cfg, d2t)}
             if on_eval is not None:
                 entry.update(on_eval(head) or {})
             log.append(entry)
