@@ -264,3 +264,31 @@ def test_worker_and_request_attributes_the_hooks_read(loaded):
     assert "custom_params" in SamplingParams.__struct_fields__
     req_init = inspect.getsource(Req.__init__)
     assert "self.sampling_params = sampling_params" in req_init and "self.customized_info" in req_init
+
+
+def test_accept_lengths_per_round_reach_customized_info(loaded):
+    """SGLang's real (hooked) _resolve_spec_v2_tokens on a two-request result: the treespec request
+    gets this round's accepted drafts appended; the native one is untouched; SGLang's own counters move."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
+    def req(params, info):
+        return SimpleNamespace(_treespec_params=params, customized_info=info, is_retracted=False,
+                               finished=lambda: False, grammar=None, kv=SimpleNamespace(kv_committed_len=10),
+                               spec_verify_ct=0, spec_num_correct_drafts=0,
+                               update_spec_correct_drafts_histogram=lambda n: None)
+
+    reqs = [req(object(), {"treespec_tree_sizes": [7]}), req(None, None)]
+    noop = lambda *a, **k: None  # noqa: E731
+    proc = SimpleNamespace(metrics_reporter=SimpleNamespace(snapshot_spec_decode_metrics=noop),
+                           model_worker=SimpleNamespace(on_verify_complete_cpu=noop), advance_grammar_fsm=noop)
+    result = SimpleNamespace(next_token_ids=torch.arange(8), accept_lens=torch.tensor([3, 1]),
+                             speculative_output_stride=4, speculative_num_draft_tokens=4,
+                             num_non_draft_tokens_per_req=1, block_accept_lens=None, cap_lens=None)
+    batch = SimpleNamespace(reqs=reqs)
+    tokens = SchedulerBatchResultProcessor._resolve_spec_v2_tokens(proc, result, batch)
+    assert tokens == [[0, 1, 2], [4]]
+    assert reqs[0].customized_info == {"treespec_tree_sizes": [7], "treespec_accept_lengths": [2]}
+    assert reqs[1].customized_info is None and reqs[1].spec_num_correct_drafts == 0
+    assert reqs[0].spec_num_correct_drafts == 2 and reqs[0].kv.kv_committed_len == 13

@@ -11,9 +11,12 @@
 | ``eagle_worker_common.build_eagle_verify_input`` | AFTER | unlinks the filler nodes of smaller trees |
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | AROUND | ``treespec_*`` stats are per request |
 | ``ModelRunner.forward`` | AROUND | inside a chain draft loop only: feeds each step's logits to the C2T stop |
+| ``SchedulerBatchResultProcessor._resolve_spec_v2_tokens`` | AFTER | records each round's accepted drafts |
 
 Per-request stats go to ``req.customized_info`` (-> the response's ``meta_info``):
-``treespec_policy`` and ``treespec_tree_sizes`` (verified nodes per round, root included).
+``treespec_policy``, ``treespec_tree_sizes`` (verified nodes per round, root included) and
+``treespec_accept_lengths`` (accepted draft tokens per round, bonus excluded: tau = 1 + mean). The
+accept lengths are read where the scheduler already has them on the host (no extra sync).
 
 With no server default and no request carrying ``custom_params["treespec"]`` every hook calls
 straight through, so SGLang behaves exactly as without the plugin.
@@ -195,6 +198,19 @@ def _verify_input(result, *args, **kwargs):
     return result
 
 
+def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
+    per = getattr(batch_result, "num_correct_drafts_per_req_cpu", None)  # host list, set by the hooked body
+    if per is None:
+        return result
+    for req, n in zip(batch.reqs, per):
+        if getattr(req, "_treespec_params", None) is None or req.customized_info is None:
+            continue  # native request (or one never drafted with a policy)
+        if req.is_retracted or req.finished():
+            continue  # SGLang commits nothing for these either
+        req.customized_info.setdefault("treespec_accept_lengths", []).append(int(n))
+    return result
+
+
 HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.server_args.ServerArgs.add_cli_args": ("AFTER", _add_cli_args),
     "sglang.srt.server_args.ServerArgs.from_cli_args": ("AFTER", _from_cli_args),
@@ -206,6 +222,8 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.model_executor.model_runner.ModelRunner.forward": ("AROUND", _draft_model_forward),
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ("AROUND", _request_level_key),
+    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+    "._resolve_spec_v2_tokens": ("AFTER", _record_accepts),
 }
 
 
@@ -225,6 +243,8 @@ SIGNATURES: Dict[str, List[str]] = {
          "topk", "num_steps", "num_draft_tokens", "tree_mask_mode", "device"],
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ["self", "key"],
+    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+    "._resolve_spec_v2_tokens": ["self", "result", "batch"],
     "sglang.srt.model_executor.model_runner.ModelRunner.forward":
         ["self", "forward_batch", "skip_attn_backend_init", "pp_proxy_tensors", "reinit_attn_backend",
          "split_forward_count"],
