@@ -4,14 +4,18 @@
 # Usage: bash bench/train_compare.sh [steps] [losses...]
 set -euo pipefail
 STEPS=${1:-150}; shift || true
-LOSSES=${*:-kl lk-alpha lk-lambda}
+LOSSES=${*:-kl lk-alpha lk-lambda talf}
 DATA=${DATA:-data/distill}
+TREES=${TREES:-data/talf-trees}
 OUT=${OUT:-checkpoints/compare}
 THREADS=${THREADS:-2}
 [ -f "$DATA/manifest.json" ] || treespec train data --out "$DATA" --max-new-tokens 96 --batch-size 16 --threads "$THREADS"
+if [[ " $LOSSES " == *" talf "* ]]; then  # TALF: the target's trees (k=4, depth 3), once; resumable
+  treespec train trees --data "$DATA" --topk 4 --depth 3 --threads "$THREADS" --out "$TREES"
+fi
 for loss in $LOSSES; do
-  treespec train draft --data "$DATA" --loss "$loss" --steps "$STEPS" --lr 1e-3 --ttt-steps 2 --eval-every 50 \
-    --threads "$THREADS" --out "$OUT/$loss"
+  treespec train draft --data "$DATA" --loss "$loss" --trees "$TREES" --steps "$STEPS" --lr 1e-3 --ttt-steps 2 \
+    --eval-every 50 --threads "$THREADS" --out "$OUT/$loss"
 done
 for loss in $LOSSES; do
   for T in 0 1; do
