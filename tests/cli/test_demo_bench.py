@@ -34,12 +34,12 @@ def test_bench_writes_jsonl_and_plots(tmp_path, monkeypatch):
     assert (out / "acceptance_heatmap.png").stat().st_size > 1000
 
 
-def test_train_draft_cli_writes_sglang_checkpoint_and_log(tmp_path):
+def _tiny_distill(tmp_path):
+    """A tiny target at tmp_path/tiny and 8 distilled random prompts at tmp_path/d."""
     import torch
 
     from tests.training.test_trainer import _IdsEngine
     from treespec_sglang.engine import SpecEngine
-    from treespec_sglang.models import EagleDraftHead
     from treespec_sglang.training.data import generate_distill_data
 
     tiny = tmp_path / "tiny"
@@ -49,6 +49,13 @@ def test_train_draft_cli_writes_sglang_checkpoint_and_log(tmp_path):
     prompts = [torch.randint(0, 48, (4,), generator=g).tolist() for _ in range(8)]
     generate_distill_data(_IdsEngine(e), [f"humaneval/{i}" for i in range(8)], prompts, str(tmp_path / "d"),
                           max_new_tokens=8, batch_size=4, progress=False)
+    return tiny
+
+
+def test_train_draft_cli_writes_sglang_checkpoint_and_log(tmp_path):
+    from treespec_sglang.models import EagleDraftHead
+
+    tiny = _tiny_distill(tmp_path)
     out = tmp_path / "ck"
     assert main(["train", "draft", "--target", str(tiny), "--data", str(tmp_path / "d"), "--loss", "lk-lambda",
                  "--steps", "4", "--batch-size", "2", "--eval-every", "2", "--heldout-every", "4",
@@ -62,17 +69,9 @@ def test_train_draft_cli_writes_sglang_checkpoint_and_log(tmp_path):
 def test_train_vocab_trees_and_talf_with_token_map_cli(tmp_path):
     import torch
 
-    from tests.training.test_trainer import _IdsEngine
     from treespec_sglang.engine import SpecEngine
-    from treespec_sglang.training.data import generate_distill_data
 
-    tiny = tmp_path / "tiny"
-    make_tiny_llama(tiny, vocab=48, hidden=32, layers=1)
-    e = SpecEngine.from_pretrained(str(tiny), draft=None)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 48, (4,), generator=g).tolist() for _ in range(8)]
-    generate_distill_data(_IdsEngine(e), [f"humaneval/{i}" for i in range(8)], prompts, str(tmp_path / "d"),
-                          max_new_tokens=8, batch_size=4, progress=False)
+    tiny = _tiny_distill(tmp_path)
     common = ["--target", str(tiny), "--data", str(tmp_path / "d")]
     assert main(["train", "vocab", *common, "--size", "20", "--heldout-every", "4", "--out", str(tmp_path / "tm.pt")]) == 0
     tm = torch.load(tmp_path / "tm.pt")

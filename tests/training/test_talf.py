@@ -6,12 +6,12 @@ import torch
 
 from tests.engine.test_draft_tree_expansion import chain_draft
 from tests.models.tiny import make_tiny_llama
-from tests.training.test_trainer import _IdsEngine
+from tests.training.test_trainer import alpha_before_after, distill_random_prompts
 from treespec_sglang.engine import SpecEngine
-from treespec_sglang.training.data import generate_distill_data, iter_sequences, load_shards, target_hidden
+from treespec_sglang.training.data import iter_sequences, load_shards, target_hidden
 from treespec_sglang.training.talf import (batch_trees, generate_talf_trees, load_trees, loss_positions,
                                           talf_forward, target_tree)
-from treespec_sglang.training.trainer import TrainConfig, batch_sequences, evaluate_alpha, train_draft
+from treespec_sglang.training.trainer import TrainConfig, batch_sequences
 
 pytest.importorskip("transformers")
 
@@ -98,22 +98,15 @@ def test_draft_tree_pass_equals_the_inference_chain_on_every_branch(engine):
 
 
 def test_talf_training_raises_heldout_acceptance(engine, tmp_path):
-    e = engine
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 48, (5,), generator=g).tolist() for _ in range(24)]
-    generate_distill_data(_IdsEngine(e), [str(i) for i in range(24)], prompts, str(tmp_path / "d"),
-                          max_new_tokens=16, batch_size=8, progress=False)
-    man = generate_talf_trees(e.target, str(tmp_path / "d"), str(tmp_path / "t"), topk=3, depth=3, progress=False)
+    e, d, t = engine, str(tmp_path / "d"), str(tmp_path / "t")
+    distill_random_prompts(e, d)
+    man = generate_talf_trees(e.target, d, t, topk=3, depth=3, progress=False)
     assert man["nodes"] == 24 * 16 * 2 * 3  # one loss position per answer token (it is x_{t+2})
-    again = generate_talf_trees(e.target, str(tmp_path / "d"), str(tmp_path / "t"), topk=3, depth=3, progress=False)
+    again = generate_talf_trees(e.target, d, t, topk=3, depth=3, progress=False)
     assert again["shards"] == man["shards"]  # resumable: nothing recomputed
     with pytest.raises(ValueError, match="topk=3 depth=3"):
-        generate_talf_trees(e.target, str(tmp_path / "d"), str(tmp_path / "t"), topk=4, depth=3, progress=False)
-    seqs = [s + (tr,) for s, tr in zip(iter_sequences(load_shards(str(tmp_path / "d"))), load_trees(str(tmp_path / "t")))]
-    train, held = seqs[:20], seqs[20:]
-    head = type(e.draft).for_target(e.target.config, seed=1).attach(e.target.model.embed_tokens)
+        generate_talf_trees(e.target, d, t, topk=4, depth=3, progress=False)
+    seqs = [s + (tr,) for s, tr in zip(iter_sequences(load_shards(d)), load_trees(t))]
     cfg = TrainConfig(loss="talf", steps=60, lr=1e-2, batch_size=4, ttt_steps=2, eval_every=60)
-    before = evaluate_alpha(head, e.target.lm_head, held, cfg)
-    log = train_draft(head, e.target.lm_head, train, cfg, eval_seqs=held, progress=False)
-    after = log[-1]["alpha"]
+    before, after = alpha_before_after(e, seqs[:20], seqs[20:], cfg)
     assert after[0] > before[0] + 0.1 and after[1] > before[1] + 0.05, (before, after)

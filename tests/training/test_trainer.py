@@ -41,25 +41,32 @@ def test_ttt_step_k_equals_the_inference_chain(engine):
             assert steps[k][1][0, :k].sum() == 0 and steps[k][1][0, k:len(seq) - 2].all()
 
 
+def distill_random_prompts(e, out_dir, n=24, seed=0, vocab=48, max_new_tokens=16):
+    """Self-distillation data for ``n`` random 5-token prompts of the tiny target (ids = "0".."n-1")."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (5,), generator=g).tolist() for _ in range(n)]
+    return generate_distill_data(_IdsEngine(e), [str(i) for i in range(n)], prompts, str(out_dir),
+                                 max_new_tokens=max_new_tokens, batch_size=8, progress=False)
+
+
+def alpha_before_after(e, train, held, cfg, d2t=None):
+    """Held-out alpha per position of a fresh seeded head, before and after ``train_draft``."""
+    head = type(e.draft).for_target(e.target.config, seed=1).attach(e.target.model.embed_tokens)
+    before = evaluate_alpha(head, e.target.lm_head, held, cfg, d2t)
+    return before, train_draft(head, e.target.lm_head, train, cfg, eval_seqs=held, progress=False, d2t=d2t)[-1]["alpha"]
+
+
 @pytest.mark.parametrize("loss", ["kl", "lk-alpha", "lk-lambda"])
 def test_training_raises_heldout_acceptance(engine, tmp_path, loss):
     e = engine
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 48, (5,), generator=g).tolist() for _ in range(24)]
     e.tokenizer = None
-    man = generate_distill_data(_IdsEngine(e), [str(i) for i in range(24)], prompts, str(tmp_path / "d"),
-                                max_new_tokens=16, batch_size=8, progress=False)
+    man = distill_random_prompts(e, tmp_path / "d")
     assert man["answer_tokens"] == 24 * 16 and len(man["done"]) == 24
-    again = generate_distill_data(_IdsEngine(e), [str(i) for i in range(24)], prompts, str(tmp_path / "d"),
-                                  max_new_tokens=16, progress=False)  # resumable: nothing left to do
+    again = distill_random_prompts(e, tmp_path / "d")  # resumable: nothing left to do
     assert again["shards"] == man["shards"]
     seqs = iter_sequences(load_shards(str(tmp_path / "d")))
-    train, held = seqs[:20], seqs[20:]
-    head = type(e.draft).for_target(e.target.config, seed=1).attach(e.target.model.embed_tokens)
     cfg = TrainConfig(loss=loss, steps=60, lr=3e-3, batch_size=4, ttt_steps=2, eval_every=60)
-    before = evaluate_alpha(head, e.target.lm_head, held, cfg)
-    log = train_draft(head, e.target.lm_head, train, cfg, eval_seqs=held, progress=False)
-    after = log[-1]["alpha"]
+    before, after = alpha_before_after(e, seqs[:20], seqs[20:], cfg)
     assert after[0] > before[0] + 0.1 and after[1] > before[1], (before, after)
 
 
@@ -111,16 +118,9 @@ def test_token_map_keeps_frequent_answer_tokens_and_eos():
 def test_training_with_a_token_map_raises_heldout_acceptance(engine, tmp_path):
     from treespec_sglang.training.vocab import build_token_map
 
-    e = engine
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 48, (5,), generator=g).tolist() for _ in range(24)]
-    generate_distill_data(_IdsEngine(e), [str(i) for i in range(24)], prompts, str(tmp_path / "d"),
-                          max_new_tokens=16, batch_size=8, progress=False)
+    distill_random_prompts(engine, tmp_path / "d", seed=1)
     seqs = iter_sequences(load_shards(str(tmp_path / "d")))
-    train, held = seqs[:20], seqs[20:]
-    d2t = build_token_map(train, 24, vocab=48)
-    head = type(e.draft).for_target(e.target.config, seed=1).attach(e.target.model.embed_tokens)
+    d2t = build_token_map(seqs[:20], 24, vocab=48)
     cfg = TrainConfig(loss="kl", steps=60, lr=1e-2, batch_size=4, ttt_steps=2, eval_every=60)
-    before = evaluate_alpha(head, e.target.lm_head, held, cfg, d2t)
-    after = train_draft(head, e.target.lm_head, train, cfg, eval_seqs=held, progress=False, d2t=d2t)[-1]["alpha"]
+    before, after = alpha_before_after(engine, seqs[:20], seqs[20:], cfg, d2t)
     assert after[0] > before[0] + 0.1 and after[1] > before[1], (before, after)
