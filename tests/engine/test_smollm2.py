@@ -54,3 +54,10 @@ def test_answers_and_is_lossless_on_real_prompts(engine):
                   {"policy": "chain", "length": 3}]):
         out = engine.generate(prompts, max_new_tokens=16, policy=spec)
         assert [r.token_ids for r in out] == [r.token_ids for r in plain]
+        assert sum(sum(r.stats.accepted) for r in out) > 0  # the shipped head is really accepted
+
+
+@needs_demo
+def test_shipped_draft_uses_its_token_map(engine):
+    assert engine.token_map is not None and engine.token_map.numel() == 8192
+    assert set(engine.target.config.eos_ids) <= set(engine.token_map.tolist())
