@@ -8,7 +8,7 @@ import torch
 
 from tests.models.tiny import make_tiny_llama
 from treespec_sglang.engine import KVCache, SpecEngine
-from treespec_sglang.engine.engine import _TreeExpander
+from treespec_sglang.engine.expander import TreeExpander
 from treespec_sglang.policies import grow_tree
 
 pytest.importorskip("transformers")
@@ -40,7 +40,7 @@ def test_expansion_equals_branch_chain(tmp_path, spec):
         toks = torch.cat([inp[:, 1:], torch.zeros_like(inp[:, :1])], dim=1)
         toks.scatter_(1, (lens - 1)[:, None], root[:, None])
         f_root, root_lp = e._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
-        exp = _TreeExpander(e, dcache, lens, f_root, max(len(x) for x in ids))
+        exp = TreeExpander(e, dcache, lens, f_root, max(len(x) for x in ids))
         seen = []
 
         def recording(tree, frontier):

@@ -22,8 +22,9 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from ..policies import grow_tree, parse_spec
-from ..tree import DraftTree, ancestor_mask, dense_mask
+from ..tree import dense_mask
 from ..verify import emitted_tokens, sample, verify_tree
+from .expander import EntropyRecorder, TreeExpander
 from .kv_cache import KVCache, prefill
 from .loading import load_models
 
@@ -283,8 +284,8 @@ class SpecEngine:
         """One draft -> verify -> commit round. ``lmax`` (host int) = max(lens): sizes attention
         without a sync; the only syncs are grow_tree's per-step check and one transfer at the end."""
         bs, dev = root.shape[0], self.device
-        expand = _TreeExpander(self, dcache, lens, f_root, lmax)
-        recorder = _EntropyRecorder(expand, root_lp) if self.observer is not None else None
+        expand = TreeExpander(self, dcache, lens, f_root, lmax)
+        recorder = EntropyRecorder(expand, root_lp) if self.observer is not None else None
         tree = grow_tree(params, root, root_lp, recorder or expand)
         n = tree.n_nodes
         if self.token_map is not None:
@@ -335,91 +336,3 @@ class SpecEngine:
         out = self.draft(tokens, feats.to(self.dtype), pos, dcache.stores(pos, kv)[0], mask)
         last = torch.gather(out, 1, (count - 1)[:, None, None].expand(bs, 1, out.shape[-1]))[:, 0]
         return last, self._draft_logprobs(last)
-
-
-class _TreeExpander:
-    """grow_tree's ``expand``: run the draft on the frontier nodes of the working tree.
-
-    Node u's input pair is (draft feature of parent(u), token(u)) at position len + depth(u);
-    it attends to the committed draft cache (slots 1..len) and to the tree-region KV of its
-    ancestors, kept in a per-round buffer indexed by working-tree node.
-    """
-
-    def __init__(self, engine: SpecEngine, dcache: KVCache, lens: torch.Tensor, f_root: torch.Tensor, lmax: int):
-        self.e, self.dcache, self.lens, self.f_root, self.lmax = engine, dcache, lens, f_root, lmax
-        self.calls = 0
-        self.C = None
-
-    def _alloc(self, C: int):
-        bs, H = self.f_root.shape
-        _, _, h, _, hd = self.dcache.k.shape
-        self.C = C
-        self.tk = torch.zeros(bs, h, C, hd, dtype=self.e.dtype, device=self.e.device)
-        self.tv = torch.zeros_like(self.tk)
-        self.feat = torch.zeros(bs, C, H, dtype=self.e.dtype, device=self.e.device)
-        self.feat[:, 0] = self.f_root
-
-    def __call__(self, tree: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
-        # tree [bs, C] working tree, frontier [bs, width] -> [bs, width, vocab] child log-probs
-        if self.C is None:
-            self._alloc(tree.n_nodes)
-        self.calls += 1
-        bs, W = frontier.shape
-        fr = frontier.clamp(min=0)
-        par = torch.gather(tree.parents, 1, fr)
-        tok = self.e._target_ids(torch.gather(tree.tokens, 1, fr), par < 0).clamp(min=0)
-        par = par.clamp(min=0)
-        pfeat = torch.gather(self.feat, 1, par[:, :, None].expand(bs, W, self.feat.shape[-1]))
-        pos = self.lens[:, None] + torch.gather(tree.depth, 1, fr).clamp(min=0)
-        # ancestors-or-self of each frontier node within the tree region; the root is excluded
-        # (its pair is the committed slot len)
-        anc = ancestor_mask(tree, frontier)
-        anc[:, :, 0] = False
-        Lk = self.lmax + 1
-        col = torch.arange(Lk, device=fr.device)[None, None, :]
-        committed = (col >= 1) & (col <= self.lens[:, None, None])
-        mask = torch.cat([committed.expand(bs, W, Lk), anc], dim=-1)
-        idx = fr[:, None, :, None].expand(-1, self.tk.shape[1], -1, self.tk.shape[-1])
-        dk, dv = self.dcache.k[0], self.dcache.v[0]
-
-        def store(k, v):
-            self.tk.scatter_(2, idx, k)
-            self.tv.scatter_(2, idx, v)
-            return torch.cat([dk[:, :, :Lk], self.tk], dim=2), torch.cat([dv[:, :, :Lk], self.tv], dim=2)
-
-        out = self.e.draft(tok, pfeat, pos, store, mask)  # [bs, width, hidden]
-        valid = (frontier >= 0)[:, :, None]
-        cur_feat = torch.gather(self.feat, 1, fr[:, :, None].expand_as(out))
-        self.feat.scatter_(1, fr[:, :, None].expand_as(out), torch.where(valid, out, cur_feat))
-        return self.e._draft_logprobs(out)
-
-
-class _EntropyRecorder:
-    """Wraps an ``expand`` to remember, per working-tree node, the entropy (top-1000, C2T Eq. 7) of
-    the distribution its children are drawn from. Used only when an observer is attached."""
-
-    def __init__(self, expand, root_logprobs):
-        from ..policies.classifier import entropy_topm
-
-        self.expand, self.entropy_topm = expand, entropy_topm
-        self.root = entropy_topm(root_logprobs.float())  # [bs]
-        self.buf = None
-
-    def __call__(self, tree, frontier):
-        out = self.expand(tree, frontier)
-        if self.buf is None:
-            self.buf = torch.zeros(tree.tokens.shape, device=out.device)
-            self.buf[:, 0] = self.root
-        ent = self.entropy_topm(out.float())  # [bs, width]
-        fr = frontier.clamp(min=0)
-        self.buf.scatter_(1, fr, torch.where(frontier >= 0, ent, torch.gather(self.buf, 1, fr)))
-        return out
-
-    def parent_entropy(self, tree):
-        """``[bs, n_nodes]`` entropy of each node's parent distribution. Valid when the final tree
-        keeps the working tree's node order (EAGLE-2 with the full pool as budget, TALON, C2T, chain)."""
-        if self.buf is None:
-            buf = self.root[:, None].expand(tree.tokens.shape).clone()
-        else:
-            buf = self.buf[:, :tree.n_nodes]
-        return torch.gather(buf, 1, tree.parents.clamp(min=0))

@@ -1,4 +1,4 @@
-"""Draft training: objectives (KL, TALF, LK), data and loops (the loops arrive with the training issue)."""
+"""Draft training: objectives (KL, TALF, LK), self-distillation data, TALF target trees, token maps and loops."""
 
 from .losses import (acceptance_rate, kl_loss, lk_alpha_loss, lk_lambda, lk_lambda_loss, multi_step_loss, talf_loss,
                      ttt_weights)

@@ -26,14 +26,15 @@ import torch
 from ..engine.kv_cache import prefill
 from .data import disk_usage, load_shards
 
-__all__ = ["target_tree", "generate_talf_trees", "load_trees", "batch_trees", "talf_forward", "TREES_MANIFEST"]
+__all__ = ["loss_positions", "target_tree", "generate_talf_trees", "load_trees", "batch_trees", "talf_forward", "TREES_MANIFEST"]
 
 TREES_MANIFEST = "trees.json"
 
 
-def loss_positions(lens_or_T: int, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Draft positions t (0..T-3) that take a loss: ``loss_mask[t + 2]`` (as in ``ttt_forward``). ``[P]`` int64."""
-    T = lens_or_T
+def loss_positions(T: int, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Draft positions t (0..T-3) that take a loss: ``loss_mask[t + 2]`` (as in ``ttt_forward``). ``[P]`` int64.
+
+    Example: T = 6, loss_mask = [F, F, F, T, T, T] -> [1, 2, 3] (the labels x_3, x_4, x_5)."""
     return torch.nonzero(loss_mask[2:T].bool()).flatten()
 
 
