@@ -9,6 +9,7 @@ inherit. With neither set, the plugin changes nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -68,9 +69,14 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None) -> Se
 
 
 def server_defaults() -> ServerDefaults:
-    """Read the defaults from the environment (validated; errors name the variable)."""
-    policy = os.environ.get(ENV_POLICY) or None
-    raw = os.environ.get(ENV_CONFIG) or "{}"
+    """Read the defaults from the environment (validated; errors name the variable).
+
+    Called on every draft step: each distinct (policy, config) pair is parsed and validated once."""
+    return _parse_defaults(os.environ.get(ENV_POLICY) or None, os.environ.get(ENV_CONFIG) or "{}")
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_defaults(policy: Optional[str], raw: str) -> ServerDefaults:
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as e:

@@ -24,7 +24,6 @@ from typing import List, Optional
 import torch
 
 from ..policies import grow_tree
-from ..policies.base import rank_desc
 from ..policies.params import Eagle2Params, PolicyParams
 
 __all__ = ["PoolView", "select_from_pool", "unlink_filler"]
@@ -146,10 +145,13 @@ def select_from_pool(score_list, token_list, parents_list, num_draft_token: int,
     pool = PoolView(score_list, token_list, parents_list, topk)
     bs, P = pool.scores.shape
     dev = pool.scores.device
-    native_rank = rank_desc(pool.scores)  # ties toward the earlier (shallower) candidate
+    # SGLang's ranking, ties toward the earlier (shallower) candidate; sorted position j < limit <=> rank < limit
+    order = torch.sort(pool.scores, dim=-1, descending=True, stable=True).indices  # [bs, P]
     limit = torch.tensor([N - 1 if p is None else min(p.budget, N) - 1 if isinstance(p, Eagle2Params) else -1
                           for p in params], device=dev)
-    keep = native_rank < limit[:, None]  # [bs, P]: native and eagle2 rows; policy rows below
+    ar = torch.arange(P, device=dev)
+    # [bs, P]: native and eagle2 rows keep their top `limit`; policy rows are set below
+    keep = torch.zeros_like(pool.scores, dtype=torch.bool).scatter(1, order, ar[None, :] < limit[:, None])
     others = [i for i, p in enumerate(params) if p is not None and not isinstance(p, Eagle2Params)]
     if others:
         rows = torch.tensor(others, device=dev)
@@ -157,10 +159,9 @@ def select_from_pool(score_list, token_list, parents_list, num_draft_token: int,
     # pad to exactly N-1 with the best unselected candidates: a prefix of SGLang's ranking, which is
     # closed under ancestors because a parent never scores below its child
     need = (N - 1) - keep.long().sum(-1, keepdim=True)
-    order = torch.sort(pool.scores, dim=-1, descending=True, stable=True).indices
     unsel = ~torch.gather(keep, 1, order)
     fill = torch.zeros_like(keep).scatter(1, order, unsel & (unsel.long().cumsum(-1) <= need))
-    idx = torch.where(keep | fill, torch.arange(P, device=dev), P)
+    idx = torch.where(keep | fill, ar, P)
     top_scores_index = torch.sort(idx, dim=-1).values[:, :N - 1]
     node_keep = torch.cat([torch.ones(bs, 1, dtype=torch.bool, device=dev),
                            torch.gather(keep, 1, top_scores_index)], dim=1)
