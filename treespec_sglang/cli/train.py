@@ -128,9 +128,7 @@ def _split(data: str, every: int, seqs):
 
 
 def run_vocab(a: argparse.Namespace) -> int:
-    import torch
-
-    from ..engine.loading import resolve_target
+    from ..engine.loading import resolve_target, save_token_map
     from ..models.llama import LlamaConfig
     from ..training.data import iter_sequences, load_shards
     from ..training.vocab import build_token_map, coverage
@@ -139,7 +137,7 @@ def run_vocab(a: argparse.Namespace) -> int:
     train, held = _split(a.data, a.heldout_every, iter_sequences(load_shards(a.data)))
     tm = build_token_map(train, a.size, cfg.vocab_size, always=cfg.eos_ids)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    torch.save(tm.tolist(), a.out)
+    save_token_map(tm, a.out)
     print(f"{a.out}: {a.size} of {cfg.vocab_size} target ids; answer-token coverage train "
           f"{coverage(train, tm):.4f}, held-out {coverage(held, tm):.4f}")
     return 0
@@ -149,7 +147,7 @@ def run_draft(a: argparse.Namespace) -> int:
     import torch
 
     from ..engine import SpecEngine
-    from ..engine.loading import TOKEN_MAP
+    from ..engine.loading import TOKEN_MAP, read_token_map, save_token_map
     from ..training.data import iter_sequences, load_shards
     from ..training.trainer import TrainConfig, train_draft
 
@@ -161,7 +159,7 @@ def run_draft(a: argparse.Namespace) -> int:
     torch.manual_seed(a.seed)
     engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed)
     if a.token_map:
-        engine.set_token_map(torch.as_tensor(torch.load(a.token_map, weights_only=True)))
+        engine.set_token_map(read_token_map(a.token_map))
     d2t = engine.token_map  # from --token-map, or the --init draft's own token_map.pt
     seqs = iter_sequences(load_shards(a.data))
     if a.loss == "talf":
@@ -176,6 +174,8 @@ def run_draft(a: argparse.Namespace) -> int:
     cfg = TrainConfig(loss=a.loss, steps=a.steps, lr=a.lr, batch_size=a.batch_size, ttt_steps=a.ttt_steps,
                       gamma=a.gamma, eta=a.eta, max_len=a.max_len, seed=a.seed, eval_every=a.eval_every)
     os.makedirs(a.out, exist_ok=True)
+    if d2t is not None:  # the checkpoint directory carries its map (engine and SGLang read it from there)
+        save_token_map(d2t, os.path.join(a.out, TOKEN_MAP))
 
     eval_prompts = [seq[0][:int(seq[2].long().argmax())].tolist() for seq in held[:a.eval_prompts]
                     if bool(seq[2].any())]
@@ -183,8 +183,6 @@ def run_draft(a: argparse.Namespace) -> int:
 
     def checkpoint(head):
         head.save(a.out, dtype=torch.bfloat16)
-        if d2t is not None:
-            torch.save(d2t.tolist(), os.path.join(a.out, TOKEN_MAP))
         if not eval_prompts:
             return {}
         res = engine.generate(eval_prompts, max_new_tokens=32, policy=eval_policy)  # engine.draft is `head`

@@ -10,7 +10,7 @@ import torch
 from ..models import EagleDraftHead, LlamaModel, demo_target
 from ..models.demo import DEMO_NAME, cache_dir
 
-__all__ = ["load_models", "load_token_map", "resolve_target", "demo_draft_dir", "TOKEN_MAP"]
+__all__ = ["load_models", "load_token_map", "read_token_map", "save_token_map", "resolve_target", "demo_draft_dir", "TOKEN_MAP"]
 
 
 def resolve_target(target: str) -> str:
@@ -37,12 +37,20 @@ def _tokenizer(path: str):
 TOKEN_MAP = "token_map.pt"
 
 
-def load_token_map(draft_dir: str) -> Optional[torch.Tensor]:
-    """``[vocab_d]`` int64 from ``<draft_dir>/token_map.pt`` (SGLang ``--speculative-token-map`` format), or None."""
-    path = os.path.join(draft_dir, TOKEN_MAP)
-    if not os.path.isfile(path):
-        return None
+def read_token_map(path: str) -> torch.Tensor:
+    """``[vocab_d]`` int64 target ids from a token-map file (SGLang ``--speculative-token-map`` format)."""
     return torch.as_tensor(torch.load(path, weights_only=True), dtype=torch.int64)
+
+
+def save_token_map(token_map: torch.Tensor, path: str) -> None:
+    """Write ``[vocab_d]`` target ids as a list of ints (what SGLang's ``load_token_map`` reads)."""
+    torch.save(token_map.tolist(), path)
+
+
+def load_token_map(draft_dir: str) -> Optional[torch.Tensor]:
+    """The token map in ``<draft_dir>/token_map.pt``, or None when the draft has none."""
+    path = os.path.join(draft_dir, TOKEN_MAP)
+    return read_token_map(path) if os.path.isfile(path) else None
 
 
 def load_models(target: str, draft: Optional[str], dtype=torch.float32, seed: int = 0):

@@ -169,25 +169,28 @@ def _write_all(patch: Patch, site: str, reverse: bool) -> None:
             f.write(text)
 
 
-def apply_patches(patches: List[Patch], site: str) -> List[Tuple[str, str]]:
+def _move(patches: List[Patch], site: str, reverse: bool) -> List[Tuple[str, str]]:
+    """Bring every patch to "applied" (``reverse=False``, in order) or "not applied" (reverse order),
+    writing only the patches not there yet; a conflict raises before that patch's files change."""
+    todo, done, already = ("applied", "reverted", "not applied") if reverse else \
+        ("not applied", "applied", "already applied")
     out = []
-    for p in patches:
+    for p in (reversed(patches) if reverse else patches):
         st = patch_status(p, site)
         if st == "conflict":
-            raise PatchError(f"{p.name}: does not apply to {site} (files changed by hand or another tool)")
-        if st == "not applied":
-            _write_all(p, site, reverse=False)
-        out.append((p.name, "applied" if st == "not applied" else "already applied"))
+            raise PatchError(f"{p.name}: cannot be reverted cleanly in {site}" if reverse else
+                             f"{p.name}: does not apply to {site} (files changed by hand or another tool)")
+        if st == todo:
+            _write_all(p, site, reverse=reverse)
+        out.append((p.name, done if st == todo else already))
     return out
+
+
+def apply_patches(patches: List[Patch], site: str) -> List[Tuple[str, str]]:
+    """Apply each patch not yet applied (idempotent) -> [(name, "applied" | "already applied")]."""
+    return _move(patches, site, reverse=False)
 
 
 def revert_patches(patches: List[Patch], site: str) -> List[Tuple[str, str]]:
-    out = []
-    for p in reversed(patches):
-        st = patch_status(p, site)
-        if st == "conflict":
-            raise PatchError(f"{p.name}: cannot be reverted cleanly in {site}")
-        if st == "applied":
-            _write_all(p, site, reverse=True)
-        out.append((p.name, "reverted" if st == "applied" else "not applied"))
-    return out
+    """Revert each applied patch, last first -> [(name, "reverted" | "not applied")]."""
+    return _move(patches, site, reverse=True)

@@ -19,7 +19,7 @@ import torch
 from ..engine.kv_cache import prefill
 
 __all__ = ["DistillShard", "target_hidden", "generate_distill_data", "load_shards", "iter_sequences", "disk_usage",
-           "heldout_flags"]
+           "write_manifest", "heldout_flags"]
 
 MANIFEST = "manifest.json"
 
@@ -53,6 +53,14 @@ def _manifest(out_dir: str) -> dict:
         with open(path) as f:
             return json.load(f)
     return {"format": "treespec-distill-v1", "done": [], "shards": [], "tokens": 0, "answer_tokens": 0}
+
+
+def write_manifest(path: str, man: dict) -> None:
+    """Replace ``path`` atomically (write a temporary file, then rename): an interrupted run keeps the
+    previous manifest, which is what makes generation resumable."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(man, f)
+    os.replace(path + ".tmp", path)
 
 
 def disk_usage(out_dir: str) -> int:
@@ -95,9 +103,7 @@ def generate_distill_data(engine, prompt_ids: Sequence[str], prompts: Sequence[s
         man["tokens"] += int(tokens.numel())
         man["answer_tokens"] += int(mask.sum())
         man["bytes"] = disk_usage(out_dir)
-        with open(os.path.join(out_dir, MANIFEST + ".tmp"), "w") as f:
-            json.dump(man, f)
-        os.replace(os.path.join(out_dir, MANIFEST + ".tmp"), os.path.join(out_dir, MANIFEST))
+        write_manifest(os.path.join(out_dir, MANIFEST), man)
         if bar is not None:
             bar.update(len(chunk))
     if bar is not None:

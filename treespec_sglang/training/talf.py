@@ -24,7 +24,7 @@ from typing import List, Sequence
 import torch
 
 from ..engine.kv_cache import prefill
-from .data import disk_usage, load_shards
+from .data import disk_usage, load_shards, write_manifest
 
 __all__ = ["loss_positions", "target_tree", "generate_talf_trees", "load_trees", "batch_trees", "talf_forward", "TREES_MANIFEST"]
 
@@ -150,9 +150,7 @@ def generate_talf_trees(model, data_dir: str, out_dir: str, topk: int = 4, depth
         man["shards"].append(name)
         man["nodes"] += sum(counts) * (depth - 1) * topk
         man["bytes"] = disk_usage(out_dir)
-        with open(path + ".tmp", "w") as f:
-            json.dump(man, f)
-        os.replace(path + ".tmp", path)
+        write_manifest(path, man)
     if bar is not None:
         bar.close()
     return man
