@@ -71,8 +71,12 @@ class EagleDraftHead(nn.Module):
         from safetensors.torch import save_file
 
         os.makedirs(path, exist_ok=True)
+        # tie_word_embeddings is always False: the head shares the *target's* embedding and LM head
+        # (SGLang's set_embed_and_head); a true value makes SGLang's llama.py tie the draft's missing
+        # embedding at load time and fail ("'VocabParallelEmbedding' object has no attribute 'weight'").
         cfg = {**_cfg_dict(self.config), "num_hidden_layers": 1, "architectures": [DRAFT_ARCH],
-               "model_type": "llama", "torch_dtype": str(dtype).replace("torch.", "")}
+               "model_type": "llama", "tie_word_embeddings": False,
+               "torch_dtype": str(dtype).replace("torch.", "")}
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(cfg, f, indent=2)
         sd = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}

@@ -16,7 +16,10 @@ SGLANG_VERSION = "0.5.23"
 
 
 def register() -> None:
-    """Entry point (group ``sglang.srt.plugins``): register the hooks with SGLang's HookRegistry."""
+    """Entry point (group ``sglang.srt.plugins``): CPU stand-ins where needed, then the hooks."""
+    from .cpu import install
     from .hooks import register_hooks
+
+    install()  # only with SGLANG_USE_CPU_ENGINE and no real sgl_kernel (see plugin.cpu)
 
     register_hooks()

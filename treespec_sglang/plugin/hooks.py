@@ -12,6 +12,7 @@
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | AROUND | ``treespec_*`` stats are per request |
 | ``ModelRunner.forward`` | AROUND | inside a chain draft loop only: feeds each step's logits to the C2T stop |
 | ``SchedulerBatchResultProcessor._resolve_spec_v2_tokens`` | AFTER | records each round's accepted drafts |
+| ``eagle_utils._verify_uses_greedy`` | AROUND | on CPU, T > 0 takes the exact sampling verify (:mod:`.cpu.sampling`) |
 
 Per-request stats go to ``req.customized_info`` (-> the response's ``meta_info``):
 ``treespec_policy``, ``treespec_tree_sizes`` (verified nodes per round, root included) and
@@ -211,6 +212,25 @@ def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
     return result
 
 
+_CPU_SAMPLING = ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob")
+
+
+def _verify_uses_greedy(original, *args, **kwargs):
+    # SGLang verifies greedily on CPU at any temperature (its sampling ops are None there). Give the
+    # CPU the exact sampling walk instead, so speculative output at T > 0 follows the target.
+    if not kwargs.get("is_cpu"):
+        return original(*args, **kwargs)
+    import sys
+
+    from .cpu import sampling
+
+    eagle_utils = sys.modules["sglang.srt.speculative.eagle_utils"]
+    for name in _CPU_SAMPLING:
+        if getattr(eagle_utils, name, None) is None:
+            setattr(eagle_utils, name, getattr(sampling, name))
+    return original(*args, **{**kwargs, "is_cpu": False})
+
+
 HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.server_args.ServerArgs.add_cli_args": ("AFTER", _add_cli_args),
     "sglang.srt.server_args.ServerArgs.from_cli_args": ("AFTER", _from_cli_args),
@@ -224,6 +244,7 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     ".is_request_level_customized_info_key": ("AROUND", _request_level_key),
     "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
     "._resolve_spec_v2_tokens": ("AFTER", _record_accepts),
+    "sglang.srt.speculative.eagle_utils._verify_uses_greedy": ("AROUND", _verify_uses_greedy),
 }
 
 
@@ -248,6 +269,8 @@ SIGNATURES: Dict[str, List[str]] = {
     "sglang.srt.model_executor.model_runner.ModelRunner.forward":
         ["self", "forward_batch", "skip_attn_backend_init", "pp_proxy_tensors", "reinit_attn_backend",
          "split_forward_count"],
+    "sglang.srt.speculative.eagle_utils._verify_uses_greedy":
+        ["is_all_greedy", "is_cpu", "is_hip", "is_xpu", "use_rejection_sampling"],
 }
 
 

@@ -20,7 +20,7 @@ import torch
 from ..tree import DraftTree
 from .sampling import Num, sample_probs, target_probs, uniform
 
-__all__ = ["VerifyResult", "verify_tree", "emitted_tokens", "first_sibling_mask"]
+__all__ = ["VerifyResult", "verify_tree", "walk_tree", "emitted_tokens", "first_sibling_mask"]
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,30 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, *, temperature: Nu
     if target_logits.dim() != 3 or target_logits.shape[:2] != (bs, n):
         raise ValueError(f"target_logits must be [bs, n_nodes, vocab] = [{bs}, {n}, vocab], "
                          f"got {tuple(target_logits.shape)}")
-    dev = tree.device
     probs = target_probs(target_logits, temperature, top_k, top_p)  # [bs, n_nodes, vocab]
+    return walk_tree(tree, probs, uniform((bs, tree.depth_bound + 1), tree.device, generator))
+
+
+def walk_tree(tree: DraftTree, probs: torch.Tensor, coins: torch.Tensor) -> VerifyResult:
+    """The sampling walk of :func:`verify_tree` on processed target distributions.
+
+    Parameters
+    ----------
+    tree : DraftTree
+        ``[bs, n_nodes]``; a node whose parent is -1 (other than the root) is never accepted.
+    probs : torch.Tensor
+        ``[bs, n_nodes, vocab]`` float; row i is the target's next-token distribution after node i
+        (temperature / top-k / top-p already applied; one-hot rows give the greedy walk).
+    coins : torch.Tensor
+        ``[bs, depth_bound + 1]`` uniforms in [0, 1): column d decides depth d + 1, the last one
+        draws the bonus token.
+
+    Returns
+    -------
+    VerifyResult
+    """
+    bs, n = tree.tokens.shape
+    dev = tree.device
     V = probs.shape[-1]
     par = tree.parents
     tok = tree.tokens.clamp(0, V - 1)
@@ -95,7 +117,6 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, *, temperature: Nu
     path[:, 0] = 0
     cur = torch.zeros(bs, dtype=torch.int64, device=dev)
     active = torch.ones(bs, dtype=torch.bool, device=dev)
-    coins = uniform((bs, D + 1), dev, generator)
     for d in range(D):
         is_child = par == cur[:, None]  # [bs, n_nodes]; padding has parent -1, never a child
         cp = torch.where(is_child, child_p, 0.0)
@@ -107,7 +128,7 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, *, temperature: Nu
     num_accepted = (path[:, 1:] >= 0).long().sum(-1)
 
     # bonus: p at the last accepted node with all of its children's tokens zeroed (all rejected)
-    p_last = torch.gather(probs, 1, cur[:, None, None].expand(bs, 1, V))[:, 0]  # [bs, vocab]
+    p_last = torch.gather(probs, 1, cur[:, None, None].expand(bs, 1, V))[:, 0].float()  # [bs, vocab]
     kids = (par == cur[:, None]) & tree.valid
     zero = torch.zeros(bs, V + 1, device=dev)
     zero.scatter_add_(1, torch.where(kids, tok, V), kids.float())

@@ -1,0 +1,252 @@
+"""Torch stand-ins for the index / tree ``sgl_kernel`` CPU ops SGLang 0.5.23's EAGLE path calls.
+
+Each function keeps the call site's argument order and names (SGLang passes some by keyword, e.g.
+``retrive_index=``) and mutates the arguments the compiled op mutates. The semantics are those of
+SGLang's own Triton reference kernels in the same call-site modules (``kernels/ops/speculative/
+spec_tree.py`` ``sgl_build_tree_kernel_efficient_triton`` / ``verify_tree_greedy_kernel_triton``,
+``cache_locs.py``, ``eagle.py``); the tests run those references under ``TRITON_INTERPRET=1``.
+
+On the CPU device memory is host memory, so the ``.tolist()`` / boolean indexing here costs no
+device sync; every op is vectorised over the batch (loops only over tree depth / sibling rank).
+No sglang import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+__all__ = ["assign_req_to_token_pool_cpu", "assign_extend_cache_locs_cpu", "assign_draft_cache_locs_contiguous_cpu",
+           "fill_bonus_tokens_cpu", "fill_accept_out_cache_loc_cpu", "copy_all_layer_kv_cache_cpu",
+           "build_tree_kernel_efficient_cpu", "verify_tree_greedy_cpu", "build_draft_decode_metadata_cpu",
+           "tree_parents"]
+
+
+def _segments(start: torch.Tensor, end: torch.Tensor):
+    """Flatten per-row ranges ``[start_b, end_b)`` into (row, column, out offset) triples.
+
+    Example: start [2, 0], end [4, 3] -> rows [0, 0, 1, 1, 1], cols [2, 3, 0, 1, 2] (out slots 0..4).
+    """
+    lens = (end.long() - start.long()).clamp(min=0)  # [bs]
+    rows = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), lens)  # [total]
+    first = torch.cumsum(lens, 0) - lens  # [bs] exclusive prefix sum
+    cols = start.long()[rows] + torch.arange(rows.numel(), device=lens.device) - first[rows]
+    return rows, cols
+
+
+def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
+                                 pool_len: int) -> None:
+    """``req_to_token[req_pool_indices[b], start_b:end_b] = out_cache_loc[packed segment b]``.
+
+    req_pool_indices, start_offset, end_offset ``[bs]``; req_to_token ``[rows, pool_len]`` (mutated);
+    out_cache_loc ``[sum(end - start)]`` slots packed request after request.
+    """
+    rows, cols = _segments(start_offset, end_offset)
+    req_to_token[req_pool_indices.long()[rows], cols] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
+
+
+def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
+                                 pool_len: int) -> None:
+    """The gather twin: ``out_cache_loc[packed segment b] = req_to_token[req_pool_indices[b], start_b:end_b]``."""
+    rows, cols = _segments(start_offset, end_offset)
+    out_cache_loc[: rows.numel()] = req_to_token[req_pool_indices.long()[rows], cols].to(out_cache_loc.dtype)
+
+
+def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len: int,
+                                           topk: int, num_steps: int) -> None:
+    """``out_cache_loc.view(bs, topk * num_steps)[b] = req_to_token[req_pool_indices[b], seq_len_b:][:topk*num_steps]``.
+
+    The slots are laid out ``[bs, topk, num_steps]`` (branch k's step s at ``k * num_steps + s``).
+    """
+    width = topk * num_steps
+    cols = seq_lens.long()[:, None] + torch.arange(width, device=seq_lens.device)  # [bs, width]
+    vals = req_to_token[req_pool_indices.long()[:, None], cols]
+    out_cache_loc[: vals.numel()] = vals.reshape(-1).to(out_cache_loc.dtype)
+
+
+def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_stride: int) -> None:
+    """``bonus_tokens[b] = accept_tokens.flat[accept_stride * b + accept_lens[b] - 1]`` (the last accepted)."""
+    bs = bonus_tokens.numel()
+    idx = torch.arange(bs, device=accept_lens.device) * accept_stride + accept_lens.long()[:bs] - 1
+    bonus_tokens.copy_(accept_tokens.reshape(-1)[idx].to(bonus_tokens.dtype))
+
+
+def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_loc) -> None:
+    """Pack ``out_cache_loc[accept_index]`` over the entries != -1, in order, into ``accept_out_cache_loc``.
+
+    Example: accept_index [[0, 2, -1], [3, -1, -1]] -> out_cache_loc[[0, 2, 3]].
+    """
+    flat = accept_index.reshape(-1).long()
+    keep = flat >= 0
+    vals = out_cache_loc[flat[keep]]
+    accept_out_cache_loc[: vals.numel()] = vals.to(accept_out_cache_loc.dtype)
+
+
+def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc) -> None:
+    """For every buffer i (raw address ``data_ptrs[i]``, slot size ``strides[i]`` bytes): slot tgt = slot src.
+
+    SGLang hands over raw addresses (the Triton kernel does pointer arithmetic); we view each buffer's
+    first ``max(loc) + 1`` slots as bytes. Sources are read before any target is written.
+    """
+    if tgt_loc.numel() == 0:
+        return
+    tgt, src = tgt_loc.long(), src_loc.long()
+    n_slots = int(torch.maximum(tgt.max(), src.max())) + 1
+    for ptr, stride in zip(data_ptrs.tolist(), strides.tolist()):
+        raw = (ctypes.c_uint8 * (n_slots * stride)).from_address(ptr)
+        rows = torch.frombuffer(raw, dtype=torch.uint8).view(n_slots, stride)
+        rows[tgt] = rows[src]  # advanced indexing on the right copies first
+
+
+# ----------------------------------------------------------------------------------------- trees
+def tree_parents(parent_list, selected_index, topk: int):
+    """Parents of SGLang's verify nodes, as ``build_tree_kernel_efficient`` resolves them.
+
+    Node 0 is the bonus token; node i >= 1 is the draft ``selected_index[i - 1]`` (an index into the
+    flattened beam scores). Its parent's beam slot is ``selected_index[i - 1] // topk``: slot 0 is the
+    root, any other slot names the flat index ``parent_list[slot]``, found among ``selected_index``.
+
+    Returns ``(parent, found)``: ``[bs, N]`` int64 parent node (-1 for the root and for a node whose
+    parent was not selected) and ``[bs, N]`` bool (linked into the traversal).
+    Example: topk 2, selected [0, 1, 2], parent_list [-1, 0, 1] -> parent [-1, 0, 0, 1].
+    """
+    bs, n1 = selected_index.shape
+    dev = selected_index.device
+    sel = selected_index.long()
+    slot = sel // topk  # [bs, N-1]
+    ptok = torch.gather(parent_list.long(), 1, slot)  # [bs, N-1]
+    match = sel[:, None, :] == ptok[:, :, None]  # [bs, N-1 (child), N-1 (candidate)]
+    pos = match.long().argmax(-1) + 1  # first match
+    found = (slot == 0) | match.any(-1)
+    par = torch.where(slot == 0, 0, torch.where(found, pos, -1))
+    root = torch.full((bs, 1), -1, dtype=torch.int64, device=dev)
+    return torch.cat([root, par], 1), torch.cat([torch.zeros_like(root, dtype=torch.bool), found], 1)
+
+
+def _links(parent: torch.Tensor, found: torch.Tensor):
+    """First child (lowest index) and next sibling (next higher index) of every node, -1 = none."""
+    bs, n = parent.shape
+    ar = torch.arange(n, device=parent.device)
+    child = found[:, None, :] & (parent[:, None, :] == ar[None, :, None])  # [bs, p, j]: j is a child of p
+    first = torch.where(child, ar, n).min(-1).values
+    sib = found[:, :, None] & found[:, None, :] & (parent[:, :, None] == parent[:, None, :]) & (ar[:, None] < ar[None, :])
+    nxt = torch.where(sib, ar, n).min(-1).values
+    return torch.where(first < n, first, -1), torch.where(nxt < n, nxt, -1)
+
+
+def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                                    retrive_index, retrive_next_token, retrive_next_sibling, topk: int, depth: int,
+                                    draft_token_num: int, tree_mask_mode: int) -> None:
+    """SGLang's verify tree from the beam's selection (semantics of ``sgl_build_tree_kernel_efficient_triton``).
+
+    parent_list ``[bs, slots]``, selected_index ``[bs, N-1]``, verified_seq_len ``[bs]``. Writes
+    ``positions [bs*N]`` (seq_len + depth), ``retrive_* [bs, N]`` and the mask: mode 0 FULL_MASK, request
+    b's ``[N, seq_len_b + N]`` block row-major (only its N tree columns are written), mode 1 QLEN_ONLY
+    ``[bs, N, N]`` bool, mode 2 QLEN_ONLY_BITPACKING one integer per row, bit j = column j.
+    Every row sees the root; a node whose parent was not selected hangs off the root for the mask
+    and positions but is not linked into the traversal (as the kernel does).
+    """
+    bs, n = selected_index.shape[0], draft_token_num
+    dev = selected_index.device
+    parent, found = tree_parents(parent_list, selected_index, topk)
+    ar = torch.arange(n, device=dev)
+    # ancestors-or-self by pointer jumping over the mask parents (orphans hang off the root)
+    up = torch.where(found | (ar == 0), parent, 0)
+    up = torch.where(ar == 0, -1, up)  # [bs, N]
+    anc = torch.zeros(bs, n, n, dtype=torch.bool, device=dev)
+    anc[:, ar, ar] = True
+    cur = up.clone()
+    node_depth = torch.zeros(bs, n, dtype=torch.int64, device=dev)
+    for _ in range(depth + 1):
+        ok = cur >= 0
+        anc |= torch.zeros_like(anc).scatter_(2, cur.clamp(min=0)[:, :, None], ok[:, :, None])
+        node_depth += ok.long()
+        cur = torch.where(ok, torch.gather(up, 1, cur.clamp(min=0)), -1)
+    anc[:, :, 0] = True
+    seq = verified_seq_len.long()
+    positions[: bs * n] = (seq[:, None] + node_depth).reshape(-1).to(positions.dtype)
+    first, nxt = _links(parent, found)
+    retrive_index[:bs] = (torch.arange(bs, device=dev)[:, None] * n + ar).to(retrive_index.dtype)
+    retrive_next_token[:bs] = first.to(retrive_next_token.dtype)
+    retrive_next_sibling[:bs] = nxt.to(retrive_next_sibling.dtype)
+    if tree_mask_mode == 0:
+        # row x of request b starts at N*N*b + N*prefix_b + (seq_b + N)*x; tree columns after seq_b
+        prefix = torch.cumsum(seq, 0) - seq
+        start = n * n * torch.arange(bs, device=dev) + n * prefix  # [bs]
+        idx = start[:, None, None] + (seq[:, None, None] + n) * ar[None, :, None] + seq[:, None, None] + ar
+        tree_mask[idx.reshape(-1)] = anc.reshape(-1)
+    elif tree_mask_mode == 1:
+        tree_mask[: bs * n * n] = anc.reshape(-1)
+    elif tree_mask_mode == 2:
+        bits = (anc.long() << ar).sum(-1)  # [bs, N]
+        tree_mask[: bs * n] = bits.reshape(-1).to(tree_mask.dtype)
+    else:
+        raise ValueError(f"tree_mask_mode must be 0 (FULL_MASK), 1 (QLEN_ONLY) or 2 (QLEN_ONLY_BITPACKING), "
+                         f"got {tree_mask_mode}")
+
+
+def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                           retrive_next_sibling, target_predict) -> None:
+    """Greedy tree verification (semantics of ``verify_tree_greedy_kernel_triton``).
+
+    candidates, retrive_*, target_predict ``[bs, N]``; writes predicts ``[bs*N]`` (the target's token at
+    every accepted node, the bonus at the last), accept_index ``[bs, S+1]`` (flat indices of the accepted
+    path, root first; later entries untouched) and accept_token_num ``[bs]`` (accepted drafts).
+    From the current node, the accepted child is the first in sibling order whose token equals the
+    target's argmax there.
+    """
+    bs, n = candidates.shape
+    steps = accept_index.shape[1]
+    dev = candidates.device
+    rows = torch.arange(bs, device=dev)
+    nt, ns = retrive_next_token.long(), retrive_next_sibling.long()
+    cand, tgt = candidates.long(), target_predict.reshape(bs, n).long()
+    # chosen[b, u]: u's first child (sibling order) carrying the target's token at u, -1 = none
+    chosen = torch.full((bs, n), -1, dtype=torch.int64, device=dev)
+    c = nt.clone()
+    for _ in range(n):
+        live = c >= 0
+        hit = live & (chosen < 0) & (torch.gather(cand, 1, c.clamp(min=0)) == tgt)
+        chosen = torch.where(hit, c, chosen)
+        c = torch.where(live, torch.gather(ns, 1, c.clamp(min=0)), -1)
+    ridx = retrive_index.long()
+    cur = torch.zeros(bs, dtype=torch.int64, device=dev)
+    accept_index[:, 0] = ridx[:, 0].to(accept_index.dtype)
+    count = torch.zeros(bs, dtype=torch.int64, device=dev)
+    active = torch.ones(bs, dtype=torch.bool, device=dev)
+    flat_tgt = target_predict.reshape(-1)
+    for j in range(1, steps):
+        nxt = chosen[rows, cur]
+        active = active & (nxt >= 0)
+        # the target token at an accepted node is committed there before moving on
+        at = ridx[rows, cur]
+        predicts[at[active]] = flat_tgt[at[active]].to(predicts.dtype)
+        cur = torch.where(active, nxt, cur)
+        accept_index[active, j] = ridx[rows, cur][active].to(accept_index.dtype)
+        count += active.long()
+    accept_token_num.copy_(count.to(accept_token_num.dtype))
+    last = ridx[rows, cur]
+    predicts[last] = flat_tgt[last].to(predicts.dtype)
+
+
+def build_draft_decode_metadata_cpu(req_to_token, req_pool_indices, seq_lens, topk: int, num_steps: int,
+                                    pool_len: int) -> torch.Tensor:
+    """``[bs * topk, pool_len]`` token table for the draft decode steps.
+
+    Row ``b * topk + k`` is request b's prefix (``req_to_token[req_pool_indices[b], :seq_len_b]``) followed
+    by branch k's draft slots (``seq_len_b + k * num_steps + s``, s < num_steps); the rest is 0.
+    Example: seq_len 3, topk 2, num_steps 2, row slots [a b c | d e | f g]: branch 1 -> [a b c f g].
+    """
+    bs = seq_lens.shape[0]
+    dev = seq_lens.device
+    seq = seq_lens.long()
+    src_rows = req_to_token[req_pool_indices.long()]  # [bs, pool_len]
+    col = torch.arange(pool_len, device=dev)
+    k = torch.arange(topk, device=dev)
+    # column c of branch k reads c itself in the prefix, seq + k * num_steps + (c - seq) in the draft part
+    src_col = torch.where(col[None, None, :] < seq[:, None, None], col[None, None, :],
+                          col[None, None, :] + k[None, :, None] * num_steps)  # [bs, topk, pool_len]
+    valid = col[None, None, :] < (seq[:, None, None] + num_steps)
+    out = torch.gather(src_rows[:, None, :].expand(bs, topk, pool_len), 2, src_col.clamp(max=pool_len - 1))
+    return torch.where(valid, out, 0).reshape(bs * topk, pool_len).to(req_to_token.dtype)

@@ -1,0 +1,101 @@
+"""Exact sampling verification for SGLang's CPU engine (SGLang verifies greedily on CPU at any T).
+
+SGLang 0.5.23's ``eagle_utils.eagle_sample`` takes its sampling branch only where
+``tree_speculative_sampling_target_only`` / ``top_k_renorm_prob`` / ``top_p_renorm_prob`` exist; on
+CPU they are ``None`` and ``_verify_uses_greedy`` forces the greedy walk, so T > 0 requests come back
+greedy-verified (not the target distribution). These torch versions, with the plugin's
+``_verify_uses_greedy`` replacement, give CPU requests at T > 0 the exact sibling walk of
+:func:`treespec_sglang.verify.walk_tree` (SGLang's "target-only" rule, ``shared/notes/algorithms.md``).
+No sglang import.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...tree import DraftTree
+from ...verify import walk_tree
+
+__all__ = ["tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob",
+           "parents_from_links"]
+
+
+def parents_from_links(next_token: torch.Tensor, next_sibling: torch.Tensor) -> torch.Tensor:
+    """``[bs, N]`` parent of every node reachable from the root through first-child / next-sibling links.
+
+    Unreachable nodes (SGLang's unlinked filler) and the root get -1.
+    Example: next_token [1, 3, -1, -1], next_sibling [-1, 2, -1, -1] -> parents [-1, 0, 0, 1].
+    """
+    bs, n = next_token.shape
+    parent = torch.full((bs, n + 1), -1, dtype=torch.int64, device=next_token.device)  # column n: dump slot
+    nt, ns = next_token.long(), next_sibling.long()
+    owner = torch.arange(n, device=nt.device).expand(bs, n)  # the parent each chain walk belongs to
+    c = nt
+    for _ in range(n):  # a sibling chain is at most N - 1 long
+        parent.scatter_(1, torch.where(c >= 0, c, n), torch.where(c >= 0, owner, -1))
+        c = torch.where(c >= 0, torch.gather(ns, 1, c.clamp(min=0)), -1)
+    return parent[:, :n]
+
+
+def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                          retrive_next_token, retrive_next_sibling, uniform_samples,
+                                          uniform_samples_for_final_sampling, target_probs, draft_probs,
+                                          threshold_single: float = 1.0, threshold_acc: float = 1.0,
+                                          deterministic: bool = True) -> None:
+    """Sampling verification with SGLang's ``sgl_kernel`` signature (outputs as in the greedy op).
+
+    candidates / retrive_* ``[bs, N]``, uniform_samples ``[bs, N]`` (column d decides depth d + 1),
+    uniform_samples_for_final_sampling ``[bs]``, target_probs ``[bs, N, vocab]``. ``draft_probs`` is
+    SGLang's zeros (target-only rule) and unused. The accept thresholds are not applied: the walk
+    is always the exact one (the plugin warns when a server relaxes them).
+    Writes predicts ``[bs*N]`` (the next accepted token at each accepted node, the bonus at the
+    last), accept_index ``[bs, S+1]`` and accept_token_num ``[bs]``.
+    """
+    bs, n = candidates.shape
+    steps = accept_index.shape[1]
+    dev = candidates.device
+    parents = parents_from_links(retrive_next_token, retrive_next_sibling)
+    tree = DraftTree(candidates.long(), parents, torch.zeros_like(parents), torch.zeros(bs, n, device=dev),
+                     torch.full((bs,), n, dtype=torch.int64, device=dev), steps - 1)
+    coins = torch.cat([uniform_samples[:, : steps - 1].float(),
+                       uniform_samples_for_final_sampling.reshape(bs, 1).float()], 1)  # [bs, steps]
+    res = walk_tree(tree, target_probs.reshape(bs, n, -1), coins)
+    ridx = retrive_index.long()
+    path = res.path  # [bs, steps] node ids, -1 padded
+    acc = path >= 0
+    accept_index[:, :steps] = torch.where(acc, torch.gather(ridx, 1, path.clamp(min=0)), accept_index[:, :steps])
+    # the token committed at path node i is the token of path node i + 1, the bonus at the last
+    nxt_tok = torch.gather(candidates.long(), 1, path[:, 1:].clamp(min=0))
+    nxt_tok = torch.where(path[:, 1:] >= 0, nxt_tok, -1)
+    commit = torch.cat([nxt_tok, nxt_tok.new_full((bs, 1), -1)], 1)
+    commit.scatter_(1, res.num_accepted[:, None], res.bonus[:, None])
+    at = torch.gather(ridx, 1, path.clamp(min=0))
+    predicts[at[acc]] = commit[acc].to(predicts.dtype)
+    accept_token_num.copy_(res.num_accepted.to(accept_token_num.dtype))
+
+
+def top_k_renorm_prob(probs: torch.Tensor, top_k) -> torch.Tensor:
+    """Keep each row's ``top_k`` largest probabilities (ties at the k-th kept) and renormalise.
+
+    probs ``[rows, vocab]``; top_k int or ``[rows]`` (<= 0 or >= vocab: unchanged).
+    """
+    V = probs.shape[-1]
+    k = torch.as_tensor(top_k, device=probs.device).long().reshape(-1, 1).expand(probs.shape[0], 1)
+    k = torch.where((k > 0) & (k < V), k, V)
+    kth = torch.gather(torch.sort(probs, dim=-1, descending=True).values, 1, k - 1)
+    kept = torch.where(probs >= kth, probs, 0.0)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def top_p_renorm_prob(probs: torch.Tensor, top_p) -> torch.Tensor:
+    """Keep the smallest prefix of each sorted row whose mass reaches ``top_p`` and renormalise.
+
+    A token is kept when the mass strictly before it (descending order) is below p, as in plain
+    sampling (:func:`treespec_sglang.verify.target_probs`). probs ``[rows, vocab]``; top_p float or ``[rows]``.
+    """
+    p = torch.as_tensor(top_p, device=probs.device, dtype=torch.float32).reshape(-1, 1)
+    sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    drop_sorted = (sp.cumsum(-1) - sp) >= p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    kept = torch.where(drop, 0.0, probs)
+    return kept / kept.sum(-1, keepdim=True)
