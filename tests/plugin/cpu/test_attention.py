@@ -1,0 +1,133 @@
+"""The attention stand-ins against a per-request, per-token restatement (float64 loops, explicit softmax)."""
+
+import math
+
+import pytest
+import torch
+
+from treespec_sglang.plugin.cpu.attention import decode_attention_cpu, extend_attention_cpu
+
+HQ, HKV, D = 6, 2, 8
+
+
+def naive(q, keys, values, scale, logit_cap=0.0, sink=None):
+    """q [Hq, D], keys/values [L, Hkv, D] (only the visible ones) -> [Hq, D]."""
+    out = torch.zeros(HQ, D, dtype=torch.float64)
+    for h in range(HQ):
+        kh = h // (HQ // HKV)
+        s = [float(q[h].double() @ keys[j, kh].double()) * scale for j in range(len(keys))]
+        if logit_cap:
+            s = [logit_cap * math.tanh(x / logit_cap) for x in s]
+        m = max(s + ([float(sink[h])] if sink is not None else []))
+        w = [math.exp(x - m) for x in s]
+        z = sum(w) + (math.exp(float(sink[h]) - m) if sink is not None else 0.0)
+        for j in range(len(keys)):
+            out[h] += w[j] / z * values[j, kh].double()
+    return out
+
+
+def pool(g, slots=64, pool_rows=5, pool_len=32):
+    k_buf = torch.randn(slots, HKV, D, generator=g)
+    v_buf = torch.randn(slots, HKV, D, generator=g)
+    req_to_token = torch.stack([torch.randperm(slots, generator=g)[:pool_len] for _ in range(pool_rows)]).int()
+    return k_buf, v_buf, req_to_token
+
+
+@pytest.mark.parametrize("seq_lens,window,logit_cap,sinks", [
+    ([5, 1, 12], 0, 0.0, False), ([7, 3], 4, 0.0, False), ([9, 2, 4], 0, 5.0, True)])
+def test_decode_attention(seq_lens, window, logit_cap, sinks):
+    g = torch.Generator().manual_seed(len(seq_lens) + window)
+    k_buf, v_buf, r2t = pool(g)
+    bs = len(seq_lens)
+    rpi = torch.tensor([3, 0, 4][:bs])
+    seq = torch.tensor(seq_lens)
+    loc = r2t[rpi, seq - 1].long()  # the new token's slot (already in req_to_token, as in SGLang decode)
+    q = torch.randn(bs, HQ, D, generator=g)
+    key, value = torch.randn(bs, HKV, D, generator=g), torch.randn(bs, HKV, D, generator=g)
+    sink = torch.randn(HQ, generator=g) if sinks else None
+    out = torch.empty(bs, HQ, D)
+    decode_attention_cpu(q, k_buf, v_buf, 1.0, 1.0, out, key, value, loc, None, r2t, rpi, seq, 0.3, logit_cap,
+                         False, window, None, sink)
+    assert torch.equal(k_buf[loc], key) and torch.equal(v_buf[loc], value)  # the new K/V were stored first
+    for b in range(bs):
+        s = int(seq[b])
+        lo = max(0, s - window) if window > 0 else 0
+        slots = r2t[rpi[b], lo:s].long()
+        want = naive(q[b], k_buf[slots], v_buf[slots], 0.3, logit_cap, sink)
+        torch.testing.assert_close(out[b].double(), want, atol=1e-5, rtol=1e-5)
+
+
+def tree_block(ext):
+    """A random ancestor mask [ext, ext]: parent of i < i, row = ancestors-or-self."""
+    par = [-1] + [torch.randint(0, i, (1,)).item() for i in range(1, ext)]
+    m = torch.zeros(ext, ext, dtype=torch.bool)
+    for i in range(ext):
+        j = i
+        while j >= 0:
+            m[i, j] = True
+            j = par[j]
+    return m
+
+
+@pytest.mark.parametrize("mode", ["causal", "tree", "full", "window"])
+@pytest.mark.parametrize("shape", [([6, 9], [3, 4]), ([4, 8, 2], [4, 5, 1]), ([5], [5])])
+def test_extend_attention(mode, shape):
+    torch.manual_seed(sum(shape[0]) + len(mode))
+    g = torch.Generator().manual_seed(7)
+    k_buf, v_buf, r2t = pool(g)
+    seq_lens, ext_lens = shape
+    if mode == "tree":
+        ext_lens = [4] * len(seq_lens)  # verify: every request extends by N
+        seq_lens = [max(s, 4) for s in seq_lens]
+    bs = len(seq_lens)
+    rpi = torch.tensor([1, 4, 2][:bs])
+    seq, ext = torch.tensor(seq_lens), torch.tensor(ext_lens)
+    start = torch.cumsum(ext, 0) - ext
+    T = int(ext.sum())
+    q = torch.randn(T, HQ, D, generator=g)
+    k_ext, v_ext = torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
+    blocks = [tree_block(e) for e in ext_lens] if mode == "tree" else None
+    tree_mask = torch.cat([b.reshape(-1) for b in blocks]) if blocks else None
+    window = 3 if mode == "window" else 0
+    out = torch.full((T, HQ, D), float("nan"))
+    extend_attention_cpu(q, k_ext, v_ext, out, k_buf, v_buf, 1.0, 1.0, r2t, rpi, seq, ext, start, int(ext.max()),
+                         0.25, 0.0, False, window, None, None, tree_mask, mode != "full")
+    for b in range(bs):
+        e, s = ext_lens[b], seq_lens[b]
+        pre = s - e
+        pk, pv = k_buf[r2t[rpi[b], :pre].long()], v_buf[r2t[rpi[b], :pre].long()]
+        for i in range(e):
+            row = int(start[b]) + i
+            if mode == "tree":
+                vis = [j for j in range(e) if blocks[b][i, j]]
+            elif mode == "full":
+                vis = list(range(e))
+            else:
+                vis = list(range(i + 1))
+            keys = torch.cat([pk, k_ext[int(start[b]) + torch.tensor(vis, dtype=torch.long)]])
+            vals = torch.cat([pv, v_ext[int(start[b]) + torch.tensor(vis, dtype=torch.long)]])
+            if window:
+                pos = list(range(pre)) + [pre + j for j in vis]
+                keep = [n for n, p in enumerate(pos) if (pre + i) - p < window]
+                keys, vals = keys[keep], vals[keep]
+            torch.testing.assert_close(out[row].double(), naive(q[row], keys, vals, 0.25), atol=1e-5, rtol=1e-5)
+
+
+def test_extend_reads_the_cache_when_k_extend_is_none():
+    g = torch.Generator().manual_seed(11)
+    k_buf, v_buf, r2t = pool(g)
+    rpi, seq, ext = torch.tensor([2]), torch.tensor([7]), torch.tensor([3])
+    q = torch.randn(3, HQ, D, generator=g)
+    a, b = torch.empty(3, HQ, D), torch.empty(3, HQ, D)
+    slots = r2t[2, 4:7].long()
+    args = (k_buf, v_buf, 1.0, 1.0, r2t, rpi, seq, ext, torch.tensor([0]), 3, 0.2, 0.0, False, 0, None, None, None, True)
+    extend_attention_cpu(q, None, None, a, *args)
+    extend_attention_cpu(q, k_buf[slots], v_buf[slots], b, *args)
+    assert torch.equal(a, b)
+
+
+def test_cross_attention_is_refused():
+    with pytest.raises(NotImplementedError, match="cross-attention"):
+        decode_attention_cpu(torch.zeros(1, HQ, D), torch.zeros(4, HKV, D), torch.zeros(4, HKV, D), 1.0, 1.0,
+                             torch.zeros(1, HQ, D), None, None, torch.zeros(1), None, torch.zeros(1, 4, dtype=torch.int32),
+                             torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long), 1.0, 0.0, True, 0, None, None)

@@ -1,0 +1,109 @@
+"""The index / tree stand-ins against SGLang's own Triton reference kernels (run by the Triton
+interpreter on the CPU) and, where SGLang has no interpretable reference, against plain loops."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from treespec_sglang.plugin.cpu import kernels as K
+
+ORACLE = os.path.join(os.path.dirname(__file__), "triton_oracle.py")
+TRITON_CHECKED = ["build_tree_kernel_efficient_cpu[FULL_MASK]", "build_tree_kernel_efficient_cpu[QLEN_ONLY]",
+                  "verify_tree_greedy_cpu", "assign_req_to_token_pool_cpu", "assign_extend_cache_locs_cpu",
+                  "assign_draft_cache_locs_contiguous_cpu", "fill_bonus_tokens_cpu", "fill_accept_out_cache_loc_cpu"]
+
+
+@pytest.fixture(scope="module")
+def triton_mismatches():
+    pytest.importorskip("sglang")
+    pytest.importorskip("triton")
+    out = {}
+    for seed in (0, 1):
+        proc = subprocess.run([sys.executable, ORACLE, str(seed)], capture_output=True, text=True, timeout=600,
+                              env={k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for op, bad in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+            out.setdefault(op, []).extend((seed, c) for c in bad)
+    return out
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("op", TRITON_CHECKED)
+def test_op_equals_sglang_triton_reference(triton_mismatches, op):
+    assert op in triton_mismatches, sorted(triton_mismatches)
+    assert triton_mismatches[op] == [], f"{op}: (seed, case) pairs differing from SGLang's Triton kernel"
+
+
+def _tree_case(seed=0, bs=3, topk=3, N=7):
+    """A small explicit selection: parent slots resolved by hand in the comments."""
+    # topk 3, steps 3: flat slots 0..2 (depth 1), 3..11 (depth 2, from parent_list[1..3]), 12..20 (depth 3)
+    parent_list = torch.tensor([[-1, 0, 1, 2, 3, 5, 7]] * bs)
+    sel = torch.tensor([[0, 1, 3, 4, 5, 12, 13][: N - 1]] * bs)  # 3, 4, 5 hang off slot 0; 12, 13 off slot 3
+    return parent_list, sel
+
+
+def test_tree_parents_worked_example():
+    parent_list, sel = _tree_case(bs=1)
+    parent, found = K.tree_parents(parent_list, sel, 3)
+    # nodes: 0 root, 1 = slot 0, 2 = slot 1, 3..5 = slots 3, 4, 5 (parent slot 0 = node 1), 6 = slot 12 (parent 3)
+    assert parent[0].tolist() == [-1, 0, 0, 1, 1, 1, 3]
+    assert found[0].tolist() == [False] + [True] * 6
+
+
+def test_bitpacked_mask_is_the_packed_qlen_mask():
+    parent_list, sel = _tree_case(bs=2)
+    N = 7
+    outs = {}
+    for mode, mask in ((1, torch.ones(2 * N * N, dtype=torch.bool)), (2, torch.zeros(2 * N, dtype=torch.uint8))):
+        r = torch.full((3, 2, N), -1)
+        K.build_tree_kernel_efficient_cpu(parent_list, sel, torch.tensor([4, 9]), mask, torch.zeros(2 * N, dtype=torch.long),
+                                          r[0], r[1], r[2], 3, 3, N, mode)
+        outs[mode] = mask
+    dense = outs[1].view(2, N, N).tolist()
+    packed = [[sum(1 << j for j in range(N) if dense[b][i][j]) for i in range(N)] for b in range(2)]
+    assert outs[2].view(2, N).tolist() == packed
+
+
+def test_bad_mask_mode_names_the_range():
+    parent_list, sel = _tree_case(bs=1)
+    r = torch.full((3, 1, 7), -1)
+    with pytest.raises(ValueError, match="tree_mask_mode must be 0"):
+        K.build_tree_kernel_efficient_cpu(parent_list, sel, torch.tensor([3]), torch.ones(49, dtype=torch.bool),
+                                          torch.zeros(7, dtype=torch.long), r[0], r[1], r[2], 3, 3, 7, 5)
+
+
+@pytest.mark.parametrize("bs,topk,steps", [(1, 1, 3), (2, 4, 3), (3, 2, 5)])
+def test_draft_decode_metadata_rows(bs, topk, steps):
+    g = torch.Generator().manual_seed(bs * 10 + topk)
+    pool_len = 40
+    req_to_token = torch.randint(0, 999, (6, pool_len), generator=g, dtype=torch.int32)
+    rpi = torch.randperm(6, generator=g)[:bs]
+    seq = torch.randint(1, pool_len - topk * steps, (bs,), generator=g)
+    out = K.build_draft_decode_metadata_cpu(req_to_token, rpi, seq, topk, steps, pool_len)
+    assert out.shape == (bs * topk, pool_len)
+    for b in range(bs):
+        row = req_to_token[rpi[b]].tolist()
+        s = int(seq[b])
+        for k in range(topk):
+            want = row[:s] + row[s + k * steps: s + (k + 1) * steps]
+            assert out[b * topk + k, : s + steps].tolist() == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copy_all_layer_kv_cache_moves_every_buffer(dtype):
+    g = torch.Generator().manual_seed(3)
+    bufs = [torch.randn(20, 3, 4, generator=g).to(dtype) for _ in range(4)] + [torch.randn(20, 6, generator=g).to(dtype)]
+    before = [b.clone() for b in bufs]
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+    strides = torch.tensor([b.stride(0) * b.element_size() for b in bufs], dtype=torch.int64)
+    tgt, src = torch.tensor([2, 7, 19, 5]), torch.tensor([7, 2, 0, 5])  # a swap, an overlap, a self copy
+    K.copy_all_layer_kv_cache_cpu(ptrs, strides, tgt, src)
+    for b, old in zip(bufs, before):
+        want = old.clone()
+        for t, s in zip(tgt.tolist(), src.tolist()):
+            want[t] = old[s]
+        assert torch.equal(b, want)
