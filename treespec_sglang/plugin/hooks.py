@@ -5,6 +5,8 @@
 | ``ServerArgs.add_cli_args`` | AFTER | adds ``--treespec-policy`` / ``--treespec-config`` |
 | ``ServerArgs.from_cli_args`` | AFTER | validates them, exports the env defaults every rank inherits |
 | ``SamplingParams.verify`` | AFTER | validates ``custom_params["treespec"]``: a bad value fails that request only |
+| ``TokenizerManager._handle_batch_request`` | BEFORE | marks malformed batch items instead of failing the whole call |
+| ``Scheduler._create_generation_req`` | AFTER | a marked item finishes at once as an abort carrying its message |
 | ``EagleDraftWorker.draft`` | AROUND | stages each request's policy for this draft step; native when none |
 | ``eagle_worker_common.prepare_for_draft`` | AFTER | a batch with treespec policies drafts eagerly |
 | ``eagle_utils.organize_draft_results`` | AROUND | per-request node selection within SGLang's pool |
@@ -35,7 +37,7 @@ import torch
 from .chain_stop import ChainStopper
 from .config import ServerDefaults, configure, server_defaults
 from .pool import select_from_pool, unlink_filler
-from .request import request_params, validate_custom_params
+from .request import ERROR_KEY, flag_invalid_items, request_params, validate_custom_params
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
@@ -93,6 +95,25 @@ def _from_cli_args(result, cls, args, *a, **k):
 def _verify_sampling_params(result, self, *args, **kwargs):
     validate_custom_params(getattr(self, "custom_params", None))
     return result
+
+
+def _handle_batch_request(self, obj, *args, **kwargs):
+    if not hasattr(obj, "sampling_params"):  # embedding requests carry none
+        return
+    obj.sampling_params = flag_invalid_items(obj.sampling_params)
+    # GenerateReqInput caches the per-item objects obj[i] it already handed out: point them at the copies
+    for i, sub in (obj.__dict__.get("_sub_obj_cache") or {}).items():
+        if isinstance(obj.sampling_params, list) and hasattr(sub, "sampling_params"):
+            sub.sampling_params = obj.sampling_params[i]
+
+
+def _create_generation_req(req, self, *args, **kwargs):
+    cp = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    if isinstance(cp, dict) and ERROR_KEY in cp:
+        # finish this request alone, before any compute; no status code, so the batch's gather
+        # returns it as an output (finish_reason abort + message) instead of raising for everyone
+        req.set_finish_with_abort(str(cp[ERROR_KEY]), status_code=None, err_type="BadRequestError")
+    return req
 
 
 # ---------------------------------------------------------------------------- draft loop
@@ -235,6 +256,9 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.server_args.ServerArgs.add_cli_args": ("AFTER", _add_cli_args),
     "sglang.srt.server_args.ServerArgs.from_cli_args": ("AFTER", _from_cli_args),
     "sglang.srt.sampling.sampling_params.SamplingParams.verify": ("AFTER", _verify_sampling_params),
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_batch_request":
+        ("BEFORE", _handle_batch_request),
+    "sglang.srt.managers.scheduler.Scheduler._create_generation_req": ("AFTER", _create_generation_req),
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ("AROUND", _draft),
     "sglang.srt.speculative.eagle_worker_common.prepare_for_draft": ("AFTER", _prepare_for_draft),
     "sglang.srt.speculative.eagle_utils.organize_draft_results": ("AROUND", _organize),
@@ -253,6 +277,9 @@ SIGNATURES: Dict[str, List[str]] = {
     "sglang.srt.server_args.ServerArgs.add_cli_args": ["parser"],
     "sglang.srt.server_args.ServerArgs.from_cli_args": ["cls", "args"],
     "sglang.srt.sampling.sampling_params.SamplingParams.verify": ["self", "vocab_size"],
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_batch_request":
+        ["self", "obj", "request", "request_states"],
+    "sglang.srt.managers.scheduler.Scheduler._create_generation_req": ["self", "recv_req", "args", "kwargs"],
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ["self", "batch", "with_topology"],
     "sglang.srt.speculative.eagle_worker_common.prepare_for_draft":
         ["draft_input", "req_to_token_pool", "batch", "cuda_graph_runner", "draft_model_runner", "topk", "num_steps",

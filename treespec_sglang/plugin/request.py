@@ -2,8 +2,14 @@
 
 They travel with every request from ``Engine.generate``, the native HTTP API and the OpenAI API
 (``extra_body={"custom_params": {...}}``) to every rank. ``validate_custom_params`` runs where
-SGLang validates sampling parameters (the tokenizer manager), so a malformed value fails only
-that request with a clear message before it reaches the scheduler.
+SGLang validates sampling parameters (the tokenizer manager), so a malformed value fails that
+request with a clear message before it reaches the scheduler (HTTP 400 / ``ValueError``).
+
+Inside a batch call SGLang gathers every item's outcome, so one raising item would fail the whole
+call. :func:`flag_invalid_items` therefore marks each malformed batch item with its message under
+``custom_params[ERROR_KEY]`` before tokenization; validation lets a marked item through and the
+scheduler finishes it at once as an abort carrying that message (``meta_info["finish_reason"]``),
+while the batch's other items run normally.
 """
 
 from __future__ import annotations
@@ -13,9 +19,10 @@ from typing import Optional
 from ..policies import PolicyParams, parse_spec
 from .config import ServerDefaults
 
-__all__ = ["CUSTOM_KEY", "validate_custom_params", "request_params"]
+__all__ = ["CUSTOM_KEY", "ERROR_KEY", "validate_custom_params", "request_params", "diagnose", "flag_invalid_items"]
 
 CUSTOM_KEY = "treespec"
+ERROR_KEY = "treespec_error"  # set by flag_invalid_items on a malformed batch item
 
 
 def _raw(custom_params):
@@ -24,15 +31,45 @@ def _raw(custom_params):
     return custom_params.get(CUSTOM_KEY)
 
 
-def validate_custom_params(custom_params) -> None:
-    """Raise ``ValueError`` (``custom_params['treespec']: ...``) if the request's value is malformed."""
+def diagnose(custom_params) -> Optional[str]:
+    """The message a malformed ``custom_params['treespec']`` fails with (names field and range), else None."""
     raw = _raw(custom_params)
     if raw is None:
-        return
+        return None
     try:
         parse_spec(raw)
     except ValueError as e:
-        raise ValueError(f"custom_params['{CUSTOM_KEY}']: {e}") from None
+        return f"custom_params['{CUSTOM_KEY}']: {e}"
+    return None
+
+
+def validate_custom_params(custom_params) -> None:
+    """Raise ``ValueError`` (``custom_params['treespec']: ...``) if the request's value is malformed.
+
+    A batch item already marked by :func:`flag_invalid_items` passes: the scheduler aborts it alone."""
+    if isinstance(custom_params, dict) and ERROR_KEY in custom_params:
+        return
+    msg = diagnose(custom_params)
+    if msg is not None:
+        raise ValueError(msg)
+
+
+def flag_invalid_items(sampling_params):
+    """A batch's per-item sampling-parameter dicts with each malformed item marked (copies; others as given).
+
+    A single dict shared by the whole batch is returned unchanged (every item is equally malformed,
+    so the call fails as a whole).
+    Example: [{"custom_params": {"treespec": {"policy": "nope"}}}, {}] ->
+    [{"custom_params": {"treespec": {...}, "treespec_error": "custom_params['treespec']: policy must be ..."}}, {}]
+    """
+    if not isinstance(sampling_params, list):
+        return sampling_params
+    out = []
+    for sp in sampling_params:
+        cp = sp.get("custom_params") if isinstance(sp, dict) else None
+        msg = diagnose(cp)
+        out.append(sp if msg is None else {**sp, "custom_params": {**cp, ERROR_KEY: msg}})
+    return out
 
 
 def request_params(sampling_params, defaults: ServerDefaults) -> Optional[PolicyParams]:

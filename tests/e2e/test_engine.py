@@ -1,0 +1,202 @@
+"""Real SGLang 0.5.23 on the CPU: plain and EAGLE (topk 4, steps 3, N 8) engines with the demo target and
+the shipped draft + token map, the plugin loaded; greedy equality, per-request policies, meta_info,
+bad-parameter isolation, and the law of sampled tokens at T > 0."""
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from tests.e2e.conftest import (N_NEW, eagle_kwargs, engine_kwargs, greedy_params, same_tokens, shipped_draft)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
+
+TOPK, STEPS, N = 4, 3, 8
+POLICIES = {
+    "eagle2": {"policy": "eagle2", "budget": N, "topk": TOPK, "depth": STEPS},
+    "talon": {"policy": "talon", "budget": N, "topk": TOPK, "mu": 0.03},
+    "salf": {"policy": "salf", "budget": N, "batch": 4, "th": 0.1},
+    "c2t": {"policy": "c2t", "budget": N, "topk": TOPK, "beta": 0.5},
+    "chain": {"policy": "chain", "length": STEPS},
+}
+
+
+@pytest.fixture(scope="module")
+def plain(host_factory, demo_target_dir):
+    h = host_factory("plain", engine_kwargs(demo_target_dir))
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def eagle(host_factory, demo_target_dir):
+    h = host_factory("eagle", engine_kwargs(demo_target_dir, **eagle_kwargs(shipped_draft(), TOPK, STEPS, N)))
+    yield h
+    h.close()
+
+
+def run(host, prompt_ids, params):
+    params = params if isinstance(params, list) else [params] * len(prompt_ids)
+    return host.generate(input_ids=prompt_ids, sampling_params=params)
+
+
+def test_plain_sglang_equals_our_plain_greedy(plain, prompt_ids, plain_greedy):
+    outs = run(plain, prompt_ids, greedy_params())
+    for o, ref in zip(outs, plain_greedy):
+        assert same_tokens(o["output_ids"], ref), (o["output_ids"], ref)
+
+
+def test_native_eagle_equals_plain_greedy(eagle, prompt_ids, plain_greedy):
+    outs = run(eagle, prompt_ids, greedy_params())
+    for o, ref in zip(outs, plain_greedy):
+        assert same_tokens(o["output_ids"], ref)
+        assert "treespec_policy" not in o["meta_info"]  # no policy: SGLang's own tree, untouched
+        assert o["meta_info"]["spec_verify_ct"] >= 1
+
+
+def check_meta(meta, completion_tokens):
+    sizes, accepts = meta["treespec_tree_sizes"], meta["treespec_accept_lengths"]
+    assert all(1 <= s <= N for s in sizes), sizes
+    assert all(0 <= a <= STEPS for a in accepts), accepts
+    assert len(accepts) == meta["spec_verify_ct"] and sum(accepts) == meta["spec_num_correct_drafts"]
+    # the first token comes from the prefill, every round commits accepts + 1 (the last may be cut)
+    produced = 1 + sum(a + 1 for a in accepts)
+    assert produced - (STEPS + 1) < completion_tokens <= produced
+    # SGLang's spec_accept_length counts every completion token (the prefill's too) per verify round
+    assert math.isclose(completion_tokens / len(accepts), meta["spec_accept_length"], rel_tol=1e-6)
+    return sizes
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_each_policy_alone_equals_plain_greedy(eagle, prompt_ids, plain_greedy, name):
+    outs = run(eagle, prompt_ids, greedy_params(POLICIES[name]))
+    for o, ref in zip(outs, plain_greedy):
+        assert same_tokens(o["output_ids"], ref)
+        meta = o["meta_info"]
+        assert meta["treespec_policy"] == [name]
+        sizes = check_meta(meta, meta["completion_tokens"])
+        if name == "chain":
+            assert all(s <= STEPS + 1 for s in sizes)
+
+
+def test_mixed_batch_with_native_requests_equals_plain_greedy(eagle, prompt_ids, plain_greedy):
+    # every prompt under every policy and natively, all in one call: 4 x 6 = 24 requests
+    names = sorted(POLICIES) + [None]
+    ids, params, refs = [], [], []
+    for p, ref in zip(prompt_ids, plain_greedy):
+        for name in names:
+            ids.append(p)
+            params.append(greedy_params(POLICIES[name] if name else None))
+            refs.append((name, ref))
+    outs = eagle.generate(input_ids=ids, sampling_params=params)
+    for o, (name, ref) in zip(outs, refs):
+        assert same_tokens(o["output_ids"], ref), name
+        if name:
+            assert o["meta_info"]["treespec_policy"] == [name]
+            check_meta(o["meta_info"], o["meta_info"]["completion_tokens"])
+        else:  # SGLang pads request-level keys of a shared output batch with empty lists
+            assert not o["meta_info"].get("treespec_policy") and not o["meta_info"].get("treespec_tree_sizes")
+
+
+BAD = [({"policy": "nope"}, "policy must be one of"),
+       ({"policy": "talon", "budget": 0}, "talon.budget must be in [1, 1024], got 0"),
+       ({"policy": "salf", "budget": 8, "batch": 4, "th": float("nan")}, "salf.th"),
+       ({"policy": "talon", "budget": "sixty"}, "talon.budget"),
+       ("talon", "policy spec must be a dict")]
+
+
+def test_bad_params_fail_alone_in_a_batch(eagle, prompt_ids, plain_greedy):
+    good = POLICIES["talon"]
+    params, expect = [], []
+    for i, (bad, msg) in enumerate(BAD):
+        params += [greedy_params(good), greedy_params(bad)]
+        expect += [None, msg]
+    ids = [prompt_ids[i % len(prompt_ids)] for i in range(len(params))]
+    outs = eagle.generate(input_ids=ids, sampling_params=params)
+    for i, (o, msg) in enumerate(zip(outs, expect)):
+        fr = o["meta_info"]["finish_reason"]
+        if msg is None:
+            assert same_tokens(o["output_ids"], plain_greedy[i % len(prompt_ids)])
+            assert fr["type"] in ("length", "stop")
+        else:
+            assert fr["type"] == "abort" and "custom_params['treespec']" in fr["message"], fr
+            assert msg in fr["message"], fr
+
+
+@pytest.mark.parametrize("bad,msg", BAD[:2])
+def test_a_single_bad_request_is_refused_with_the_field_and_range(eagle, prompt_ids, bad, msg):
+    res = eagle.call(input_ids=prompt_ids[0], sampling_params=greedy_params(bad))
+    assert not res["ok"] and "ValueError" in res["error"] and msg in res["error"], res
+
+
+# ------------------------------------------------------------------------------------------ sampling
+SAMPLE_PROMPT = "Name one animal."
+DRAWS = 1200
+Z = 3.719  # one-sided normal quantile at 1e-4
+
+
+def chi2_threshold(df: int) -> float:
+    """Upper 1e-4 quantile of chi-square(df), Wilson-Hilferty approximation."""
+    a = 2.0 / (9 * df)
+    return df * (1 - a + Z * math.sqrt(a)) ** 3
+
+
+@pytest.fixture(scope="module")
+def sample_law(spec_engine):
+    """Exact law of the first two tokens at T = 1 from the float32 target: {(t1, t2): p}."""
+    ids = spec_engine.encode([SAMPLE_PROMPT])[0]
+    with torch.inference_mode():
+        from treespec_sglang.engine.engine import prefill
+
+        def next_probs(seqs):
+            cache, inp, hidden, lens = prefill(spec_engine.target, seqs, max(len(s) for s in seqs) + 1)
+            last = torch.gather(hidden, 1, (lens - 1)[:, None, None].expand(len(seqs), 1, hidden.shape[-1]))[:, 0]
+            return torch.softmax(spec_engine._logits(last).double(), -1)
+
+        p1 = next_probs([ids])[0]
+        top1 = torch.topk(p1, 24).indices.tolist()
+        p2 = next_probs([ids + [t] for t in top1])
+    law = {}
+    for row, t1 in enumerate(top1):
+        for t2 in torch.topk(p2[row], 24).indices.tolist():
+            law[(t1, t2)] = float(p1[t1] * p2[row, t2])
+    return ids, law
+
+
+def chi2_stat(samples, law):
+    """Pearson statistic over the pairs expected >= 5 times plus one bin for everything else."""
+    n = len(samples)
+    bins = [k for k, p in law.items() if n * p >= 5]
+    counts = Counter(s if s in bins else "other" for s in samples)
+    p_other = 1 - sum(law[k] for k in bins)
+    stat = sum((counts.get(k, 0) - n * law[k]) ** 2 / (n * law[k]) for k in bins)
+    stat += (counts.get("other", 0) - n * p_other) ** 2 / (n * p_other)
+    return stat, len(bins)
+
+
+def draw_pairs(host, ids, temperature, custom=None):
+    sp = {"max_new_tokens": 2, "temperature": temperature, "ignore_eos": True}
+    if custom:
+        sp["custom_params"] = {"treespec": custom}
+    outs = host.generate(input_ids=[ids] * DRAWS, sampling_params=[sp] * DRAWS)
+    return [tuple(o["output_ids"][:2]) for o in outs]
+
+
+@pytest.mark.parametrize("who", ["plain", "eagle", "eagle+talon"])
+def test_sampled_tokens_follow_the_target_law(request, sample_law, who):
+    """T = 1: the joint law of the first two tokens (the second comes from the first verify round in
+    the speculative engines) matches the target's exact law (Pearson chi-square at level 1e-4)."""
+    ids, law = sample_law
+    host = request.getfixturevalue("plain" if who == "plain" else "eagle")
+    custom = {"policy": "talon", "budget": N, "topk": TOPK, "mu": 0.03} if who == "eagle+talon" else None
+    stat, bins = chi2_stat(draw_pairs(host, ids, 1.0, custom), law)
+    assert bins >= 8, "the prompt's law is too concentrated for a meaningful test"
+    assert stat < chi2_threshold(bins), (stat, chi2_threshold(bins))
+
+
+def test_the_law_test_rejects_a_wrong_sampler(plain, sample_law):
+    """Control: samples at T = 0.6 fail the T = 1 test."""
+    ids, law = sample_law
+    stat, bins = chi2_stat(draw_pairs(plain, ids, 0.6), law)
+    assert stat > chi2_threshold(bins), (stat, chi2_threshold(bins))
