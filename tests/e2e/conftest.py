@@ -164,3 +164,17 @@ def same_tokens(sglang_ids, ref_ids) -> bool:
     """SGLang's output_ids vs our engine's tokens (both stop at EOS; ours keeps it, SGLang may not)."""
     n = min(len(sglang_ids), len(ref_ids))
     return list(sglang_ids[:n]) == list(ref_ids[:n]) and abs(len(sglang_ids) - len(ref_ids)) <= 1 and n > 0
+
+
+def resaved_draft(out_dir: str, dtype) -> str:
+    """The shipped draft written again by our own checkpoint writer (what ``treespec train`` writes)."""
+    import shutil
+
+    import torch  # noqa: F401
+
+    from treespec_sglang.models.draft_head import EagleDraftHead
+
+    src = shipped_draft()
+    EagleDraftHead.load(src).save(out_dir, dtype=dtype)
+    shutil.copy(os.path.join(src, "token_map.pt"), os.path.join(out_dir, "token_map.pt"))
+    return out_dir

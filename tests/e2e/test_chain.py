@@ -1,0 +1,43 @@
+"""Chain mode (EAGLE topk 1, steps 3, N 4) in real SGLang on the CPU with the C2T early stop, the draft
+written by our own checkpoint writer in float32 (so SGLang's EAGLE model class loads what we write)."""
+
+import pytest
+import torch
+
+from tests.e2e.conftest import eagle_kwargs, engine_kwargs, greedy_params, resaved_draft, same_tokens
+
+pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def chain(host_factory, demo_target_dir, tmp_path_factory):
+    draft = resaved_draft(str(tmp_path_factory.mktemp("draft-f32")), torch.float32)
+    h = host_factory("chain", engine_kwargs(demo_target_dir, **eagle_kwargs(draft, 1, STEPS, STEPS + 1)))
+    yield h
+    h.close()
+
+
+def test_native_chain_equals_plain_greedy(chain, prompt_ids, plain_greedy):
+    outs = chain.generate(input_ids=prompt_ids, sampling_params=[greedy_params()] * len(prompt_ids))
+    for o, ref in zip(outs, plain_greedy):
+        assert same_tokens(o["output_ids"], ref)
+
+
+def test_c2t_early_stop_equals_plain_greedy_and_cuts_rows_independently(chain, prompt_ids, plain_greedy):
+    stop = {"policy": "chain", "beta": 0.85}
+    params = [greedy_params(stop), greedy_params()] * len(prompt_ids)  # each prompt with and without the stop
+    ids = [p for p in prompt_ids for _ in range(2)]
+    outs = chain.generate(input_ids=ids, sampling_params=params)
+    sizes = []
+    for i, o in enumerate(outs):
+        assert same_tokens(o["output_ids"], plain_greedy[i // 2])
+        if i % 2 == 0:
+            meta = o["meta_info"]
+            assert meta["treespec_policy"] == ["chain"]
+            s, a = meta["treespec_tree_sizes"], meta["treespec_accept_lengths"]
+            assert all(1 <= x <= STEPS + 1 for x in s) and all(0 <= y <= x - 1 for x, y in zip(s, a))
+            sizes += s
+    assert len(set(sizes)) > 1, "the classifier never cut a chain: sizes all equal"
+    assert min(sizes) < STEPS + 1

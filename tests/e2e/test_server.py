@@ -1,0 +1,123 @@
+"""``python -m sglang.launch_server`` on the CPU with the plugin (EAGLE topk 4 / steps 3 / N 8, the draft
+written by our checkpoint writer in bfloat16), over HTTP: /generate with custom_params, the OpenAI
+client with ``extra_body``, a streaming request, a refused bad request; stopped by the test."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from tests.e2e.conftest import ROOT, eagle_kwargs, greedy_params, resaved_draft, same_tokens
+
+pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
+
+POLICY = {"policy": "salf", "budget": 8, "batch": 4, "th": 0.1}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url, body, timeout=300):
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server(demo_target_dir, tmp_path_factory):
+    draft = resaved_draft(str(tmp_path_factory.mktemp("draft-bf16")), torch.bfloat16)
+    port = free_port()
+    args = [sys.executable, "-m", "sglang.launch_server", "--model-path", demo_target_dir, "--device", "cpu",
+            "--attention-backend", "intel_amx", "--dtype", "float32", "--disable-cuda-graph",
+            "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    for k, v in eagle_kwargs(draft).items():
+        args += ["--" + k.replace("_", "-"), str(v)]
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1", "TORCHDYNAMO_DISABLE": "1",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.time()
+    try:
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"server exited ({proc.returncode}):\n{log.read()[-4000:]}")
+            try:
+                urllib.request.urlopen(base + "/health", timeout=5)
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.time() - t0 > 600:
+                    pytest.fail("server did not become healthy in 600 s")
+                time.sleep(2)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def test_generate_with_custom_params(server, prompt_ids, plain_greedy):
+    out = json.loads(post(server + "/generate", {"input_ids": prompt_ids[0], "sampling_params": greedy_params(POLICY)}))
+    assert same_tokens(out["output_ids"], plain_greedy[0])
+    assert out["meta_info"]["treespec_policy"] == ["salf"]
+    assert all(1 <= s <= 8 for s in out["meta_info"]["treespec_tree_sizes"])
+
+
+def test_bad_custom_params_get_http_400_naming_the_field(server, prompt_ids):
+    with pytest.raises(urllib.error.HTTPError) as e:
+        post(server + "/generate", {"input_ids": prompt_ids[0],
+                                    "sampling_params": greedy_params({"policy": "salf", "budget": 0})})
+    assert e.value.code == 400
+    assert "salf.budget must be in [1, 1024], got 0" in e.value.read().decode()
+
+
+def test_streaming_generate_matches_the_whole_response(server, prompt_ids):
+    body = {"input_ids": prompt_ids[1], "sampling_params": greedy_params(POLICY)}
+    whole = json.loads(post(server + "/generate", body))
+    req = urllib.request.Request(server + "/generate", json.dumps({**body, "stream": True}).encode(),
+                                 {"Content-Type": "application/json"})
+    chunks = []
+    with urllib.request.urlopen(req, timeout=300) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data:") and line != "data: [DONE]":
+                chunks.append(json.loads(line[5:]))
+    assert len(chunks) > 1
+    assert chunks[-1]["text"] == whole["text"]
+    # SGLang streams request-level customized_info with the first chunk only, before any round ran:
+    # treespec_* stats are a non-streaming feature (README); SGLang's own counters do stream
+    assert chunks[-1]["meta_info"]["spec_verify_ct"] == whole["meta_info"]["spec_verify_ct"]
+
+
+def test_openai_client_with_extra_body(server, prompt_ids, spec_engine):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server + "/v1", api_key="none")
+    prompt = spec_engine.tokenizer.decode(prompt_ids[2])
+    kw = dict(model="default", prompt=prompt, max_tokens=24, temperature=0)
+    native = client.completions.create(**kw).choices[0].text
+    ours = client.completions.create(**kw, extra_body={"custom_params": {"treespec": POLICY}}).choices[0].text
+    assert ours == native and ours
+    msgs = [{"role": "user", "content": "Write a haiku about trees."}]
+    chat_native = client.chat.completions.create(model="default", messages=msgs, max_tokens=24, temperature=0)
+    chat = client.chat.completions.create(model="default", messages=msgs, max_tokens=24, temperature=0,
+                                          extra_body={"custom_params": {"treespec": {"policy": "c2t", "budget": 8,
+                                                                                     "topk": 4, "beta": 0.5}}})
+    assert chat.choices[0].message.content == chat_native.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="policy must be one of"):
+        client.completions.create(**kw, extra_body={"custom_params": {"treespec": {"policy": "nope"}}})
