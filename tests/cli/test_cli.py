@@ -26,5 +26,8 @@ def test_every_subpackage_is_packaged():
 
     root = pathlib.Path(__file__).resolve().parents[2]
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "treespec_sglang").rglob("__init__.py")}
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "treespec_sglang").rglob("__init__.py")
+             if "shim" not in p.parts}  # plugin/cpu/shim/sgl_kernel ships as package data, never as a package
     assert found | {"treespec_sglang.patches"} == listed
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "shim/sgl_kernel/__init__.py" in data["treespec_sglang.plugin.cpu"]

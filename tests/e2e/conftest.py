@@ -1,20 +1,15 @@
 """End-to-end fixtures: real SGLang 0.5.23 engines on the CPU (demo target + shipped draft), each in its
-own host process (:mod:`tests.e2e.engine_host`), one per test module, stopped in teardown."""
+own host process (:mod:`treespec_sglang.plugin.cpu.host`), one per test module, stopped in teardown."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import time
 
 import pytest
 
-HOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine_host.py")
+from treespec_sglang.plugin.cpu.host import EngineHost, cpu_engine_kwargs, eagle_kwargs  # noqa: F401
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MARK = "@@treespec@@ "
-START_TIMEOUT = 600
 
 
 def _require():
@@ -37,78 +32,6 @@ def shipped_draft() -> str:
     return os.path.join(os.path.dirname(treespec_sglang.__file__), "assets", "smollm2-135m-eagle")
 
 
-class EngineHost:
-    """A running engine in a child process; ``generate(**kw)`` returns ``sgl.Engine.generate``'s result."""
-
-    def __init__(self, name: str, engine_kwargs: dict, log_dir: str):
-        self.name = name
-        self.log_path = os.path.join(log_dir, f"{name}.log")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-               "PYTHONUNBUFFERED": "1"}
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, HOST, json.dumps(engine_kwargs)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=ROOT)
-        msg = self._read(START_TIMEOUT)
-        if not msg["ok"]:
-            self.close()
-            raise RuntimeError(f"engine {name} failed to start: {msg['error']}\n{self.tail()}")
-        self.start_seconds = msg["seconds"]
-        self.request_seconds = []
-
-    def tail(self, n=4000) -> str:
-        self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()[-n:]
-
-    def _read(self, timeout: float) -> dict:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"engine {self.name} exited:\n{self.tail()}")
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK):])
-        raise TimeoutError(f"engine {self.name}: no answer in {timeout} s")
-
-    def call(self, timeout: float = 900, **kwargs) -> dict:
-        self.proc.stdin.write(json.dumps({"op": "generate", "kwargs": kwargs}) + "\n")
-        self.proc.stdin.flush()
-        msg = self._read(timeout)
-        self.request_seconds.append(msg["seconds"])
-        return msg
-
-    def generate(self, **kwargs):
-        msg = self.call(**kwargs)
-        if not msg["ok"]:
-            raise RuntimeError(msg["error"])
-        return msg["result"]
-
-    def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"op": "shutdown"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=60)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-def engine_kwargs(target: str, **spec) -> dict:
-    kw = dict(model_path=target, device="cpu", attention_backend="intel_amx", dtype="float32",
-              disable_cuda_graph=True, max_total_tokens=8192, max_running_requests=32, log_level="warning",
-              random_seed=0)
-    kw.update(spec)
-    return kw
-
-
-def eagle_kwargs(draft: str, topk=4, steps=3, n=8, **extra) -> dict:
-    return dict(speculative_algorithm="EAGLE", speculative_draft_model_path=draft, speculative_eagle_topk=topk,
-                speculative_num_steps=steps, speculative_num_draft_tokens=n,
-                speculative_token_map=os.path.join(draft, "token_map.pt"), **extra)
-
-
 @pytest.fixture(scope="session")
 def demo_target_dir():
     return _require()
@@ -120,7 +43,7 @@ def host_factory(tmp_path_factory):
     logs = str(tmp_path_factory.mktemp("engines"))
 
     def start(name, kwargs):
-        return EngineHost(name, kwargs, logs)
+        return EngineHost(name, kwargs, logs, cwd=ROOT)
 
     return start
 

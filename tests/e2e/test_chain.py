@@ -4,7 +4,7 @@ written by our own checkpoint writer in float32 (so SGLang's EAGLE model class l
 import pytest
 import torch
 
-from tests.e2e.conftest import eagle_kwargs, engine_kwargs, greedy_params, resaved_draft, same_tokens
+from tests.e2e.conftest import cpu_engine_kwargs, eagle_kwargs, greedy_params, resaved_draft, same_tokens
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 
@@ -14,7 +14,7 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def chain(host_factory, demo_target_dir, tmp_path_factory):
     draft = resaved_draft(str(tmp_path_factory.mktemp("draft-f32")), torch.float32)
-    h = host_factory("chain", engine_kwargs(demo_target_dir, **eagle_kwargs(draft, 1, STEPS, STEPS + 1)))
+    h = host_factory("chain", cpu_engine_kwargs(demo_target_dir, **eagle_kwargs(draft, 1, STEPS, STEPS + 1)))
     yield h
     h.close()
 

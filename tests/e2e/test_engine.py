@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.e2e.conftest import (N_NEW, eagle_kwargs, engine_kwargs, greedy_params, same_tokens, shipped_draft)
+from tests.e2e.conftest import (N_NEW, cpu_engine_kwargs, eagle_kwargs, greedy_params, same_tokens, shipped_draft)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 
@@ -24,14 +24,14 @@ POLICIES = {
 
 @pytest.fixture(scope="module")
 def plain(host_factory, demo_target_dir):
-    h = host_factory("plain", engine_kwargs(demo_target_dir))
+    h = host_factory("plain", cpu_engine_kwargs(demo_target_dir))
     yield h
     h.close()
 
 
 @pytest.fixture(scope="module")
 def eagle(host_factory, demo_target_dir):
-    h = host_factory("eagle", engine_kwargs(demo_target_dir, **eagle_kwargs(shipped_draft(), TOPK, STEPS, N)))
+    h = host_factory("eagle", cpu_engine_kwargs(demo_target_dir, **eagle_kwargs(shipped_draft(), TOPK, STEPS, N)))
     yield h
     h.close()
 

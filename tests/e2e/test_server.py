@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.e2e.conftest import ROOT, eagle_kwargs, greedy_params, resaved_draft, same_tokens
+from treespec_sglang.plugin.cpu.host import CPU_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 
@@ -43,8 +44,7 @@ def server(demo_target_dir, tmp_path_factory):
             "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     for k, v in eagle_kwargs(draft).items():
         args += ["--" + k.replace("_", "-"), str(v)]
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1", "TORCHDYNAMO_DISABLE": "1",
-           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, **CPU_ENV, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"

@@ -54,8 +54,9 @@ def test_missing_weights_are_a_clear_error(tmp_path):
         LlamaModel.from_pretrained(str(tmp_path))
 
 
-def test_draft_head_roundtrip_in_sglang_format(tmp_path):
-    make_tiny_llama(tmp_path / "t")
+@pytest.mark.parametrize("tie", [True, False])
+def test_draft_head_roundtrip_in_sglang_format(tmp_path, tie):
+    make_tiny_llama(tmp_path / "t", tie=tie)
     target = LlamaModel.from_pretrained(str(tmp_path / "t"))
     head = EagleDraftHead.for_target(target.config, seed=3)
     head.save(str(tmp_path / "d"), dtype=torch.float32)
@@ -64,6 +65,9 @@ def test_draft_head_roundtrip_in_sglang_format(tmp_path):
 
     cfg = json.load(open(tmp_path / "d" / "config.json"))
     assert cfg["architectures"] == ["LlamaForCausalLMEagle"] and cfg["num_hidden_layers"] == 1
+    # SGLang's llama.py would tie the head's (absent) embedding and fail to load it; tests/e2e load our
+    # checkpoints in SGLang's EAGLE class
+    assert cfg["tie_word_embeddings"] is False
     keys = set(load_file(str(tmp_path / "d" / "model.safetensors")))
     assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight",
             "layers.0.post_attention_layernorm.weight"} <= keys
@@ -73,3 +77,13 @@ def test_draft_head_roundtrip_in_sglang_format(tmp_path):
         torch.testing.assert_close(a, b, msg=k)
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         EagleDraftHead.load(str(tmp_path / "t2"))
+
+
+def test_shipped_draft_does_not_tie_embeddings():
+    import json
+    import os
+
+    import treespec_sglang
+
+    path = os.path.join(os.path.dirname(treespec_sglang.__file__), "assets", "smollm2-135m-eagle", "config.json")
+    assert json.load(open(path))["tie_word_embeddings"] is False

@@ -292,3 +292,53 @@ def test_accept_lengths_per_round_reach_customized_info(loaded):
     assert reqs[0].customized_info == {"treespec_tree_sizes": [7], "treespec_accept_lengths": [2]}
     assert reqs[1].customized_info is None and reqs[1].spec_num_correct_drafts == 0
     assert reqs[0].spec_num_correct_drafts == 2 and reqs[0].kv.kv_committed_len == 13
+
+
+def test_cpu_verify_takes_the_sampling_path(loaded):
+    """The hooked _verify_uses_greedy: on CPU, T > 0 no longer forces greedy, and the torch sampling ops
+    fill the names SGLang leaves None there; greedy batches and other platforms are unchanged."""
+    import sglang.srt.speculative.eagle_utils as eu
+
+    from treespec_sglang.plugin.cpu import sampling
+
+    kw = dict(is_cpu=True, is_hip=False, is_xpu=False, use_rejection_sampling=False)
+    assert eu._verify_uses_greedy(is_all_greedy=True, **kw) is True
+    assert eu._verify_uses_greedy(is_all_greedy=False, **kw) is False
+    for name in ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob"):
+        assert getattr(eu, name) is getattr(sampling, name)
+    assert eu._verify_uses_greedy(is_all_greedy=False, **{**kw, "is_cpu": False, "is_xpu": True}) is True
+
+
+def test_a_malformed_batch_item_is_marked_not_raised(loaded):
+    """The BEFORE hook on TokenizerManager._handle_batch_request marks bad items (also in the per-item
+    objects GenerateReqInput already cached); validation passes them; the scheduler-side hook aborts
+    exactly those requests with their message."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin.request import ERROR_KEY
+
+    good = {"max_new_tokens": 4, "custom_params": {"treespec": {"policy": "talon", "budget": 8}}}
+    bad = {"max_new_tokens": 4, "custom_params": {"treespec": {"policy": "talon", "budget": 0}}}
+    obj = GenerateReqInput(input_ids=[[1, 2], [3, 4], [5, 6]], sampling_params=[good, bad, dict(good)])
+    obj.normalize_batch_and_arguments()
+    cached = obj[1]  # handed out before the hook runs (SGLang does this for rids)
+    hooks._handle_batch_request(None, obj, None, {})
+    assert bad["custom_params"].keys() == {"treespec"}  # the caller's dicts are not mutated
+    flagged = [ERROR_KEY in (obj[i].sampling_params.get("custom_params") or {}) for i in range(3)]
+    assert flagged == [False, True, False] and cached.sampling_params is obj.sampling_params[1]
+    sp = SamplingParams(**obj[1].sampling_params)
+    sp.verify(1000)  # marked: passes validation
+    msg = obj[1].sampling_params["custom_params"][ERROR_KEY]
+    assert "talon.budget must be in [1, 1024], got 0" in msg
+    aborted = []
+    req = SimpleNamespace(sampling_params=sp, set_finish_with_abort=lambda m, **kw: aborted.append((m, kw)))
+    hooks._create_generation_req(req, None, None)
+    assert aborted == [(msg, {"status_code": None, "err_type": "BadRequestError"})]
+    ok = SimpleNamespace(sampling_params=SamplingParams(**obj[0].sampling_params),
+                         set_finish_with_abort=lambda *a, **k: aborted.append("wrong"))
+    hooks._create_generation_req(ok, None, None)
+    assert len(aborted) == 1

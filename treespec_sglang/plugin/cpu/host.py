@@ -1,0 +1,155 @@
+"""Run one real ``sgl.Engine`` on the CPU in a child process and talk to it over stdin/stdout.
+
+SGLang reads ``SGLANG_USE_CPU_ENGINE`` once, at import, in every module, and its engine module imports
+``sgl_kernel`` ops at import time; a host process sets the CPU environment, installs the stand-ins
+(:func:`treespec_sglang.plugin.cpu.install`) before anything of ``sglang.srt`` is imported, and
+keeps all of that out of the caller's process (tests, benchmarks).
+
+Protocol: one JSON object per line on the child's stdin (``{"op": "generate", "kwargs": {...}}`` or
+``{"op": "shutdown"}``); each answer is one stdout line
+``@@treespec@@ {"ok": ..., "result" | "error": ..., "seconds": ...}``.
+
+>>> host = EngineHost("eagle", cpu_engine_kwargs(target, **eagle_kwargs(draft)), log_dir)   # doctest: +SKIP
+>>> host.generate(input_ids=[[1, 2, 3]], sampling_params=[{"max_new_tokens": 8}])          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+__all__ = ["EngineHost", "cpu_engine_kwargs", "eagle_kwargs", "CPU_ENV"]
+
+MARK = "@@treespec@@ "
+START_TIMEOUT = 600
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1",
+           "TORCHDYNAMO_DISABLE": "1"}  # SGLang torch.compiles select_top_k (20 s, same output)
+
+
+def cpu_engine_kwargs(target: str, **spec) -> dict:
+    """``sgl.Engine`` arguments for SGLang's CPU path (float32, intel_amx attention, no graphs)."""
+    kw = dict(model_path=target, device="cpu", attention_backend="intel_amx", dtype="float32",
+              disable_cuda_graph=True, max_total_tokens=8192, max_running_requests=32, log_level="warning",
+              random_seed=0)
+    kw.update(spec)
+    return kw
+
+
+def eagle_kwargs(draft: str, topk=4, steps=3, n=8, **extra) -> dict:
+    """EAGLE arguments; a ``token_map.pt`` in the draft directory is passed as the token map."""
+    kw = dict(speculative_algorithm="EAGLE", speculative_draft_model_path=draft, speculative_eagle_topk=topk,
+              speculative_num_steps=steps, speculative_num_draft_tokens=n, **extra)
+    tmap = os.path.join(draft, "token_map.pt")
+    if os.path.isfile(tmap):
+        kw["speculative_token_map"] = tmap
+    return kw
+
+
+class EngineHost:
+    """A running engine in a child process; ``generate(**kw)`` returns ``sgl.Engine.generate``'s result."""
+
+    def __init__(self, name: str, engine_kwargs: dict, log_dir: str, cwd: str = None):
+        self.name = name
+        self.log_path = os.path.join(log_dir, f"{name}.log")
+        env = {**os.environ, **CPU_ENV, "PYTHONUNBUFFERED": "1"}
+        if cwd:
+            env["PYTHONPATH"] = os.pathsep.join([cwd, os.environ.get("PYTHONPATH", "")])
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", __name__, json.dumps(engine_kwargs)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=env, cwd=cwd)
+        msg = self._read(START_TIMEOUT)
+        if not msg["ok"]:
+            self.close()
+            raise RuntimeError(f"engine {name} failed to start: {msg['error']}\n{self.tail()}")
+        self.start_seconds = msg["seconds"]
+        self.request_seconds = []
+
+    def tail(self, n=4000) -> str:
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()[-n:]
+
+    def _read(self, timeout: float) -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"engine {self.name} exited:\n{self.tail()}")
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
+        raise TimeoutError(f"engine {self.name}: no answer in {timeout} s")
+
+    def call(self, timeout: float = 900, **kwargs) -> dict:
+        self.proc.stdin.write(json.dumps({"op": "generate", "kwargs": kwargs}) + "\n")
+        self.proc.stdin.flush()
+        msg = self._read(timeout)
+        self.request_seconds.append(msg["seconds"])
+        return msg
+
+    def generate(self, **kwargs):
+        msg = self.call(**kwargs)
+        if not msg["ok"]:
+            raise RuntimeError(msg["error"])
+        return msg["result"]
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "shutdown"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+# ------------------------------------------------------------------------------------ child side
+def _reply(**kw):
+    sys.stdout.write(MARK + json.dumps(kw) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv=None):
+    for k, v in CPU_ENV.items():
+        os.environ.setdefault(k, v)
+    from . import install
+
+    install()  # before sglang.srt is imported
+    kwargs = json.loads((argv or sys.argv[1:])[0])
+    defaults = kwargs.pop("treespec_defaults", None)
+    import sglang as sgl
+
+    from .. import configure
+
+    if defaults:
+        configure(defaults["policy"], defaults.get("config", {}))
+    t = time.time()
+    try:
+        llm = sgl.Engine(**kwargs)
+    except Exception as e:
+        traceback.print_exc()
+        _reply(ok=False, error=f"{type(e).__name__}: {e}", seconds=time.time() - t)
+        return
+    _reply(ok=True, result="started", seconds=time.time() - t)
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg["op"] == "shutdown":
+            break
+        t = time.time()
+        try:
+            _reply(ok=True, result=llm.generate(**msg["kwargs"]), seconds=time.time() - t)
+        except Exception as e:
+            traceback.print_exc()  # to the host's log
+            _reply(ok=False, error=f"{type(e).__name__}: {e}", seconds=time.time() - t)
+    llm.shutdown()
+    _reply(ok=True, result="stopped", seconds=0.0)
+
+
+if __name__ == "__main__":
+    main()
