@@ -30,28 +30,31 @@ def test_not_installed_off_the_cpu_engine():
     assert out == "False False False"
 
 
-def test_a_real_sgl_kernel_is_left_alone(tmp_path):
+@pytest.fixture
+def real_kernel_dir(tmp_path):
+    """A directory holding an importable stand-in for a real ``sgl_kernel`` install (``REAL = True``)."""
     pkg = tmp_path / "sgl_kernel"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("REAL = True\n")
+    return str(tmp_path)
+
+
+def test_a_real_sgl_kernel_is_left_alone(real_kernel_dir):
     out = run("""
         import sys, torch
         from treespec_sglang.plugin import cpu
         print(cpu.install(), cpu.should_install(), cpu.active(), cpu.SHIM_DIR in sys.path,
               hasattr(torch.ops.sgl_kernel, "decode_attention_cpu"), __import__("sgl_kernel").REAL)
-    """, {"SGLANG_USE_CPU_ENGINE": "1"}, str(tmp_path))
+    """, {"SGLANG_USE_CPU_ENGINE": "1"}, real_kernel_dir)
     assert out == "False False False False False True"
 
 
-def test_an_imported_real_sgl_kernel_is_left_alone(tmp_path):
-    pkg = tmp_path / "sgl_kernel"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("REAL = True\n")
+def test_an_imported_real_sgl_kernel_is_left_alone(real_kernel_dir):
     out = run("""
         import sgl_kernel
         from treespec_sglang.plugin import cpu
         print(cpu.install(force=True), __import__("sys").modules["sgl_kernel"].REAL)
-    """, {"SGLANG_USE_CPU_ENGINE": "1"}, str(tmp_path))
+    """, {"SGLANG_USE_CPU_ENGINE": "1"}, real_kernel_dir)
     assert out == "False True"
 
 
