@@ -200,3 +200,4 @@ def test_the_law_test_rejects_a_wrong_sampler(plain, sample_law):
     ids, law = sample_law
     stat, bins = chi2_stat(draw_pairs(plain, ids, 0.6), law)
     assert stat > chi2_threshold(bins), (stat, chi2_threshold(bins))
+
