@@ -63,13 +63,22 @@ def server(demo_target_dir, tmp_path_factory):
                 time.sleep(2)
         yield base
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(proc)
         log.close()
+
+
+def stop(proc):
+    """Stop the server's whole process group (the launcher and the scheduler / detokenizer it spawned)."""
+    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # already gone
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def test_generate_with_custom_params(server, prompt_ids, plain_greedy):
