@@ -42,8 +42,10 @@ def host_factory(tmp_path_factory):
     """Start an engine host; the caller closes it (module-scoped fixtures do so in teardown)."""
     logs = str(tmp_path_factory.mktemp("engines"))
 
-    def start(name, kwargs):
-        return EngineHost(name, kwargs, logs, cwd=ROOT)
+    def start(name, kwargs, env=None):
+        # SGLang's own idle-time pool invariant check, strict: a leaked or double-freed KV slot kills the engine
+        return EngineHost(name, kwargs, logs, cwd=ROOT, env={"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+                                                            **(env or {})})
 
     return start
 

@@ -99,6 +99,36 @@ def test_mixed_batch_with_native_requests_equals_plain_greedy(eagle, prompt_ids,
             assert not o["meta_info"].get("treespec_policy") and not o["meta_info"].get("treespec_tree_sizes")
 
 
+# trees spanning 1..N in one batch: root only, small, mid, classifier-pruned, chain, full
+RAGGED = {"root-only": {"policy": "eagle2", "budget": 1, "topk": TOPK, "depth": STEPS},
+          "talon-3": {"policy": "talon", "budget": 3, "topk": TOPK, "mu": 0.03},
+          "salf-5": {"policy": "salf", "budget": 5, "batch": 2, "th": 0.1},
+          "c2t-8": POLICIES["c2t"], "chain-2": {"policy": "chain", "length": 2}, "full": POLICIES["eagle2"]}
+
+
+def test_ragged_verify_runs_each_tree_at_its_own_size(eagle, prompt_ids, plain_greedy):
+    """Ragged verify (on by default on the CPU): the target's attention processes exactly each request's tree
+    size per round (counted inside the forward), output == plain greedy, and the pool stays consistent
+    (SGLang's strict idle memory check would kill the engine on a leaked slot)."""
+    names = sorted(RAGGED) + [None]
+    ids = [p for p in prompt_ids for _ in names]
+    params = [greedy_params(RAGGED[n] if n else None) for _ in prompt_ids for n in names]
+    outs = eagle.generate(input_ids=ids, sampling_params=params)
+    for i, o in enumerate(outs):
+        name, meta = names[i % len(names)], o["meta_info"]
+        assert same_tokens(o["output_ids"], plain_greedy[i // len(names)]), name
+        if name is None:
+            assert not meta.get("treespec_verify_tokens")
+            continue
+        sizes, verified = meta["treespec_tree_sizes"], meta["treespec_verify_tokens"]
+        assert verified == sizes, name  # Σ over the batch = Σ tree sizes: nothing padded to N
+        if name == "root-only":
+            assert set(sizes) == {1} and set(meta["treespec_accept_lengths"]) == {0}
+        if name == "full":
+            assert set(sizes) == {N}
+    assert eagle.method("flush_cache")  # the radix cache empties: nothing still holds a verify slot
+
+
 BAD = [({"policy": "nope"}, "policy must be one of"),
        ({"policy": "talon", "budget": 0}, "talon.budget must be in [1, 1024], got 0"),
        ({"policy": "salf", "budget": 8, "batch": 4, "th": float("nan")}, "salf.th"),

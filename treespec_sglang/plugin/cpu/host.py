@@ -5,8 +5,9 @@ SGLang reads ``SGLANG_USE_CPU_ENGINE`` once, at import, in every module, and its
 (:func:`treespec_sglang.plugin.cpu.install`) before anything of ``sglang.srt`` is imported, and
 keeps all of that out of the caller's process (tests, benchmarks).
 
-Protocol: one JSON object per line on the child's stdin (``{"op": "generate", "kwargs": {...}}`` or
-``{"op": "shutdown"}``); each answer is one stdout line
+Protocol: one JSON object per line on the child's stdin (``{"op": "generate", "kwargs": {...}}``,
+``{"op": "call", "method": "flush_cache" | "get_server_info"}`` or ``{"op": "shutdown"}``); each answer is one
+stdout line
 ``@@treespec@@ {"ok": ..., "result" | "error": ..., "seconds": ...}``.
 
 >>> host = EngineHost("eagle", cpu_engine_kwargs(target, **eagle_kwargs(draft)), log_dir)   # doctest: +SKIP
@@ -52,10 +53,10 @@ def eagle_kwargs(draft: str, topk=4, steps=3, n=8, **extra) -> dict:
 class EngineHost:
     """A running engine in a child process; ``generate(**kw)`` returns ``sgl.Engine.generate``'s result."""
 
-    def __init__(self, name: str, engine_kwargs: dict, log_dir: str, cwd: str = None):
+    def __init__(self, name: str, engine_kwargs: dict, log_dir: str, cwd: str = None, env: dict = None):
         self.name = name
         self.log_path = os.path.join(log_dir, f"{name}.log")
-        env = {**os.environ, **CPU_ENV, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **CPU_ENV, "PYTHONUNBUFFERED": "1", **(env or {})}
         if cwd:
             env["PYTHONPATH"] = os.pathsep.join([cwd, os.environ.get("PYTHONPATH", "")])
         self.log = open(self.log_path, "w")
@@ -90,6 +91,15 @@ class EngineHost:
         msg = self._read(timeout)
         self.request_seconds.append(msg["seconds"])
         return msg
+
+    def method(self, name: str, timeout: float = 300):
+        """Call an argument-free ``sgl.Engine`` method (``flush_cache``, ``get_server_info``)."""
+        self.proc.stdin.write(json.dumps({"op": "call", "method": name}) + "\n")
+        self.proc.stdin.flush()
+        msg = self._read(timeout)
+        if not msg["ok"]:
+            raise RuntimeError(msg["error"])
+        return msg["result"]
 
     def generate(self, **kwargs):
         msg = self.call(**kwargs)
@@ -143,6 +153,13 @@ def main(argv=None):
             break
         t = time.time()
         try:
+            if msg["op"] == "call":
+                if msg["method"] not in ("flush_cache", "get_server_info"):
+                    raise ValueError(f"method must be flush_cache or get_server_info, got {msg['method']!r}")
+                result = getattr(llm, msg["method"])()
+                _reply(ok=True, result=result if msg["method"] == "get_server_info" else bool(result),
+                       seconds=time.time() - t)
+                continue
             _reply(ok=True, result=llm.generate(**msg["kwargs"]), seconds=time.time() - t)
         except Exception as e:
             traceback.print_exc()  # to the host's log
