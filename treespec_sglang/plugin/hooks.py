@@ -26,9 +26,9 @@ the tree size with ragged verify, N when padded) and ``treespec_accept_lengths``
 tokens per round, bonus excluded: tau = 1 + mean). The accept lengths are read where the scheduler
 already has them on the host (no extra sync).
 
-Ragged verify (``TREESPEC_RAGGED_VERIFY``, default on) applies where SGLang's attention takes
-per-request extend lengths and tree masks: the CPU ``intel_amx`` backend. Elsewhere every request
-verifies N tokens with its filler nodes unlinked.
+Ragged verify (:mod:`.ragged`, ``TREESPEC_RAGGED_VERIFY``, default on) applies where SGLang's
+attention takes per-request extend lengths and tree masks: the CPU ``intel_amx`` backend. Elsewhere
+every request verifies N tokens with its filler nodes unlinked.
 
 With no server default and no request carrying ``custom_params["treespec"]`` every hook calls
 straight through, so SGLang behaves exactly as without the plugin.
@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import os
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -47,7 +46,7 @@ import torch
 from .chain_stop import ChainStopper
 from .config import ServerDefaults, configure, server_defaults
 from .pool import select_from_pool, unlink_filler
-from .ragged import plan_ragged, scatter_rows
+from .ragged import amx_extend_metadata, ragged_verify_forward
 from .request import ERROR_KEY, flag_invalid_items, request_params, validate_custom_params
 
 logger = logging.getLogger("treespec_sglang.plugin")
@@ -58,10 +57,7 @@ __all__ = ["HOOKS", "SIGNATURES", "register_hooks", "DraftStep"]
 _STEP: contextvars.ContextVar = contextvars.ContextVar("treespec_draft_step", default=None)
 # The requests of the speculative round in progress (draft + verify), for per-round stats.
 _ROUND: contextvars.ContextVar = contextvars.ContextVar("treespec_round_reqs", default=None)
-ENV_RAGGED = "TREESPEC_RAGGED_VERIFY"
 KEEP_ATTR = "treespec_keep"  # on SGLang's verify input: [bs, N] bool kept nodes
-# The plan of the ragged verify forward in progress (SGLang may re-plan on a copy of the ForwardBatch).
-_RAGGED: contextvars.ContextVar = contextvars.ContextVar("treespec_ragged_plan", default=None)
 
 
 class DraftStep:
@@ -215,12 +211,6 @@ def _tp_group():
         return None
 
 
-def _ragged_enabled(model_runner) -> bool:
-    if os.environ.get(ENV_RAGGED, "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return type(getattr(model_runner, "attn_backend", None)).__name__ == "IntelAMXAttnBackend"
-
-
 def _record_verify_tokens(per_request) -> None:
     reqs = _ROUND.get()
     if reqs is None:
@@ -228,48 +218,6 @@ def _record_verify_tokens(per_request) -> None:
     for req, n in zip(reqs, per_request):
         if getattr(req, "_treespec_params", None) is not None and req.customized_info is not None:
             req.customized_info.setdefault("treespec_verify_tokens", []).append(int(n))
-
-
-def _verify_forward(original, self, forward_batch, keep, *args, **kwargs):
-    """The target's verify forward over the kept nodes only; outputs back in SGLang's [bs * N] rows."""
-    bs, n = keep.shape
-    if not _ragged_enabled(self) or bool(keep.all()):  # CPU backend: the check reads host memory
-        _record_verify_tokens([n] * bs)
-        return original(self, forward_batch, *args, **kwargs)
-    spec = forward_batch.spec_info
-    plan = plan_ragged(keep, spec.custom_mask.bool() if spec.tree_topk != 1 else None)
-    full = {f: getattr(forward_batch, f) for f in ("input_ids", "positions", "out_cache_loc")}
-    for f, v in full.items():
-        setattr(forward_batch, f, v[plan.rows])
-    token = _RAGGED.set(plan)
-    try:
-        # SGLang planned this verify's attention metadata for bs * N tokens before the forward (and marked
-        # it ready): plan again for the compacted batch (our metadata hook reads the plan)
-        self.attn_backend.init_forward_metadata(forward_batch)
-        out = original(self, forward_batch, *args, **kwargs)
-    finally:
-        _RAGGED.reset(token)
-        for f, v in full.items():
-            setattr(forward_batch, f, v)
-    lo = out.logits_output
-    lo.next_token_logits = scatter_rows(lo.next_token_logits, plan, bs)
-    if getattr(lo, "hidden_states", None) is not None:
-        lo.hidden_states = scatter_rows(lo.hidden_states, plan, bs)
-    # per request, the tokens the forward ran (the metadata hook checked the forward's total against the plan)
-    _record_verify_tokens(plan.lens.tolist())
-    return out
-
-
-def _amx_extend_metadata(original, self, forward_batch, *args, **kwargs):
-    plan = _RAGGED.get()
-    if plan is None or not forward_batch.forward_mode.is_target_verify():
-        return original(self, forward_batch, *args, **kwargs)
-    # (seq_lens after the extend, extend lens, extend starts, tree mask) for the compacted batch
-    lens = plan.lens.to(forward_batch.seq_lens.device)
-    if forward_batch.input_ids.shape[0] != plan.total:
-        raise RuntimeError(f"ragged verify: {forward_batch.input_ids.shape[0]} tokens in the forward, "
-                           f"{plan.total} planned")
-    return (forward_batch.seq_lens + lens, lens.to(torch.int32), plan.starts.to(torch.int32), plan.tree_mask)
 
 
 def _eagle_round(original, self, batch, *args, **kwargs):
@@ -285,7 +233,7 @@ def _draft_model_forward(original, self, forward_batch, *args, **kwargs):
     if mode is not None and mode.is_target_verify():
         keep = getattr(forward_batch.spec_info, KEEP_ATTR, None)
         if keep is not None:
-            return _verify_forward(original, self, forward_batch, keep, *args, **kwargs)
+            return ragged_verify_forward(original, self, forward_batch, keep, _record_verify_tokens, *args, **kwargs)
     out = original(self, forward_batch, *args, **kwargs)
     step = _STEP.get()
     if step is not None and step.chain is not None:  # inside a chain draft loop: score this step
@@ -353,7 +301,7 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input": ("AFTER", _verify_input),
     "sglang.srt.model_executor.model_runner.ModelRunner.forward": ("AROUND", _draft_model_forward),
     "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend._build_extend_metadata":
-        ("AROUND", _amx_extend_metadata),
+        ("AROUND", amx_extend_metadata),
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation": ("AROUND", _eagle_round),
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ("AROUND", _request_level_key),

@@ -1,4 +1,5 @@
-"""Ragged verify: the target's verify forward over each request's real tree nodes only (no sglang import).
+"""Ragged verify: the target's verify forward over each request's real tree nodes only (no sglang import;
+the hook bodies receive SGLang's objects from :mod:`.hooks`).
 
 SGLang verifies ``N`` tokens per request; a policy's smaller tree is padded to ``N`` with unlinked
 filler nodes (:mod:`.pool`), which the target would otherwise still compute. :func:`plan_ragged`
@@ -14,12 +15,19 @@ per verify round, inherent to a ragged batch.
 
 from __future__ import annotations
 
+import contextvars
+import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
-__all__ = ["RaggedVerify", "plan_ragged", "scatter_rows"]
+__all__ = ["RaggedVerify", "plan_ragged", "scatter_rows", "ragged_verify_forward", "amx_extend_metadata",
+           "ENV_RAGGED"]
+
+ENV_RAGGED = "TREESPEC_RAGGED_VERIFY"
+# The plan of the ragged verify forward in progress (SGLang may re-plan on a copy of the ForwardBatch).
+_PLAN: contextvars.ContextVar = contextvars.ContextVar("treespec_ragged_plan", default=None)
 
 
 @dataclass(frozen=True)
@@ -86,3 +94,58 @@ def scatter_rows(x: torch.Tensor, plan: RaggedVerify, bs: int) -> torch.Tensor:
     out = x.new_zeros((bs * plan.n,) + tuple(x.shape[1:]))
     out[plan.rows] = x
     return out
+
+
+# ------------------------------------------------------------------------ hook bodies (plugin.hooks)
+def ragged_enabled(model_runner) -> bool:
+    """Ragged verify runs where SGLang's attention takes per-request extend lengths: the CPU backend."""
+    if os.environ.get(ENV_RAGGED, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return type(getattr(model_runner, "attn_backend", None)).__name__ == "IntelAMXAttnBackend"
+
+
+def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, record: Callable, *args, **kwargs):
+    """``ModelRunner.forward`` of a target verify over the kept nodes only (``keep`` ``[bs, N]``).
+
+    The batch's ``input_ids`` / ``positions`` / ``out_cache_loc`` are compacted for the forward and
+    restored after it; logits and hidden states come back in SGLang's ``[bs * N]`` rows. ``record``
+    receives the tokens run per request (N each when the batch runs padded).
+    """
+    bs, n = keep.shape
+    if not ragged_enabled(runner) or bool(keep.all()):  # CPU backend: the check reads host memory
+        record([n] * bs)
+        return original(runner, forward_batch, *args, **kwargs)
+    spec = forward_batch.spec_info
+    plan = plan_ragged(keep, spec.custom_mask.bool() if spec.tree_topk != 1 else None)
+    full = {f: getattr(forward_batch, f) for f in ("input_ids", "positions", "out_cache_loc")}
+    for f, v in full.items():
+        setattr(forward_batch, f, v[plan.rows])
+    token = _PLAN.set(plan)
+    try:
+        # SGLang planned this verify's attention metadata for bs * N tokens before the forward (and
+        # marked it ready): plan again for the compacted batch (amx_extend_metadata reads the plan)
+        runner.attn_backend.init_forward_metadata(forward_batch)
+        out = original(runner, forward_batch, *args, **kwargs)
+    finally:
+        _PLAN.reset(token)
+        for f, v in full.items():
+            setattr(forward_batch, f, v)
+    lo = out.logits_output
+    lo.next_token_logits = scatter_rows(lo.next_token_logits, plan, bs)
+    if getattr(lo, "hidden_states", None) is not None:
+        lo.hidden_states = scatter_rows(lo.hidden_states, plan, bs)
+    record(plan.lens.tolist())  # the forward's total was checked against the plan in amx_extend_metadata
+    return out
+
+
+def amx_extend_metadata(original, backend, forward_batch, *args, **kwargs):
+    """``IntelAMXAttnBackend._build_extend_metadata`` for a ragged verify: (seq_lens after the extend,
+    per-request extend lens, extend starts, compacted tree mask); SGLang's own otherwise."""
+    plan = _PLAN.get()
+    if plan is None or not forward_batch.forward_mode.is_target_verify():
+        return original(backend, forward_batch, *args, **kwargs)
+    if forward_batch.input_ids.shape[0] != plan.total:
+        raise RuntimeError(f"ragged verify: {forward_batch.input_ids.shape[0]} tokens in the forward, "
+                           f"{plan.total} planned")
+    lens = plan.lens.to(forward_batch.seq_lens.device)
+    return (forward_batch.seq_lens + lens, lens.to(torch.int32), plan.starts.to(torch.int32), plan.tree_mask)
