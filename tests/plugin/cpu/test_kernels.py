@@ -38,11 +38,11 @@ def test_op_equals_sglang_triton_reference(triton_mismatches, op):
     assert triton_mismatches[op] == [], f"{op}: (seed, case) pairs differing from SGLang's Triton kernel"
 
 
-def _tree_case(seed=0, bs=3, topk=3, N=7):
-    """A small explicit selection: parent slots resolved by hand in the comments."""
+def _tree_case(bs):
+    """A small explicit selection (topk 3, 7 nodes): parent slots resolved by hand in the comments."""
     # topk 3, steps 3: flat slots 0..2 (depth 1), 3..11 (depth 2, from parent_list[1..3]), 12..20 (depth 3)
     parent_list = torch.tensor([[-1, 0, 1, 2, 3, 5, 7]] * bs)
-    sel = torch.tensor([[0, 1, 3, 4, 5, 12, 13][: N - 1]] * bs)  # 3, 4, 5 hang off slot 0; 12, 13 off slot 3
+    sel = torch.tensor([[0, 1, 3, 4, 5, 12]] * bs)  # 3, 4, 5 hang off slot 0; 12 off slot 3
     return parent_list, sel
 
 
