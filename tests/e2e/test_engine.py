@@ -16,7 +16,7 @@ TOPK, STEPS, N = 4, 3, 8
 POLICIES = {
     "eagle2": {"policy": "eagle2", "budget": N, "topk": TOPK, "depth": STEPS},
     "talon": {"policy": "talon", "budget": N, "topk": TOPK, "mu": 0.03},
-    "salf": {"policy": "salf", "budget": N, "batch": 4, "th": 0.1},
+    "salf": {"policy": "salf", "budget": N, "th": 0.1},  # batch unset: min(10, budget)
     "c2t": {"policy": "c2t", "budget": N, "topk": TOPK, "beta": 0.5},
     "chain": {"policy": "chain", "length": STEPS},
 }

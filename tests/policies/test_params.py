@@ -42,3 +42,12 @@ def test_defaults_are_the_papers():
 def test_batch_error_names_the_request():
     with pytest.raises(ValueError, match=r"request 1: salf.th"):
         parse_specs([{"policy": "talon"}, {"policy": "salf", "th": 3.0}])
+
+
+def test_salf_default_batch_adapts_to_a_small_budget():
+    """An unset batch follows the caller's budget (a server with 8 draft tokens); a set one is checked."""
+    assert parse_spec({"policy": "salf", "budget": 8}).batch == 8
+    assert parse_spec({"policy": "salf", "budget": 60}).batch == 10
+    assert parse_spec({"policy": "salf", "budget": 8, "batch": 3}).batch == 3
+    with pytest.raises(ValueError, match=r"salf.batch must be in \[1, 8\], got 10"):
+        parse_spec({"policy": "salf", "budget": 8, "batch": 10})

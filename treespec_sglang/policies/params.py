@@ -85,17 +85,26 @@ class TalonParams(PolicyParams):
         _float("talon", "mu", self.mu, 0.0, 1.0)
 
 
+DEFAULT_SALF_BATCH = 10
+
+
 @dataclass(frozen=True)
 class SalfParams(PolicyParams):
-    """SALF Alg. 2: capacity-N queue, B pops per iteration, stop when the best-B sum < th."""
+    """SALF Alg. 2: capacity-N queue, B pops per iteration, stop when the best-B sum < th.
+
+    ``batch`` left unset is ``min(10, budget)`` (App. D's B = 10, adapted to a smaller budget); a value
+    the caller sets must fit ``[1, min(budget, 64)]``.
+    """
 
     budget: int = 60
-    batch: int = 10
+    batch: Optional[int] = None
     th: float = 0.6
     max_depth: Optional[int] = None
 
     def __post_init__(self):
         _int("salf", "budget", self.budget, 1, MAX_BUDGET)
+        if self.batch is None:
+            object.__setattr__(self, "batch", min(DEFAULT_SALF_BATCH, self.budget))
         _int("salf", "batch", self.batch, 1, max(1, min(self.budget, MAX_TOPK)))
         _float("salf", "th", self.th, 0.0, 1.0)
         if self.max_depth is not None:
