@@ -20,7 +20,7 @@ def test_bench_writes_jsonl_and_plots(tmp_path, monkeypatch):
     # the tiny model has no tokenizer: encode every prompt to fixed token ids
     from treespec_sglang.engine import SpecEngine
 
-    monkeypatch.setattr(SpecEngine, "encode", lambda self, ps, chat=True: [[3, 4, 5]] * len(ps))
+    monkeypatch.setattr(SpecEngine, "_encode_one", lambda self, i, p, chat=True: [3, 4, 5])
     out = tmp_path / "out"
     rc = main(["bench", "--target", str(tiny), "--draft", "random", "--prompts", "humaneval",
                "--policies", "eagle2,chain", "--max-new-tokens", "6", "--batch-size", "2", "--out", str(out)])

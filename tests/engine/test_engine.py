@@ -86,10 +86,23 @@ def test_bad_policy_fails_only_that_request(engine):
     assert res[0].error is None and len(res[0].token_ids) == 5 and len(res[2].token_ids) == 5
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.generate(ps, max_new_tokens=0)
+
+
+
+def test_bad_prompts_fail_only_their_request(engine):
+    """Out-of-vocab ids, an empty prompt and a text prompt without a tokenizer each fail alone, named."""
+    ps = prompts(2)
+    res = engine.generate([ps[0], [999], [], "hello", ps[1]], max_new_tokens=4, policy=POLICIES[0])
+    assert "request 1: prompt 1: token ids must be non-empty and in [0, 63]" in res[1].error
+    assert "request 2: prompt 2: token ids must be non-empty" in res[2].error
+    assert "request 3: prompt 3 is text but this model has no tokenizer" in res[3].error
+    assert all(r.token_ids == [] for r in res[1:4])
+    good = engine.generate([ps[0], ps[1]], max_new_tokens=4, policy=POLICIES[0])
+    assert res[0].error is None and res[4].error is None
+    assert (res[0].token_ids, res[4].token_ids) == (good[0].token_ids, good[1].token_ids)
     with pytest.raises(ValueError, match="token ids must be non-empty"):
-        engine.generate([[999]], max_new_tokens=2)
-    with pytest.raises(ValueError, match="no tokenizer"):
-        engine.generate(["hello"], max_new_tokens=2)
+        engine.encode([[999]])  # the public encoder still raises
+
 
 
 def test_eos_stops_each_request(aligned_engine):

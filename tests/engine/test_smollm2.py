@@ -61,3 +61,12 @@ def test_answers_and_is_lossless_on_real_prompts(engine):
 def test_shipped_draft_uses_its_token_map(engine):
     assert engine.token_map is not None and engine.token_map.numel() == 8192
     assert set(engine.target.config.eos_ids) <= set(engine.token_map.tolist())
+
+
+def test_a_single_text_prompt_is_one_request(engine):
+    e = engine
+    one = e.generate("Hi there", max_new_tokens=3, chat=False)
+    assert len(one) == 1
+    assert one[0].token_ids == e.generate(["Hi there"], max_new_tokens=3, chat=False)[0].token_ids
+    empty = e.generate(["", "Hi"], max_new_tokens=2, chat=False)
+    assert "request 0: prompt 0 is empty (0 tokens)" in empty[0].error and empty[1].error is None

@@ -110,25 +110,28 @@ class SpecEngine:
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompts: Sequence[Union[str, Sequence[int]]], chat: bool = True) -> List[List[int]]:
-        out = []
-        for i, p in enumerate(prompts):
-            if isinstance(p, str):
-                if self.tokenizer is None:
-                    raise ValueError(f"prompt {i} is text but this model has no tokenizer: pass token ids")
-                if chat and getattr(self.tokenizer, "chat_template", None):
-                    ids = self.tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                                             add_generation_prompt=True, tokenize=True)
-                    ids = ids["input_ids"] if not isinstance(ids, list) else ids
-                else:
-                    ids = self.tokenizer(p)["input_ids"]
-                out.append([int(x) for x in ids])
+        """Token ids of each prompt (text through the chat template unless ``chat=False``); raises
+        ``ValueError`` naming the first bad prompt."""
+        return [self._encode_one(i, p, chat) for i, p in enumerate(prompts)]
+
+    def _encode_one(self, i: int, p: Union[str, Sequence[int]], chat: bool) -> List[int]:
+        if isinstance(p, str):
+            if self.tokenizer is None:
+                raise ValueError(f"prompt {i} is text but this model has no tokenizer: pass token ids")
+            if chat and getattr(self.tokenizer, "chat_template", None):
+                ids = self.tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                                         add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if not isinstance(ids, list) else ids
             else:
-                ids = [int(x) for x in p]
-                if not ids or min(ids) < 0 or max(ids) >= self.target.config.vocab_size:
-                    raise ValueError(f"prompt {i}: token ids must be non-empty and in [0, "
-                                     f"{self.target.config.vocab_size - 1}]")
-                out.append(ids)
-        return out
+                ids = self.tokenizer(p)["input_ids"]
+            if not ids:
+                raise ValueError(f"prompt {i} is empty (0 tokens)")
+            return [int(x) for x in ids]
+        ids = [int(x) for x in p]
+        if not ids or min(ids) < 0 or max(ids) >= self.target.config.vocab_size:
+            raise ValueError(f"prompt {i}: token ids must be non-empty and in [0, "
+                             f"{self.target.config.vocab_size - 1}]")
+        return ids
 
     # ------------------------------------------------------------------ public API
     @torch.inference_mode()
@@ -137,12 +140,21 @@ class SpecEngine:
                  progress=None) -> List[GenerationResult]:
         """Generate for a batch of prompts; ``policy`` is one dict, a list (one per prompt), or None.
 
-        A request whose policy dict is invalid gets ``error`` set and no tokens; the rest run.
+        ``prompts``: a list of texts / token-id lists (a single text is one prompt). A request whose
+        prompt or policy dict is invalid gets ``error`` set and no tokens; the rest run.
         ``progress`` is an optional callable ``(n_new_tokens) -> None`` called after each round.
         """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        ids = self.encode(prompts, chat=chat)
+        if isinstance(prompts, str):
+            prompts = [prompts]  # one text prompt, not one prompt per character
+        ids, bad_prompt = [], {}
+        for i, p in enumerate(prompts):
+            try:
+                ids.append(self._encode_one(i, p, chat))
+            except ValueError as e:
+                ids.append(None)
+                bad_prompt[i] = str(e)
         specs = list(policy) if isinstance(policy, (list, tuple)) else [policy] * len(ids)
         if len(specs) != len(ids):
             raise ValueError(f"policy must be one dict or a list of {len(ids)} (one per prompt), got {len(specs)}")
@@ -150,6 +162,9 @@ class SpecEngine:
                    for s in specs]
         ok, parsed = [], []
         for i, s in enumerate(specs):
+            if i in bad_prompt:
+                results[i].error = f"request {i}: {bad_prompt[i]}"
+                continue
             try:
                 parsed.append(parse_spec(s if s is not None else PLAIN))
                 ok.append(i)
