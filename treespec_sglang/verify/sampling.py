@@ -72,14 +72,21 @@ def target_probs(logits: torch.Tensor, temperature: Num = 0.0, top_k: Num = -1, 
         x = torch.where(x < kth, float("-inf"), x)
     probs = torch.softmax(x, dim=-1)
     if isinstance(top_p, torch.Tensor) or top_p < 1:
-        # top-p on the renormalised top-k distribution: keep token j if the mass strictly before it < p
-        sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        before = sp.cumsum(-1) - sp
-        drop_sorted = before >= p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = torch.where(drop, 0.0, probs)
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = top_p_renorm(probs, p)  # on the renormalised top-k distribution
     return torch.where(T > 0, probs, greedy)
+
+
+def top_p_renorm(probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Keep token j if the mass strictly before it (descending order) is < p, then renormalise.
+
+    probs ``[..., vocab]``; p broadcastable to ``[..., 1]``.
+    Example: probs [0.5, 0.3, 0.2], p 0.6 -> [0.625, 0.375, 0.0].
+    """
+    sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    drop_sorted = (sp.cumsum(-1) - sp) >= p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    kept = torch.where(drop, 0.0, probs)
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def uniform(shape, device, generator: Optional[torch.Generator]) -> torch.Tensor:

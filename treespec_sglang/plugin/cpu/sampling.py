@@ -15,6 +15,7 @@ import torch
 
 from ...tree import DraftTree
 from ...verify import walk_tree
+from ...verify.sampling import top_p_renorm
 
 __all__ = ["tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob",
            "parents_from_links"]
@@ -93,9 +94,4 @@ def top_p_renorm_prob(probs: torch.Tensor, top_p) -> torch.Tensor:
     A token is kept when the mass strictly before it (descending order) is below p, as in plain
     sampling (:func:`treespec_sglang.verify.target_probs`). probs ``[rows, vocab]``; top_p float or ``[rows]``.
     """
-    p = torch.as_tensor(top_p, device=probs.device, dtype=torch.float32).reshape(-1, 1)
-    sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    drop_sorted = (sp.cumsum(-1) - sp) >= p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    kept = torch.where(drop, 0.0, probs)
-    return kept / kept.sum(-1, keepdim=True)
+    return top_p_renorm(probs, torch.as_tensor(top_p, device=probs.device, dtype=torch.float32).reshape(-1, 1))
