@@ -109,9 +109,15 @@ def test_streaming_generate_matches_the_whole_response(server, prompt_ids):
                 chunks.append(json.loads(line[5:]))
     assert len(chunks) > 1
     assert chunks[-1]["text"] == whole["text"]
-    # SGLang streams request-level customized_info with the first chunk only, before any round ran:
-    # treespec_* stats are a non-streaming feature (README); SGLang's own counters do stream
-    assert chunks[-1]["meta_info"]["spec_verify_ct"] == whole["meta_info"]["spec_verify_ct"]
+    last, full = chunks[-1]["meta_info"], whole["meta_info"]
+    assert last["spec_verify_ct"] == full["spec_verify_ct"]
+    # SGLang alone sends request-level customized_info with the first chunk only (before any round ran);
+    # the plugin sends each chunk its new rounds and the tokenizer manager accumulates them
+    for key in ("treespec_policy", "treespec_tree_sizes", "treespec_verify_tokens", "treespec_accept_lengths"):
+        assert last[key] == full[key], key
+    assert len(full["treespec_tree_sizes"]) == full["spec_verify_ct"] > 1
+    seen = [len(c["meta_info"].get("treespec_tree_sizes") or []) for c in chunks]
+    assert seen == sorted(seen) and len(set(seen) - {0}) > 1  # the rounds arrive as they run
 
 
 def test_openai_client_with_extra_body(server, prompt_ids, spec_engine):

@@ -12,6 +12,7 @@
 | ``eagle_utils.organize_draft_results`` | AROUND | per-request node selection within SGLang's pool |
 | ``eagle_worker_common.build_eagle_verify_input`` | AFTER | unlinks the filler nodes of smaller trees |
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | AROUND | ``treespec_*`` stats are per request |
+| ``_GenerationStreamAccumulator.accept`` | AROUND | a stream's chunks carry the rounds since the last chunk (:mod:`.stats`) |
 | ``ModelRunner.forward`` | AROUND | chain draft loop: feeds each step's logits to the C2T stop; target verify on the
   CPU: runs only the real tree nodes (ragged verify, :mod:`.ragged`) |
 | ``IntelAMXAttnBackend._build_extend_metadata`` | AROUND | per-request extend lengths / tree masks of a ragged verify |
@@ -47,6 +48,7 @@ from .chain_stop import ChainStopper
 from .config import ServerDefaults, configure, server_defaults
 from .pool import select_from_pool, unlink_filler
 from .ragged import amx_extend_metadata, ragged_verify_forward
+from .stats import stream_accept
 from .request import ERROR_KEY, flag_invalid_items, request_params, validate_custom_params
 
 logger = logging.getLogger("treespec_sglang.plugin")
@@ -305,6 +307,8 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation": ("AROUND", _eagle_round),
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ("AROUND", _request_level_key),
+    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept":
+        ("AROUND", stream_accept),
     "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
     "._resolve_spec_v2_tokens": ("AFTER", _record_accepts),
     "sglang.srt.speculative.eagle_utils._verify_uses_greedy": ("AROUND", _verify_uses_greedy),
@@ -330,6 +334,8 @@ SIGNATURES: Dict[str, List[str]] = {
          "topk", "num_steps", "num_draft_tokens", "tree_mask_mode", "device"],
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ["self", "key"],
+    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept":
+        ["self", "req"],
     "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
     "._resolve_spec_v2_tokens": ["self", "result", "batch"],
     "sglang.srt.model_executor.model_runner.ModelRunner.forward":
