@@ -1,6 +1,7 @@
 """The ``treespec`` command line (``python -m treespec_sglang`` too).
 
-``demo`` (the main job), ``bench`` (whole prompt sets, JSONL + plots), ``policies`` (every
+``demo`` (the main job), ``bench`` (whole prompt sets, JSONL + plots), ``bench-server`` (the policy
+matrix against real SGLang servers), ``policies`` (every
 registered tree policy with its parameters and defaults), ``patch`` (sglang source patches) and
 ``train data|draft`` (self-distillation data, draft-head training).
 """
@@ -37,10 +38,11 @@ def main(argv=None) -> int:
     p = sub.add_parser("policies", help="list the tree policies, their parameters and defaults")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_policies)
-    from . import bench, demo, patch, train
+    from . import bench, bench_server, demo, patch, train
 
     demo.add_parser(sub)
     bench.add_parser(sub)
+    bench_server.add_parser(sub)
     patch.add_parser(sub)
     train.add_parser(sub)
     args = ap.parse_args(argv)

@@ -1,0 +1,131 @@
+"""Start / stop ``python -m sglang.launch_server`` for one server setting, or use a running server.
+
+No sglang import here: the server is a child process (its own process group, stopped as a whole), and
+everything else is HTTP. On a CPU (``device="cpu"``) the launch uses SGLang's CPU engine
+(``SGLANG_USE_CPU_ENGINE=1``, ``intel_amx`` attention, float32, no CUDA graphs) with the plugin's
+``sgl_kernel`` stand-ins (README, "SGLang on a CPU machine").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import List, Optional
+
+from .matrix import ServerSetting
+
+__all__ = ["LaunchedServer", "get_json", "free_port", "launch_command", "CPU_ARGS"]
+
+CPU_ARGS = ["--device", "cpu", "--attention-backend", "intel_amx", "--dtype", "float32", "--disable-cuda-graph",
+            "--max-total-tokens", "8192"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, timeout: float = 30) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read().decode())
+
+
+def launch_command(model: str, setting: ServerSetting, *, draft: Optional[str], token_map: Optional[str],
+                   device: str, port: int, extra: List[str] = ()) -> List[str]:
+    """The ``launch_server`` argv for one setting (the draft only for EAGLE settings)."""
+    args = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1",
+            "--port", str(port), "--log-level", "warning"]
+    if device == "cpu":
+        args += CPU_ARGS
+    if setting.algorithm == "EAGLE":
+        if not draft:
+            raise ValueError(f"server {setting.label} needs --draft (an EAGLE draft model path)")
+        args += setting.launch_args() + ["--speculative-draft-model-path", draft]
+        if token_map:
+            args += ["--speculative-token-map", token_map]
+    return args + list(extra)
+
+
+class LaunchedServer:
+    """A ``launch_server`` child for one setting; ``with LaunchedServer(...) as url:`` waits for /health."""
+
+    def __init__(self, argv: List[str], log_path: str, *, device: str, startup_timeout: float = 900,
+                 env: Optional[dict] = None):
+        self.argv, self.log_path, self.startup_timeout = argv, log_path, startup_timeout
+        port = argv[argv.index("--port") + 1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = {**os.environ, **(env or {})}
+        if device == "cpu":
+            from ..plugin.cpu.host import CPU_ENV  # plain constants; imports nothing of sglang
+
+            self.env.update(CPU_ENV)
+        self.proc = None
+        self.start_seconds = None
+
+    def __enter__(self) -> str:
+        self.log = open(self.log_path, "w+")
+        t0 = time.time()
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with code {self.proc.returncode} while starting; "
+                                       f"log {self.log_path}:\n{self.tail()}")
+                try:
+                    urllib.request.urlopen(self.url + "/health", timeout=5)
+                    break
+                except (urllib.error.URLError, ConnectionError, OSError):
+                    if time.time() - t0 > self.startup_timeout:
+                        raise TimeoutError(f"server not healthy after {self.startup_timeout:.0f} s; "
+                                           f"log {self.log_path}:\n{self.tail()}") from None
+                    time.sleep(1)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.time() - t0
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def tail(self, n: int = 3000) -> str:
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()[-n:]
+
+    def stop(self) -> None:
+        """SIGTERM the whole process group (launcher, scheduler, detokenizer), SIGKILL after 60 s."""
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.log.close()
+        self.proc = None
+
+
+def setting_of(info: dict) -> ServerSetting:
+    """The setting a running server reports in ``/get_server_info``."""
+    algo = info.get("speculative_algorithm")
+    if not algo or str(algo).upper() in ("NONE", "NULL"):
+        return ServerSetting("none")
+    if str(algo).upper() not in ("EAGLE", "EAGLE3"):
+        raise ValueError(f"the server runs speculative_algorithm {algo!r}; the plugin's policies need EAGLE / EAGLE3")
+    return ServerSetting("EAGLE", int(info["speculative_eagle_topk"]), int(info["speculative_num_steps"]),
+                         int(info["speculative_num_draft_tokens"]))
