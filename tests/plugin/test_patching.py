@@ -96,3 +96,32 @@ def test_patches_apply_and_revert_on_the_installed_sglang():
     finally:
         revert_patches(patches, site)
     assert digest(site, patches) == before
+
+
+def test_an_editable_sglang_is_found_in_its_source_checkout(tmp_path, monkeypatch):
+    """SGLang's Docker images install sglang editable: the dist-info sits in site-packages, the package in
+    the checkout (``/sgl-workspace/sglang/python/sglang``); the patches must go to the checkout."""
+    import importlib.machinery
+    import importlib.util
+    from importlib import metadata
+
+    from treespec_sglang.plugin import patching
+
+    site, checkout = tmp_path / "site-packages", tmp_path / "checkout" / "python"
+    (site / "sglang-0.5.23.dist-info").mkdir(parents=True)
+    (checkout / "sglang").mkdir(parents=True)
+
+    class Dist:
+        version = "0.5.23"
+
+        def locate_file(self, rel):
+            return site / rel
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
+    spec = importlib.machinery.ModuleSpec("sglang", None, is_package=True)
+    spec.submodule_search_locations = [str(checkout / "sglang")]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "sglang" else real(name, *a))
+    assert patching.find_sglang() == (str(checkout), "0.5.23")
+    with pytest.raises(PatchError, match="no sglang package under"):  # an explicit --site is taken as given
+        patching.find_sglang(str(site))

@@ -114,6 +114,7 @@ def load_patches(directory: Optional[str] = None) -> List[Patch]:
 
 def find_sglang(site: Optional[str] = None) -> Tuple[str, str]:
     """(site-packages directory holding ``sglang/``, installed version); refuses other versions."""
+    given = site
     if site is None:
         try:
             dist = metadata.distribution("sglang")
@@ -127,9 +128,20 @@ def find_sglang(site: Optional[str] = None) -> Tuple[str, str]:
     if version != SGLANG_VERSION:
         raise PatchError(f"treespec patches target sglang=={SGLANG_VERSION}, found sglang=={version} in {site}; "
                          f"install sglang=={SGLANG_VERSION} (the hooks alone need no patch)")
+    if not os.path.isdir(os.path.join(site, "sglang")) and given is None:
+        site = _package_parent() or site  # an editable install (SGLang's images): the source checkout
     if not os.path.isdir(os.path.join(site, "sglang")):
         raise PatchError(f"no sglang package under {site}")
     return site, version
+
+
+def _package_parent() -> Optional[str]:
+    """The directory holding the ``sglang`` package, found without importing it (None if not found)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")
+    locs = list(spec.submodule_search_locations or []) if spec is not None else []
+    return os.path.dirname(os.path.abspath(locs[0])) if locs else None
 
 
 def _version_in(site: str) -> str:
