@@ -5,7 +5,7 @@ import torch
 
 from tests.helpers import random_batch
 from treespec_sglang.plugin.cpu.attention import extend_attention_cpu
-from treespec_sglang.plugin.ragged import plan_ragged, scatter_rows
+from treespec_sglang.plugin.ragged import ENV_RAGGED, compact_paged_verify_args, plan_ragged, ragged_mode, scatter_rows
 from treespec_sglang.tree import dense_mask
 
 
@@ -76,3 +76,128 @@ def test_ragged_verify_attention_equals_the_padded_one_on_real_nodes(rng, seed):
                          prefix + plan.lens, plan.lens, plan.starts, N, 0.3, 0.0, False, 0, None, None,
                          plan.tree_mask, True)
     torch.testing.assert_close(scatter_rows(ragged, plan, bs)[plan.rows], padded[plan.rows])
+
+
+# ----------------------------------------------------------------- FlashInfer (paged) verify arguments
+def padded_paged_args(g, prefix, n, with_tail=True):
+    """SGLang's padded verify arguments: KV slots (prefix then N nodes) per request and a FULL_MASK
+    ``[N, P_b + N]`` block per request (prefix columns True, a random tree block with a true diagonal)."""
+    bs = len(prefix)
+    kv_len = [p + n for p in prefix]
+    kv_indptr = torch.tensor([0] + list(torch.cumsum(torch.tensor(kv_len), 0)), dtype=torch.int32)
+    kv_indices = torch.randperm(1000, generator=g)[: int(kv_indptr[-1])].int()
+    blocks = []
+    for p in prefix:
+        tri = (torch.rand(n, n, generator=g) < 0.5) | torch.eye(n, dtype=torch.bool)
+        blocks.append(torch.cat([torch.ones(n, p, dtype=torch.bool), tri], 1).reshape(-1))
+    mask = torch.cat(blocks + ([torch.ones(17, dtype=torch.bool)] if with_tail else []))  # SGLang's graph tail
+    return kv_indices, kv_indptr, mask
+
+
+@pytest.mark.parametrize("prefix", [[3], [0, 5, 2], [4, 1, 7, 2]])
+@pytest.mark.parametrize("n", [1, 4, 6])
+def test_paged_verify_args_compaction_matches_loops(prefix, n):
+    g = torch.Generator().manual_seed(len(prefix) * 10 + n)
+    kv_indices, kv_indptr, mask = padded_paged_args(g, prefix, n)
+    keep = random_keep(g, len(prefix), n)
+    got_kv, got_kv_indptr, got_qo, got_mask = compact_paged_verify_args(kv_indices, kv_indptr, mask, keep)
+    want_kv, want_mask, kv_lens, qo_lens, off = [], [], [], [], 0
+    for b, p in enumerate(prefix):
+        kept = [i for i in range(n) if keep[b, i]]
+        cols = list(range(p)) + [p + i for i in kept]
+        row_kv = kv_indices[kv_indptr[b]:kv_indptr[b + 1]].tolist()
+        want_kv += [row_kv[c] for c in cols]
+        block = mask[off:off + n * (p + n)].reshape(n, p + n)
+        off += n * (p + n)
+        want_mask += [bool(block[r, c]) for r in kept for c in cols]
+        kv_lens.append(len(cols))
+        qo_lens.append(len(kept))
+    assert got_kv.tolist() == want_kv and got_kv.dtype == torch.int32
+    assert got_kv_indptr.tolist() == [sum(kv_lens[:b]) for b in range(len(prefix) + 1)]
+    assert got_qo.tolist() == [sum(qo_lens[:b]) for b in range(len(prefix) + 1)]
+    assert got_mask.tolist() == want_mask
+
+
+def paged_attention(q, k_cache, v_cache, kv_indices, kv_indptr, qo_indptr, mask, scale):
+    """Plain per-request loop over the paged layout: the oracle for both argument sets."""
+    out, moff = torch.zeros_like(q), 0
+    for b in range(len(kv_indptr) - 1):
+        qs, kv = slice(int(qo_indptr[b]), int(qo_indptr[b + 1])), kv_indices[kv_indptr[b]:kv_indptr[b + 1]].long()
+        m = mask[moff:moff + (qs.stop - qs.start) * len(kv)].reshape(qs.stop - qs.start, len(kv))
+        moff += m.numel()
+        s = torch.einsum("qhd,khd->hqk", q[qs], k_cache[kv]) * scale
+        out[qs] = torch.einsum("hqk,khd->qhd", s.masked_fill(~m, float("-inf")).softmax(-1), v_cache[kv])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_compacted_paged_attention_equals_the_padded_one_on_kept_rows(seed):
+    g = torch.Generator().manual_seed(seed)
+    prefix, n, H, D = [5, 0, 9, 3], 6, 2, 8
+    kv_indices, kv_indptr, mask = padded_paged_args(g, prefix, n, with_tail=False)
+    # the padded mask must be a real tree (kept nodes' ancestors kept): ancestors = lower-triangular chain here
+    for b, p in enumerate(prefix):
+        off = sum(n * (q + n) for q in prefix[:b])
+        block = mask[off:off + n * (p + n)].view(n, p + n)
+        block[:, p:] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    keep = torch.zeros(len(prefix), n, dtype=torch.bool)
+    for b, k in enumerate([n, 1, 3, 5]):  # chain prefixes: full, root only, partial
+        keep[b, :k] = True
+    k_cache, v_cache = torch.randn(1000, H, D, generator=g), torch.randn(1000, H, D, generator=g)
+    q = torch.randn(len(prefix) * n, H, D, generator=g)
+    qo = torch.arange(len(prefix) + 1, dtype=torch.int32) * n
+    padded = paged_attention(q, k_cache, v_cache, kv_indices, kv_indptr, qo, mask, 0.3)
+    plan = plan_ragged(keep, None, "flashinfer")
+    args = compact_paged_verify_args(kv_indices, kv_indptr, mask, keep)
+    ragged = paged_attention(q[plan.rows], k_cache, v_cache, args[0], args[1], args[2], args[3], 0.3)
+    torch.testing.assert_close(ragged, padded[plan.rows])
+    assert args[2][-1] == plan.total
+
+
+class IntelAMXAttnBackend:  # stand-ins named like SGLang's backends (ragged_mode reads the class name)
+    pass
+
+
+class FlashInferAttnBackend:
+    pass
+
+
+class TritonAttnBackend:
+    pass
+
+
+@pytest.mark.parametrize("env, backend, want", [
+    (None, IntelAMXAttnBackend, "cpu"), (None, FlashInferAttnBackend, None), ("1", FlashInferAttnBackend, "flashinfer"),
+    ("0", IntelAMXAttnBackend, None), ("1", TritonAttnBackend, None), ("auto", IntelAMXAttnBackend, "cpu")])
+def test_ragged_mode_by_backend_and_env(monkeypatch, env, backend, want):
+    from types import SimpleNamespace
+
+    if env is None:
+        monkeypatch.delenv(ENV_RAGGED, raising=False)
+    else:
+        monkeypatch.setenv(ENV_RAGGED, env)
+    assert ragged_mode(SimpleNamespace(attn_backend=backend())) == want
+
+
+def test_flashinfer_args_hook_and_eager_hook_act_only_during_a_flashinfer_ragged_verify():
+    from treespec_sglang.plugin import ragged
+
+    g = torch.Generator().manual_seed(0)
+    padded = padded_paged_args(g, [2, 3], 4) + (None,)
+    padded = (padded[0], padded[1], torch.arange(3, dtype=torch.int32) * 4, padded[2])
+    original = lambda spec, **kw: padded  # noqa: E731
+    keep = torch.tensor([[1, 1, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    assert ragged.flashinfer_verify_args(original, None, req_pool_indices=None) is padded
+    assert ragged.eager_while_ragged(lambda r, fb: True, None, None) is True
+    for mode, compacts in (("cpu", False), ("flashinfer", True)):
+        token = ragged._PLAN.set(plan_ragged(keep, None, mode))
+        try:
+            got = ragged.flashinfer_verify_args(original, None, req_pool_indices=None)
+            assert ragged.eager_while_ragged(lambda r, fb: True, None, None) is False
+        finally:
+            ragged._PLAN.reset(token)
+        if compacts:
+            want = compact_paged_verify_args(padded[0], padded[1], padded[3], keep)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)) and got[2].tolist() == [0, 2, 5]
+        else:
+            assert got is padded

@@ -16,6 +16,8 @@
 | ``ModelRunner.forward`` | AROUND | chain draft loop: feeds each step's logits to the C2T stop; target verify on the
   CPU: runs only the real tree nodes (ragged verify, :mod:`.ragged`) |
 | ``IntelAMXAttnBackend._build_extend_metadata`` | AROUND | per-request extend lengths / tree masks of a ragged verify |
+| ``EagleVerifyInput.generate_attn_arg_prefill`` | AROUND | FlashInfer ragged verify: the padded paged args compacted |
+| ``{Decode,Prefill}CudaGraphRunner.can_run_graph`` | AROUND | a ragged verify runs eagerly |
 | ``EAGLEWorkerV2.forward_batch_generation`` | AROUND | the round's requests, for the per-round verify-token stats |
 | ``SchedulerBatchResultProcessor._resolve_spec_v2_tokens`` | AFTER | records each round's accepted drafts |
 | ``eagle_utils._verify_uses_greedy`` | AROUND | on CPU, T > 0 takes the exact sampling verify (:mod:`.cpu.sampling`) |
@@ -27,9 +29,9 @@ the tree size with ragged verify, N when padded) and ``treespec_accept_lengths``
 tokens per round, bonus excluded: tau = 1 + mean). The accept lengths are read where the scheduler
 already has them on the host (no extra sync).
 
-Ragged verify (:mod:`.ragged`, ``TREESPEC_RAGGED_VERIFY``, default on) applies where SGLang's
-attention takes per-request extend lengths and tree masks: the CPU ``intel_amx`` backend. Elsewhere
-every request verifies N tokens with its filler nodes unlinked.
+Ragged verify (:mod:`.ragged`, ``TREESPEC_RAGGED_VERIFY``) is on by default for the CPU ``intel_amx``
+backend, opt-in (``=1``) for SGLang's FlashInfer backend (not yet run on a GPU), off with ``=0``.
+Elsewhere every request verifies N tokens with its filler nodes unlinked.
 
 With no server default and no request carrying ``custom_params["treespec"]`` every hook calls
 straight through, so SGLang behaves exactly as without the plugin.
@@ -47,7 +49,7 @@ import torch
 from .chain_stop import ChainStopper
 from .config import ServerDefaults, configure, server_defaults
 from .pool import select_from_pool, unlink_filler
-from .ragged import amx_extend_metadata, ragged_verify_forward
+from .ragged import amx_extend_metadata, eager_while_ragged, flashinfer_verify_args, ragged_verify_forward
 from .stats import stream_accept
 from .request import ERROR_KEY, flag_invalid_items, request_params, validate_custom_params
 
@@ -305,6 +307,11 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend._build_extend_metadata":
         ("AROUND", amx_extend_metadata),
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation": ("AROUND", _eagle_round),
+    "sglang.srt.speculative.eagle_info.EagleVerifyInput.generate_attn_arg_prefill": ("AROUND", flashinfer_verify_args),
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph":
+        ("AROUND", eager_while_ragged),
+    "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph":
+        ("AROUND", eager_while_ragged),
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
     ".is_request_level_customized_info_key": ("AROUND", _request_level_key),
     "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept":
@@ -347,6 +354,12 @@ SIGNATURES: Dict[str, List[str]] = {
         ["self", "forward_batch"],
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation":
         ["self", "batch", "on_publish", "grammar_barrier", "pp_proxy_tensors"],
+    "sglang.srt.speculative.eagle_info.EagleVerifyInput.generate_attn_arg_prefill":
+        ["self", "req_pool_indices", "paged_kernel_lens", "paged_kernel_lens_sum", "translator", "plan", "kind"],
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph":
+        ["self", "forward_batch"],
+    "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph":
+        ["self", "forward_batch"],
 }
 
 

@@ -22,8 +22,8 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["RaggedVerify", "plan_ragged", "scatter_rows", "ragged_verify_forward", "amx_extend_metadata",
-           "ENV_RAGGED"]
+__all__ = ["RaggedVerify", "plan_ragged", "scatter_rows", "compact_paged_verify_args", "ragged_verify_forward",
+           "amx_extend_metadata", "flashinfer_verify_args", "eager_while_ragged", "ENV_RAGGED"]
 
 ENV_RAGGED = "TREESPEC_RAGGED_VERIFY"
 # The plan of the ragged verify forward in progress (SGLang may re-plan on a copy of the ForwardBatch).
@@ -41,6 +41,7 @@ class RaggedVerify:
     starts : ``[bs]`` int64 first row of request b in the compacted batch.
     tree_mask : ``[sum_b n_b^2]`` bool, request b's ``[n_b, n_b]`` mask row-major (None: chain, causal).
     n : int, SGLang's ``N`` (the padded width).
+    keep : ``[bs, N]`` bool kept nodes; mode : which attention path re-plans from this plan.
     """
 
     rows: torch.Tensor
@@ -48,6 +49,8 @@ class RaggedVerify:
     starts: torch.Tensor
     tree_mask: Optional[torch.Tensor]
     n: int
+    keep: Optional[torch.Tensor] = None  # [bs, N] bool, for the FlashInfer argument compaction
+    mode: str = "cpu"  # "cpu" (intel_amx extend metadata) | "flashinfer" (paged verify arguments)
 
     def __post_init__(self):
         if self.rows.dim() != 1 or self.lens.dim() != 1 or self.lens.shape != self.starts.shape:
@@ -58,7 +61,7 @@ class RaggedVerify:
         return self.rows.shape[0]
 
 
-def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor]) -> RaggedVerify:
+def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str = "cpu") -> RaggedVerify:
     """Compact SGLang's verify batch to the kept nodes.
 
     Parameters
@@ -86,7 +89,7 @@ def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor]) -> Ragged
         sub = torch.gather(torch.gather(m, 1, order[:, :, None].expand(bs, n, n)), 2, order[:, None, :].expand(bs, n, n))
         pair = valid[:, :, None] & valid[:, None, :]  # [bs, N, N] (i, j) both real
         mask = sub[pair]  # request-major, row-major within a request: [sum n_b^2]
-    return RaggedVerify(rows, lens, starts, mask, n)
+    return RaggedVerify(rows, lens, starts, mask, n, keep, mode)
 
 
 def scatter_rows(x: torch.Tensor, plan: RaggedVerify, bs: int) -> torch.Tensor:
@@ -96,12 +99,74 @@ def scatter_rows(x: torch.Tensor, plan: RaggedVerify, bs: int) -> torch.Tensor:
     return out
 
 
+def compact_paged_verify_args(kv_indices: torch.Tensor, kv_indptr: torch.Tensor, custom_mask: torch.Tensor,
+                              keep: torch.Tensor):
+    """SGLang's padded FlashInfer verify arguments -> the ragged ones over the kept nodes.
+
+    Parameters
+    ----------
+    kv_indices : ``[sum_b (P_b + N)]`` int32 KV slots per request: its prefix, then its N draft nodes.
+    kv_indptr : ``[bs + 1]`` int32 offsets into ``kv_indices`` (``P_b + N`` per request).
+    custom_mask : ``[>= sum_b N * (P_b + N)]`` bool FULL_MASK, request b's ``[N, P_b + N]`` block row-major
+        (SGLang may pad the tail for CUDA graphs; the tail is ignored).
+    keep : ``[bs, N]`` bool kept nodes (root included), closed under ancestors.
+
+    Returns
+    -------
+    kv_indices ``[sum_b (P_b + n_b)]``, kv_indptr ``[bs + 1]``, qo_indptr ``[bs + 1]`` (``cumsum n_b``) and
+    custom_mask ``[sum_b n_b * (P_b + n_b)]``: request b's kept rows x (prefix + kept columns), row-major:
+    the per-request ``[qo_len, kv_len]`` layout FlashInfer's ``plan(custom_mask=...)`` packs itself.
+
+    Example: P = [2], N = 3, keep [[1, 0, 1]] -> kv columns {0, 1, 2, 4} of [p0 p1 d0 d1 d2], mask rows {0, 2}.
+    """
+    bs, n = keep.shape
+    dev = kv_indices.device
+    keep = keep.to(dev)
+    kv_len = (kv_indptr[1:] - kv_indptr[:-1]).long()  # [bs] P_b + N
+    prefix = kv_len - n  # [bs]
+    # per padded kv column: (request, column) -> kept if column < P_b or the node (column - P_b) is kept
+    total_kv = kv_indices.shape[0]
+    req_of_col = torch.repeat_interleave(torch.arange(bs, device=dev), kv_len, output_size=total_kv)  # [sum L_b]
+    col = torch.arange(total_kv, device=dev) - kv_indptr[:-1].long()[req_of_col]
+    node = (col - prefix[req_of_col]).clamp(min=0)
+    keep_col = (col < prefix[req_of_col]) | keep[req_of_col, node.clamp(max=n - 1)]  # [sum L_b]
+    # per padded mask element of request b's [N, L_b] block: row r kept and column c kept
+    block = n * kv_len  # [bs]
+    total_mask = int(kv_indptr[-1]) * n
+    req_of_el = torch.repeat_interleave(torch.arange(bs, device=dev), block, output_size=total_mask)
+    el = torch.arange(total_mask, device=dev) - (torch.cumsum(block, 0) - block)[req_of_el]
+    row, c = el // kv_len[req_of_el], el % kv_len[req_of_el]
+    keep_el = keep[req_of_el, row] & keep_col[kv_indptr[:-1].long()[req_of_el] + c]
+    lens = keep.long().sum(-1)
+    zero = torch.zeros(1, dtype=torch.int32, device=dev)
+    new_kv_indptr = torch.cat([zero, torch.cumsum(prefix + lens, 0).to(torch.int32)])
+    qo_indptr = torch.cat([zero, torch.cumsum(lens, 0).to(torch.int32)])
+    return (kv_indices[keep_col], new_kv_indptr, qo_indptr, custom_mask[:total_mask].bool()[keep_el])
+
+
 # ------------------------------------------------------------------------ hook bodies (plugin.hooks)
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def ragged_mode(model_runner) -> Optional[str]:
+    """Which ragged path applies to this runner's attention backend, or None (padded verify).
+
+    ``TREESPEC_RAGGED_VERIFY`` unset / ``auto``: the CPU ``intel_amx`` backend only; ``1``: also SGLang's
+    FlashInfer backend (eager for ragged batches; opt-in until it has been measured on a GPU); ``0``: off.
+    """
+    env = os.environ.get(ENV_RAGGED, "auto").strip().lower()
+    if env in _OFF:
+        return None
+    names = {c.__name__ for c in type(getattr(model_runner, "attn_backend", None)).__mro__}
+    if "IntelAMXAttnBackend" in names:
+        return "cpu"
+    if "FlashInferAttnBackend" in names and env in _ON:
+        return "flashinfer"
+    return None
+
+
 def ragged_enabled(model_runner) -> bool:
-    """Ragged verify runs where SGLang's attention takes per-request extend lengths: the CPU backend."""
-    if os.environ.get(ENV_RAGGED, "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return type(getattr(model_runner, "attn_backend", None)).__name__ == "IntelAMXAttnBackend"
+    return ragged_mode(model_runner) is not None
 
 
 def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, record: Callable, *args, **kwargs):
@@ -109,21 +174,28 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, r
 
     The batch's ``input_ids`` / ``positions`` / ``out_cache_loc`` are compacted for the forward and
     restored after it; logits and hidden states come back in SGLang's ``[bs * N]`` rows. ``record``
-    receives the tokens run per request (N each when the batch runs padded).
+    receives the tokens run per request (N each when the batch runs padded). The attention metadata is
+    planned again for the compacted batch: on the CPU from the plan (:func:`amx_extend_metadata`), with
+    FlashInfer from SGLang's padded arguments compacted (:func:`flashinfer_verify_args`), in eager mode
+    (:func:`eager_while_ragged`: a CUDA graph was captured for ``bs * N`` tokens).
     """
     bs, n = keep.shape
-    if not ragged_enabled(runner) or bool(keep.all()):  # CPU backend: the check reads host memory
+    mode = ragged_mode(runner)
+    spec = forward_batch.spec_info
+    if mode == "flashinfer" and getattr(spec, "custom_mask", None) is None:
+        mode = None  # a chain verify without a custom mask: nothing to compact the mask from
+    if mode is None or bool(keep.all()):  # the check is the one size read a ragged batch needs anyway
         record([n] * bs)
         return original(runner, forward_batch, *args, **kwargs)
-    spec = forward_batch.spec_info
-    plan = plan_ragged(keep, spec.custom_mask.bool() if spec.tree_topk != 1 else None)
+    tree = spec.custom_mask.bool() if mode == "cpu" and spec.tree_topk != 1 else None
+    plan = plan_ragged(keep, tree, mode)
     full = {f: getattr(forward_batch, f) for f in ("input_ids", "positions", "out_cache_loc")}
     for f, v in full.items():
         setattr(forward_batch, f, v[plan.rows])
     token = _PLAN.set(plan)
     try:
         # SGLang planned this verify's attention metadata for bs * N tokens before the forward (and
-        # marked it ready): plan again for the compacted batch (amx_extend_metadata reads the plan)
+        # marked it ready): plan again for the compacted batch (the hooks below read the plan)
         runner.attn_backend.init_forward_metadata(forward_batch)
         out = original(runner, forward_batch, *args, **kwargs)
     finally:
@@ -149,3 +221,23 @@ def amx_extend_metadata(original, backend, forward_batch, *args, **kwargs):
                            f"{plan.total} planned")
     lens = plan.lens.to(forward_batch.seq_lens.device)
     return (forward_batch.seq_lens + lens, lens.to(torch.int32), plan.starts.to(torch.int32), plan.tree_mask)
+
+
+def flashinfer_verify_args(original, spec_info, *args, **kwargs):
+    """``EagleVerifyInput.generate_attn_arg_prefill`` during a FlashInfer ragged verify: SGLang's padded
+    ``(kv_indices, kv_indptr, qo_indptr, custom_mask)`` compacted to the kept nodes."""
+    out = original(spec_info, *args, **kwargs)
+    plan = _PLAN.get()
+    if plan is None or plan.mode != "flashinfer" or plan.keep is None:
+        return out
+    kv_indices, kv_indptr, _qo_indptr, custom_mask = out
+    kv_indices, kv_indptr, qo_indptr, custom_mask = compact_paged_verify_args(kv_indices, kv_indptr, custom_mask,
+                                                                              plan.keep)
+    return kv_indices, kv_indptr, qo_indptr, custom_mask
+
+
+def eager_while_ragged(original, runner, forward_batch, *args, **kwargs):
+    """``*CudaGraphRunner.can_run_graph``: False while a ragged verify runs (graphs hold ``bs * N`` tokens)."""
+    if _PLAN.get() is not None:
+        return False
+    return original(runner, forward_batch, *args, **kwargs)
