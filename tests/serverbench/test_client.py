@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from treespec_sglang.serverbench.client import run_requests, stream_generate
+from treespec_sglang.serverbench.client import flush_cache, run_requests, stream_generate
 
 STEP = 0.05  # seconds between chunks
 
@@ -22,7 +22,15 @@ class Fake(BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
+    flushes = 0
+
     def do_POST(self):
+        if self.path.startswith("/flush_cache"):
+            Fake.flushes += 1
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"Cache flushed.")
+            return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Fake.bodies.append(body)
         kind = body["input_ids"][0]
@@ -102,3 +110,9 @@ def test_concurrency_caps_requests_in_flight(url, concurrency):
 def test_connection_refused_is_a_request_error():
     rec = stream_generate("http://127.0.0.1:9", 0, [1], {}, timeout=5)
     assert not rec.ok and "URLError" in rec.error
+
+
+def test_flush_cache_hits_the_admin_route_and_reports_failures(url):
+    Fake.flushes = 0
+    assert flush_cache(url) is None and Fake.flushes == 1
+    assert "URLError" in flush_cache("http://127.0.0.1:9", timeout=5)

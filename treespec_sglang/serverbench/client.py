@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence
 
-__all__ = ["RequestRecord", "stream_generate", "run_requests"]
+__all__ = ["RequestRecord", "stream_generate", "run_requests", "flush_cache"]
 
 META_KEYS = ("completion_tokens", "prompt_tokens", "spec_verify_ct", "spec_num_correct_drafts", "finish_reason",
              "treespec_policy", "treespec_tree_sizes", "treespec_verify_tokens", "treespec_accept_lengths")
@@ -102,3 +102,14 @@ def run_requests(url: str, prompts: Sequence[Sequence[int]], sampling_params: di
             if on_done is not None:
                 on_done(records[-1])
     return sorted(records, key=lambda r: r.index), time.perf_counter() - t0
+
+
+def flush_cache(url: str, timeout: float = 60) -> Optional[str]:
+    """Empty the server's radix (prefix) cache, so that a cell's TTFT includes its prompts' prefill
+    (otherwise every cell after the first would find them cached). Returns an error message or None."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + "/flush_cache?timeout=30", b"", method="POST"),
+                                    timeout=timeout):
+            return None
+    except Exception as e:  # an older server, an auth-protected admin route: measure anyway, say so
+        return f"{type(e).__name__}: {e}"

@@ -11,7 +11,7 @@ Definitions (per cell, over its successful requests):
   (``treespec_verify_tokens``; N for native requests, which always verify N; 1 for plain decoding).
 - ``ttft_ms_p*`` / ``itl_ms_p*``: percentiles of time to first token and of the gaps between token-bearing
   stream chunks (with speculation a chunk is a round: several tokens); ``tpot_ms`` = (latency - TTFT) /
-  (tokens - 1), mean.
+  (tokens - 1), mean. The server's prefix cache is flushed before each cell, so TTFT includes prefill.
 - ``same_output`` (T = 0 only): fraction of prompts whose output ids equal the plain server's (or, without
   a plain server in the run, native EAGLE's) at T = 0.
 """

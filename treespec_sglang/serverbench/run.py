@@ -11,7 +11,7 @@ import os
 from contextlib import nullcontext
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .client import RequestRecord, run_requests
+from .client import RequestRecord, flush_cache, run_requests
 from .matrix import Cell, ServerSetting
 from .report import format_table, mark_same_output, plot, summarize
 
@@ -117,6 +117,9 @@ def _run_server(setting, mine, launcher, prompt_ids, prompt_names, max_new_token
         log(f"server {setting.label} up at {url}; {len(mine)} cells")
         run_requests(url, prompt_ids[:1], {"max_new_tokens": 4, "temperature": 0.0}, 1)  # warm-up
         for cell in mine:
+            err = flush_cache(url)  # every cell pays its prompts' prefill (no radix-cache hits from earlier cells)
+            if err:
+                log(f"{cell.label}: could not flush the prefix cache ({err}); TTFT may include cache hits")
             sp = {"max_new_tokens": max_new_tokens, "temperature": cell.temperature, "ignore_eos": ignore_eos}
             if cell.spec is not None:
                 sp["custom_params"] = {"treespec": cell.spec}
