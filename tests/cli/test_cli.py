@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from treespec_sglang.cli import main
 
 
@@ -31,3 +33,39 @@ def test_every_subpackage_is_packaged():
     assert found | {"treespec_sglang.patches"} == listed
     data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert "shim/sgl_kernel/__init__.py" in data["treespec_sglang.plugin.cpu"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--policy-json", "[1, 2]"], "--policy-json must be a JSON object or a list of objects, item 0 is int"),
+    (["bench", "--policy-json", "{not json"], "--policy-json is not valid JSON"),
+    (["bench", "--policies", "medusa"], "--policies: unknown policy 'medusa'"),
+    (["bench", "--policy-json", '{"policy": "talon", "mu": 7}'], "policy 5 (talon): talon.mu must be in"),
+    (["demo", "--budget", "0"], "policy 0 (eagle2): eagle2.budget must be"),
+    (["train", "c2t", "--draft", "/nonexistent-draft", "--out", "/tmp/x.pt"], "/nonexistent-draft"),
+])
+def test_bad_cli_input_is_one_line_and_exit_code_2(argv, message):
+    out = subprocess.run([sys.executable, "-m", "treespec_sglang", *argv], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_debug_shows_the_traceback():
+    out = subprocess.run([sys.executable, "-m", "treespec_sglang", "--debug", "bench", "--policy-json", "[1]"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "Traceback" in out.stderr and "ValueError" in out.stderr
+
+
+def test_a_failed_cell_says_why_in_the_table():
+    from types import SimpleNamespace
+
+    from treespec_sglang.cli.runs import PolicyRun, failed_requests, format_table
+
+    ok = SimpleNamespace(token_ids=[1, 2], error=None, stats=SimpleNamespace(accepted=[1], draft_forwards=2,
+                                                                           tree_sizes=[3]))
+    bad = SimpleNamespace(token_ids=[], error="request 1: classifier: no such file", stats=SimpleNamespace(
+        accepted=[], draft_forwards=0, tree_sizes=[]))
+    runs = [PolicyRun(None, 1.0, [ok, ok]), PolicyRun({"policy": "c2t", "budget": 8}, 1.0, [ok, bad])]
+    table = format_table(runs, 0.0).splitlines()
+    assert "FAILED 1/2: request 1: classifier: no such file" in table[-1]
+    assert failed_requests(runs) == 1 and failed_requests(runs[:1]) == 0

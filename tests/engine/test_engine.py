@@ -163,3 +163,97 @@ def test_a_round_syncs_once_per_draft_step_plus_one(aligned_engine, monkeypatch)
         assert set(ops) <= {"aten::_local_scalar_dense", "aten::is_nonzero", "Tensor.tolist"}, ops
         assert ops.get("Tensor.tolist", 0) == 1
         assert n <= 1 + 3  # depth 3 -> at most 2 expand steps + the final check, plus the transfer
+
+
+@pytest.mark.parametrize("policy", ["c2t", "chain"])
+def test_a_bad_classifier_file_fails_only_its_request(engine, tmp_path, policy):
+    """A missing file, a non-torch file and a torch file that is not a classifier: each request fails alone
+    with the field named; the good requests beside it run."""
+    junk = tmp_path / "junk.pt"
+    junk.write_text("not a checkpoint")
+    other = tmp_path / "other.pt"
+    torch.save([1, 2, 3], other)
+    extra = {"beta": 0.5} if policy == "chain" else {"budget": 8}
+    bad = [{"policy": policy, "classifier": p, **extra} for p in ("/nonexistent/c2t.pt", str(junk), str(other))]
+    ps = prompts(5)
+    res = engine.generate(ps, max_new_tokens=5, policy=[POLICIES[0], *bad, POLICIES[1]])
+    assert res[1].error.startswith(f"request 1: {policy}.classifier: file '/nonexistent/c2t.pt' does not exist")
+    for i in (2, 3):
+        assert f"request {i}: {policy}.classifier: " in res[i].error
+        assert "is not a treespec C2T classifier file" in res[i].error
+    assert all(r.token_ids == [] for r in res[1:4])
+    assert res[0].error is None and res[4].error is None and len(res[0].token_ids) == len(res[4].token_ids) == 5
+
+
+def test_a_prompt_over_the_context_fails_alone_with_the_limit(engine):
+    ctx = engine.target.config.max_position_embeddings
+    ps = prompts(2)
+    long = [1] * (ctx - 3)
+    res = engine.generate([ps[0], long, ps[1]], max_new_tokens=4, policy=POLICIES[0])
+    assert res[1].error == (f"request 1: prompt 1 has {ctx - 3} tokens; with max_new_tokens 4 that is {ctx + 1} > "
+                            f"the model's context {ctx} (max_position_embeddings): shorten the prompt or max_new_tokens")
+    assert res[0].error is None and res[2].error is None and len(res[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(temperature=-0.5), "temperature must be a number in"),
+    (dict(temperature=float("nan")), "temperature must be a number in"),
+    (dict(top_p=0.0), "top_p must be a number in"),
+    (dict(top_p=1.5), "top_p must be a number in"),
+    (dict(top_k=2.5), "top_k must be an integer in"),
+    (dict(top_k=True), "top_k must be an integer in"),
+    (dict(max_new_tokens=True), "max_new_tokens must be an integer >= 1, got True"),
+])
+def test_bad_sampling_params_fail_before_any_compute(engine, monkeypatch, kw, message):
+    def boom(*a, **k):
+        raise AssertionError("prefill ran before the sampling parameters were checked")
+
+    monkeypatch.setattr(engine, "_plain", boom)
+    monkeypatch.setattr(engine, "_speculative", boom)
+    args = dict(max_new_tokens=4, **kw) if "max_new_tokens" not in kw else kw
+    with pytest.raises(ValueError, match=message):
+        engine.generate(prompts(2), **args)
+
+
+def test_numpy_scalars_and_nonpositive_top_k_are_accepted(engine):
+    np = pytest.importorskip("numpy")
+    ps = prompts(2)
+    ref = engine.generate(ps, max_new_tokens=4, policy={"policy": "talon", "budget": 8})
+    got = engine.generate(ps, max_new_tokens=np.int64(4), top_k=np.int32(-7),
+                          policy={"policy": "talon", "budget": np.int64(8), "mu": np.float32(0.03)})
+    assert [r.token_ids for r in got] == [r.token_ids for r in ref] and all(r.error is None for r in got)
+
+
+def test_a_batch_that_cannot_fit_is_refused_up_front_with_an_estimate(engine, monkeypatch):
+    from treespec_sglang.engine import memory
+
+    def boom(*a, **k):
+        raise AssertionError("compute started before the memory check")
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10_000)
+    monkeypatch.setattr(engine, "_speculative", boom)
+    with pytest.raises(ValueError, match=r"this batch needs about \d+\.\d GiB \(3 requests x up to 16 tree nodes: "
+                                         r".*\) but only 0\.0 GiB is available on cpu; send fewer requests"):
+        engine.generate(prompts(3), max_new_tokens=4, policy={"policy": "talon", "budget": 16})
+    monkeypatch.undo()
+    assert all(r.error is None for r in engine.generate(prompts(3), max_new_tokens=4,
+                                                         policy={"policy": "talon", "budget": 16}))
+
+
+def test_memory_estimate_scales_with_the_batch():
+    """64 requests x budget 1024 on the demo target's shape (SmolLM2-135M: vocab 49152) is tens of GB of
+    verify logits alone: the estimate says so without allocating anything."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.engine.memory import estimate_generate_bytes
+
+    t = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576,
+                        head_dim=64, vocab_size=49152)
+    d = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, hidden_size=576, head_dim=64)
+    kw = dict(max_prompt=512, max_new=256, dtype=torch.bfloat16, draft_vocab=8192)
+    big = estimate_generate_bytes(t, d, bs=64, max_nodes=1024, **kw)
+    assert big["verify_logits"] == 2 * 64 * 1024 * 49152 * 4 and big["total"] > 25 * 2 ** 30
+    half = estimate_generate_bytes(t, d, bs=32, max_nodes=1024, **kw)
+    assert half["total"] * 2 == pytest.approx(big["total"], rel=1e-9)
+    plain = estimate_generate_bytes(t, None, bs=64, max_nodes=1, **kw)
+    assert "draft_kv" not in plain and plain["total"] < big["total"] / 10  # the KV cache remains

@@ -1,5 +1,7 @@
 """Our Llama forward (explicit positions / KV slots / masks) against transformers' LlamaForCausalLM."""
 
+import os
+
 import pytest
 import torch
 
@@ -52,6 +54,18 @@ def test_incremental_decode_equals_full_forward(tmp_path):
 def test_missing_weights_are_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         LlamaModel.from_pretrained(str(tmp_path))
+    make_tiny_llama(tmp_path / "m")
+    weights = next(f for f in os.listdir(tmp_path / "m") if f.endswith(".safetensors"))
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(tmp_path / "m" / weights))
+    os.remove(tmp_path / "m" / weights)
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors or pytorch_model\\*.bin weights found"):
+        LlamaModel.from_pretrained(str(tmp_path / "m"))
+    gone = "model.layers.0.mlp.down_proj.weight"
+    save_file({k: v for k, v in sd.items() if k != gone}, str(tmp_path / "m" / weights))
+    with pytest.raises(ValueError, match=f"weights missing from the checkpoint: \\['{gone}'\\]"):
+        LlamaModel.from_pretrained(str(tmp_path / "m"))
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -73,8 +87,10 @@ def test_draft_head_roundtrip_in_sglang_format(tmp_path, tie):
             "layers.0.post_attention_layernorm.weight"} <= keys
     assert not any(k.startswith("model.") or "input_layernorm" in k or "embed" in k for k in keys)
     back = EagleDraftHead.load(str(tmp_path / "d"))
-    for (k, a), (_, b) in zip(head.state_dict().items(), back.state_dict().items()):
-        torch.testing.assert_close(a, b, msg=k)
+    want, got = head.state_dict(), back.state_dict()
+    assert list(got) == list(want)  # same names, same order: nothing renamed, dropped or added
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], msg=k)
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         EagleDraftHead.load(str(tmp_path / "t2"))
 

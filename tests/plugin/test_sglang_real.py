@@ -342,3 +342,29 @@ def test_a_malformed_batch_item_is_marked_not_raised(loaded):
                          set_finish_with_abort=lambda *a, **k: aborted.append("wrong"))
     hooks._create_generation_req(ok, None, None)
     assert len(aborted) == 1
+
+
+def test_fuzzed_custom_params_through_the_real_hook(loaded):
+    """Hypothesis-generated ``custom_params`` through SGLang's real ``SamplingParams.verify`` with the hook
+    applied: a request is accepted with in-range params, or refused with ``ValueError`` naming the field."""
+    hyp = pytest.importorskip("hypothesis")
+    from hypothesis import strategies as st
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from tests.policies.test_params_fuzz import SPECS, check_valid
+    from treespec_sglang.plugin import ServerDefaults, request_params
+
+    @hyp.settings(max_examples=300, deadline=None)
+    @hyp.given(st.one_of(SPECS.map(lambda s: {"treespec": s}), st.dictionaries(st.text(max_size=4), st.integers())))
+    def run(custom):
+        sp = SamplingParams(max_new_tokens=4, custom_params=custom)
+        try:
+            sp.verify(1000)
+        except ValueError as e:
+            assert str(e).startswith("custom_params['treespec']: "), e
+            return
+        p = request_params(sp, ServerDefaults())
+        if p is not None:
+            check_valid(p)
+
+    run()

@@ -105,14 +105,14 @@ def test_early_exit_costs_one_sync_per_step():
         return expand(tree, frontier)
 
     with count_host_syncs() as c:
-        grow_tree(MIXED, roots, table[roots], counting_expand)
+        grow_tree(MIXED, roots, table[roots], counting_expand, validate=False)  # the step loop alone
     # one any() per loop iteration: each expand call, plus the final check that ends the loop
     assert c.count <= len(calls) + 1, c.ops
     assert set(c.ops) <= {"aten::_local_scalar_dense", "aten::is_nonzero"}
 
 
 def test_bad_inputs_are_clear_errors():
-    lp = torch.zeros(2, 10)
+    lp = torch.log_softmax(torch.zeros(2, 10), -1)
     with pytest.raises(ValueError, match=r"request 1: talon.mu must be in \[0.0, 1.0\]"):
         grow_tree([{"policy": "talon"}, {"policy": "talon", "mu": 2.0}], torch.arange(2), lp, None)
     with pytest.raises(ValueError, match=r"root_tokens must be int64 \[2\]"):
@@ -134,3 +134,38 @@ def test_value_ties_keep_shallower_nodes(policy):
     tree.check()
     assert tree.depth[0].tolist() == [0, 1, 2]
     assert tree.tokens[0].tolist() == [1, 3, 3]
+
+
+def test_core_input_errors_are_clear():
+    """An empty batch, logits passed as log-probs and an expand with the wrong vocab width each raise a
+    ValueError that says what is wrong (they used to fail obscurely or pass silently)."""
+    lp = torch.log_softmax(torch.randn(2, 50), -1)
+    tok = torch.tensor([1, 2])
+    good = lambda t, f: lp[:, None, :].expand(2, f.shape[1], 50)  # noqa: E731
+    spec = [{"policy": "eagle2", "budget": 8}] * 2
+    with pytest.raises(ValueError, match="at least one request"):
+        grow_tree([], torch.zeros(0, dtype=torch.long), torch.zeros(0, 50), good)
+    logits = lp + 5.0  # mass e^5 > 1: logits, not log-probs
+    with pytest.raises(ValueError, match="root_logprobs row 0 is not a log-probability distribution"):
+        grow_tree(spec, tok, logits, good)
+    grow_tree(spec, tok, logits, good, validate=False)  # the engines' opt-out: no check, no sync
+    restricted = lp.clone()
+    restricted[:, 10:] = float("-inf")  # a candidate-restricted row (mass < 1) is a valid input
+    grow_tree(spec, tok, restricted, lambda t, f: restricted[:, None, :].expand(2, f.shape[1], 50))
+    with pytest.raises(ValueError, match=r"expand must return \[bs, width, vocab\] = \[2, \d+, 50\]"):
+        grow_tree(spec, tok, lp, lambda t, f: torch.log_softmax(torch.randn(2, f.shape[1], 40), -1))
+
+
+def test_input_validation_costs_exactly_one_sync():
+    lp = torch.log_softmax(torch.randn(2, 30), -1)
+    expand = lambda t, f: lp[:, None, :].expand(2, f.shape[1], 30)  # noqa: E731
+    spec = [{"policy": "talon", "budget": 6, "topk": 3}] * 2
+    counts = []
+    for validate in (False, True):
+        with count_host_syncs() as c:
+            grow_tree(spec, torch.arange(2), lp, expand, validate=validate)
+        counts.append(c.count)
+    assert counts[1] == counts[0] + 1
+    with count_host_syncs() as c:
+        grow_tree(spec, torch.arange(2), lp, expand, sync_free=True)  # sync_free skips the check
+    assert c.count == 0

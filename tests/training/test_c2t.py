@@ -39,7 +39,16 @@ def test_train_and_report():
     true_auc = (p_acc[labels > 0.5][:, None] > p_acc[labels <= 0.5][None, :]).float().mean()
     assert auc > true_auc - 0.03, (auc, true_auc)
     assert report["recall"] > 0.7 and report["kept_rate"] < 0.7
-    r = entropy_bucket_report(clf, feats, labels, beta=0.0)
-    assert r["recall"] == 1.0 and r["kept_rate"] == 1.0
+    for beta in (0.0, 0.3, 0.7):  # the report against its definition, recomputed here
+        r = entropy_bucket_report(clf, feats, labels, beta=beta)
+        keep, pos = scores >= beta, labels > 0.5
+        assert r["kept_rate"] == pytest.approx(keep.float().mean().item())
+        assert r["recall"] == pytest.approx((keep & pos).sum().item() / pos.sum().item())
+        for b in r["buckets"]:
+            lo, hi = (float(x) for x in b["entropy"].strip("[)").split(", "))
+            m = (feats[:, 1] >= lo) & (feats[:, 1] < hi)
+            assert b["nodes"] == int(m.sum()) and b["accepted"] == int((m & pos).sum())
+            assert b["kept_rate"] == pytest.approx((keep & m).sum().item() / max(int(m.sum()), 1))
+    assert entropy_bucket_report(clf, feats, labels, beta=0.7)["kept_rate"] < 1.0  # beta matters
     with pytest.raises(ValueError, match="no accepted nodes"):
         train_c2t(feats, torch.zeros_like(labels))

@@ -77,3 +77,20 @@ def test_root_only_trees_are_plain_decoding():
     r = verify_tree(t, logits)
     assert r.num_accepted.tolist() == [0, 0]
     assert emitted_tokens(t, r).tolist() == [[int(logits[0, 0].argmax())], [int(logits[1, 0].argmax())]]
+
+
+@pytest.mark.parametrize("poison", ["nan", "posinf", "all_neginf"])
+def test_verify_refuses_unusable_target_logits(poison):
+    t = DraftTree.from_lists([[9, 1, 2]], [[-1, 0, 0]])
+    logits = torch.randn(1, 3, 5)
+    if poison == "nan":
+        logits[0, 2, 3] = float("nan")
+    elif poison == "posinf":
+        logits[0, 2, 3] = float("inf")
+    else:
+        logits[0, 2] = float("-inf")
+    with pytest.raises(ValueError, match="target_logits of request 0, node 2 hold NaN"):
+        verify_tree(t, logits)
+    ok = logits.clone()
+    ok[0, 2] = torch.tensor([0.0, float("-inf"), 1.0, float("-inf"), 2.0])  # masked tokens are fine
+    assert verify_tree(t, ok).bonus.shape == (1,)

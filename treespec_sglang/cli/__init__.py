@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 
 __all__ = ["main"]
@@ -33,7 +34,10 @@ def _policies(args) -> int:
 
 
 def main(argv=None) -> int:
+    """Run a subcommand. Bad input (a missing path, bad JSON, an out-of-range value) is one line on stderr
+    and exit code 2; ``--debug`` (or ``TREESPEC_DEBUG=1``) shows the traceback instead."""
     ap = argparse.ArgumentParser(prog="treespec", description="treespec-sglang: per-request draft-tree policies")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("policies", help="list the tree policies, their parameters and defaults")
     p.add_argument("--json", action="store_true")
@@ -46,7 +50,14 @@ def main(argv=None) -> int:
     patch.add_parser(sub)
     train.add_parser(sub)
     args = ap.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except (ValueError, OSError, ImportError) as e:  # JSONDecodeError is a ValueError
+        if args.debug or os.environ.get("TREESPEC_DEBUG", "").strip() not in ("", "0"):
+            raise
+        kind = "" if type(e) is ValueError else f"{type(e).__name__}: "
+        print(f"treespec {args.cmd}: {kind}{e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
-from .runs import format_table, label, parse_policies, run_policy, set_threads
+from .runs import failed_requests, format_table, label, parse_policies, run_policy, set_threads
 
 __all__ = ["add_parser", "write_outputs"]
 
@@ -55,7 +56,10 @@ def run(a: argparse.Namespace) -> int:
         all_runs[ps.name] = (ps, runs)
     write_outputs(all_runs, a.out, vars(a))
     print(f"\nwrote {a.out}/results.jsonl, tau_delta.png, acceptance_heatmap.png")
-    return 0
+    failed = sum(failed_requests(runs) for _, runs in all_runs.values())
+    if failed:
+        print(f"treespec bench: {failed} request(s) failed (see the table and results.jsonl)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def write_outputs(all_runs: dict, out: str, args: dict) -> None:

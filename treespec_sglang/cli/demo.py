@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .runs import format_table, parse_policies, run_policy, set_threads
+from .runs import failed_requests, format_table, parse_policies, run_policy, set_threads
 
 __all__ = ["add_parser"]
 
@@ -55,4 +55,4 @@ def run(a: argparse.Namespace) -> int:
 
         if not os.path.isfile(os.path.join(demo_draft_dir(), "model.safetensors")):
             print("note: no trained draft head is installed; a seeded random head was used, so tau ~ 1 here")
-    return 0
+    return 1 if failed_requests(runs) else 0

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import torch
 
-__all__ = ["PRESETS", "parse_policies", "PolicyRun", "run_policy", "format_table"]
+__all__ = ["PRESETS", "parse_policies", "PolicyRun", "run_policy", "format_table", "failed_requests"]
 
 # CPU-sized defaults (shared/notes/measurements.md: a 60-node tree costs ~3.3 decode steps on CPU)
 PRESETS = {
@@ -23,17 +23,34 @@ PRESETS = {
 
 def parse_policies(names: str, extra_json: Optional[str] = None, budget: Optional[int] = None) -> List[dict]:
     """``"eagle2,talon"`` -> preset dicts (``budget`` overrides); ``extra_json`` adds full dicts."""
+    from ..policies.base import parse_spec
+
     out = []
     for n in [x.strip() for x in (names or "").split(",") if x.strip()]:
         if n not in PRESETS:
-            raise SystemExit(f"--policies: unknown policy {n!r}; choose from {sorted(PRESETS)}")
+            raise ValueError(f"--policies: unknown policy {n!r}; choose from {sorted(PRESETS)}")
         d = dict(PRESETS[n])
         if budget is not None and "budget" in d:
             d["budget"] = budget
         out.append(d)
     if extra_json:
-        more = json.loads(extra_json)
-        out += more if isinstance(more, list) else [more]
+        try:
+            more = json.loads(extra_json)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--policy-json is not valid JSON ({e.msg} at char {e.pos}): {extra_json!r}") from None
+        more = more if isinstance(more, list) else [more]
+        for i, m in enumerate(more):
+            if not isinstance(m, dict):
+                raise ValueError(f"--policy-json must be a JSON object or a list of objects, item {i} is "
+                                 f"{type(m).__name__}: {m!r}")
+        out += more
+    for i, d in enumerate(out):  # every policy is checked before any model loads
+        try:
+            parse_spec(d)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"policy {i} ({d.get('policy', '?')}): {e}") from None
+    if budget is not None and budget < 1:
+        raise ValueError(f"--budget must be >= 1, got {budget}")
     return out
 
 
@@ -92,7 +109,10 @@ def format_table(runs: List[PolicyRun], temperature: float) -> str:
     head = f"{'policy':<44} {'tok/s':>7} {'tau':>5} {'delta':>5} {'tree':>5} {'speedup':>7}  lossless"
     lines = [head, "-" * len(head)]
     for r in runs:
-        if r.spec is None:
+        errors = [x.error for x in r.results if x.error]
+        if errors:  # a failed cell says why (and the command exits non-zero: failed_requests)
+            same = f"FAILED {len(errors)}/{len(r.results)}: {errors[0]}"
+        elif r.spec is None:
             same = "-"
         elif temperature > 0:
             same = "n/a (T>0)"
@@ -101,6 +121,11 @@ def format_table(runs: List[PolicyRun], temperature: float) -> str:
         lines.append(f"{label(r.spec):<44} {r.tokens_per_s:7.2f} {r.tau:5.2f} {r.delta:5.2f} {r.mean_tree:5.1f} "
                      f"{r.tokens_per_s / base.tokens_per_s:6.2f}x  {same}")
     return "\n".join(lines)
+
+
+def failed_requests(runs: List[PolicyRun]) -> int:
+    """How many requests failed across the runs (the commands exit 1 when any did)."""
+    return sum(1 for r in runs for x in r.results if x.error)
 
 
 def set_threads(n: Optional[int]) -> None:

@@ -15,6 +15,7 @@ the pair (target hidden at p - 1, x_p) for p = 1..L_b; a tree node of depth d si
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
@@ -24,9 +25,11 @@ import torch
 from ..policies import grow_tree, parse_spec
 from ..tree import dense_mask
 from ..verify import emitted_tokens, sample, verify_tree
+from ..verify.sampling import check_sampling
 from .expander import EntropyRecorder, TreeExpander
 from .kv_cache import KVCache, prefill
 from .loading import load_models
+from .memory import check_fits, estimate_generate_bytes
 
 __all__ = ["SpecEngine", "GenerationResult", "RequestStats"]
 
@@ -144,14 +147,22 @@ class SpecEngine:
         prompt or policy dict is invalid gets ``error`` set and no tokens; the rest run.
         ``progress`` is an optional callable ``(n_new_tokens) -> None`` called after each round.
         """
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        max_new_tokens = int(max_new_tokens)
+        check_sampling(temperature, top_k, top_p)  # before any compute (a bad value used to surface after prefill)
         if isinstance(prompts, str):
             prompts = [prompts]  # one text prompt, not one prompt per character
         ids, bad_prompt = [], {}
         for i, p in enumerate(prompts):
             try:
-                ids.append(self._encode_one(i, p, chat))
+                one = self._encode_one(i, p, chat)
+                ctx = getattr(self.target.config, "max_position_embeddings", None)
+                if ctx and len(one) + max_new_tokens > ctx:
+                    raise ValueError(f"prompt {i} has {len(one)} tokens; with max_new_tokens {max_new_tokens} "
+                                     f"that is {len(one) + max_new_tokens} > the model's context {ctx} "
+                                     f"(max_position_embeddings): shorten the prompt or max_new_tokens")
+                ids.append(one)
             except ValueError as e:
                 ids.append(None)
                 bad_prompt[i] = str(e)
@@ -174,8 +185,13 @@ class SpecEngine:
         gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2 ** 62, ()).item()))
         sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
         if ok:
-            t0 = time.perf_counter()
             plain = all(specs[i] is None for i in ok)
+            max_nodes = 1 if plain else max(p.max_nodes for p in parsed)
+            check_fits(estimate_generate_bytes(
+                self.target.config, None if plain else self.draft.config, bs=len(ok),
+                max_prompt=max(len(ids[i]) for i in ok), max_new=max_new_tokens, max_nodes=max_nodes,
+                dtype=self.dtype, draft_vocab=self._draft_w.shape[0]), self.device, bs=len(ok), max_nodes=max_nodes)
+            t0 = time.perf_counter()
             run = self._plain if plain else self._speculative
             outs = run([ids[i] for i in ok], [parsed[j] for j in range(len(ok))],
                        [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress)
@@ -301,7 +317,7 @@ class SpecEngine:
         bs, dev = root.shape[0], self.device
         expand = TreeExpander(self, dcache, lens, f_root, lmax)
         recorder = EntropyRecorder(expand, root_lp) if self.observer is not None else None
-        tree = grow_tree(params, root, root_lp, recorder or expand)
+        tree = grow_tree(params, root, root_lp, recorder or expand, validate=False)  # log_softmax inputs
         n = tree.n_nodes
         if self.token_map is not None:
             tree = dataclasses.replace(tree, tokens=self._target_ids(tree.tokens, (tree.parents < 0)))
@@ -315,7 +331,7 @@ class SpecEngine:
         mask = (rel < 0) | in_tree
         positions = lens[:, None] + tree.depth.clamp(min=0)
         hidden = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask)
-        result = verify_tree(tree, self._logits(hidden), generator=gen, **sampling)
+        result = verify_tree(tree, self._logits(hidden), generator=gen, validate=False, **sampling)
         if recorder is not None:
             self.observer(tree, recorder.parent_entropy(tree), result)
         em = emitted_tokens(tree, result)  # [bs, depth + 1]

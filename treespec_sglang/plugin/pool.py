@@ -109,7 +109,8 @@ def _policy_keep(pool: PoolView, specs: List[PolicyParams], N: int) -> torch.Ten
         return pool.child_logprobs(f)
 
     root = torch.full((bs, 1), P, dtype=torch.long, device=dev)
-    tree = grow_tree(specs, torch.zeros(bs, dtype=torch.long, device=dev), pool.child_logprobs(root)[:, 0], expand)
+    tree = grow_tree(specs, torch.zeros(bs, dtype=torch.long, device=dev), pool.child_logprobs(root)[:, 0], expand,
+                     validate=False)  # the pool's rows are log-probs by construction; no sync per round
     fid = torch.full(tree.tokens.shape, -1, dtype=torch.long, device=dev)
     fid[:, 0] = P
     for d in range(1, tree.depth_bound + 1):  # parents precede children: resolve level by level

@@ -51,14 +51,16 @@ def parse_spec(spec) -> PolicyParams:
     if not isinstance(spec, dict):
         raise ValueError(f"policy spec must be a dict like {{'policy': 'talon', ...}}, got {type(spec).__name__}")
     name = spec.get("policy")
-    if name not in POLICIES:
+    if not isinstance(name, str) or name not in POLICIES:  # a list / dict value is unhashable: name it, no TypeError
         raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {name!r}")
     cls = POLICIES[name].Params
     allowed = cls.field_names()
     unknown = sorted(set(spec) - set(allowed) - {"policy"})
     if unknown:
         raise ValueError(f"{name}: unknown parameter(s) {unknown}; allowed: {allowed}")
-    return cls(**{k: v for k, v in spec.items() if k != "policy"})
+    # numpy scalars (np.int64 from a dataframe, np.float32) become Python numbers; range checks follow
+    return cls(**{k: (v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v)
+                  for k, v in spec.items() if k != "policy"})
 
 
 def sanitize_logprobs(x: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ a hand-set stand-in.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Union
 
@@ -75,11 +76,18 @@ class C2TClassifier(nn.Module):
     def load(cls, path: Union[str, os.PathLike], map_location="cpu") -> "C2TClassifier":
         if not os.path.isfile(path):
             raise ValueError(f"classifier: file {str(path)!r} does not exist (save one with C2TClassifier.save)")
-        blob = torch.load(path, map_location=map_location, weights_only=True)
+        not_ours = f"classifier: {str(path)!r} is not a treespec C2T classifier file (write one with C2TClassifier.save)"
+        try:
+            blob = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as e:  # not a torch file, or one holding arbitrary objects
+            raise ValueError(f"{not_ours}: {type(e).__name__}") from None
         if not isinstance(blob, dict) or blob.get("format") != "treespec-c2t-v1":
-            raise ValueError(f"classifier: {str(path)!r} is not a treespec C2T classifier file")
-        m = cls(hidden=int(blob["hidden"]))
-        m.load_state_dict(blob["state_dict"])
+            raise ValueError(not_ours)
+        try:
+            m = cls(hidden=int(blob["hidden"]))
+            m.load_state_dict(blob["state_dict"])
+        except Exception as e:  # a damaged file: wrong shapes / keys
+            raise ValueError(f"{not_ours}: {type(e).__name__}: {e}") from None
         return m.eval()
 
 
@@ -98,7 +106,18 @@ def load_classifier(spec) -> C2TClassifier:
         return _DEFAULT
     if isinstance(spec, nn.Module):
         return spec
-    return C2TClassifier.load(spec)
+    path = os.path.abspath(os.fspath(spec))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return C2TClassifier.load(path)  # raises the clear "does not exist"
+    return _load_cached(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(path: str, mtime_ns: int, size: int) -> C2TClassifier:
+    """One load per file version: requests naming the same file share it (validation included)."""
+    return C2TClassifier.load(path)
 
 
 def entropy_topm(logprobs: torch.Tensor, m: int = ENTROPY_TOP_M) -> torch.Tensor:

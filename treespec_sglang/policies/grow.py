@@ -7,7 +7,7 @@ from typing import Callable, List, Sequence
 import torch
 
 from ..tree import DraftTree, stack_rows
-from .base import POLICIES, TreePolicy, parse_spec
+from .base import POLICIES, TreePolicy, parse_spec, sanitize_logprobs
 from .params import PolicyParams
 
 __all__ = ["grow_tree", "parse_specs", "ExpandFn"]
@@ -34,8 +34,20 @@ def _check_inputs(bs: int, root_tokens: torch.Tensor, root_logprobs: torch.Tenso
                          f"{tuple(root_logprobs.shape)}")
 
 
+def _check_logprobs(root_logprobs: torch.Tensor) -> None:
+    """Root rows must be log-probabilities: total mass <= 1 (logsumexp <= 0; a row restricted to candidates
+    may hold less). NaN / +inf entries are the policies' defined case (never chosen), so they are left out of
+    the sum, as the policies treat them. One host read."""
+    lse = torch.logsumexp(sanitize_logprobs(root_logprobs.float()), -1)  # [bs]
+    bad = lse > 1e-3
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"root_logprobs row {i} is not a log-probability distribution (logsumexp "
+                         f"{float(lse[i]):.4g}, must be <= 0; pass log_softmax(logits), not logits)")
+
+
 def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.Tensor,
-              expand: ExpandFn, *, sync_free: bool = False) -> DraftTree:
+              expand: ExpandFn, *, sync_free: bool = False, validate: bool = True) -> DraftTree:
     """Build one draft tree per request, each with its own policy, in one batched loop.
 
     Parameters
@@ -56,6 +68,11 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
         If False (default), stop as soon as no request has a frontier (one host sync per
         step). If True, run each policy's static step bound with no host sync at all
         (CUDA-graph style; the extra steps see all -1 frontiers).
+    validate : bool
+        If True (default), check that ``root_logprobs`` are log-probabilities, total mass <= 1
+        (raw logits would silently mis-rank the tree; one host read per call; skipped with
+        ``sync_free``). Engines whose inputs come from ``log_softmax`` pass False (no sync). NaN / +inf
+        entries are not an error: policies never choose them. ``expand``'s output shape is always checked.
 
     Returns
     -------
@@ -65,8 +82,9 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
     Raises
     ------
     ValueError
-        On a bad spec (naming the request, field and allowed range) or bad input shapes,
-        before any compute.
+        On a bad spec (naming the request, field and allowed range), an empty batch, bad input
+        shapes or (``validate``) logits passed as log-probs, before any compute; on an ``expand``
+        result of the wrong shape (vocab included) at the step it happens.
 
     Examples
     --------
@@ -78,7 +96,12 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
     """
     params = parse_specs(specs)
     bs = len(params)
+    if bs == 0:
+        raise ValueError("specs must hold at least one request (got an empty batch)")
     _check_inputs(bs, root_tokens, root_logprobs)
+    if validate and not sync_free:
+        _check_logprobs(root_logprobs)
+    vocab = root_logprobs.shape[1]
     dev = root_tokens.device
     by_policy = {}
     for i, p in enumerate(params):
@@ -108,9 +131,9 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
             for rows, _, fr in live:
                 frontier[rows, :fr.shape[1]] = fr
         child = expand(tree, frontier)  # [bs, width, vocab]
-        if child.dim() != 3 or child.shape[:2] != frontier.shape:
-            raise ValueError(f"expand must return [bs, width, vocab] = [{bs}, {frontier.shape[1]}, vocab], "
-                             f"got {tuple(child.shape)}")
+        if child.dim() != 3 or child.shape != (*frontier.shape, vocab):
+            raise ValueError(f"expand must return [bs, width, vocab] = [{bs}, {frontier.shape[1]}, {vocab}] "
+                             f"(vocab as root_logprobs), got {tuple(child.shape)}")
         for g in live:
             rows, pol, fr = g
             sub = child if len(groups) == 1 else child[rows, :fr.shape[1]]

@@ -8,6 +8,7 @@ allowed range.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
@@ -20,21 +21,29 @@ MAX_DEPTH = 64
 
 
 def _int(policy: str, name: str, value: Any, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy ints pass, True does not
         raise ValueError(f"{policy}.{name} must be an integer in [{lo}, {hi}], got {value!r}")
     if not lo <= value <= hi:
         raise ValueError(f"{policy}.{name} must be in [{lo}, {hi}], got {value}")
 
 
 def _float(policy: str, name: str, value: Any, lo: float, hi: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{policy}.{name} must be a number in [{lo}, {hi}], got {value!r}")
     if not (math.isfinite(value) and lo <= value <= hi):
         raise ValueError(f"{policy}.{name} must be in [{lo}, {hi}], got {value}")
 
 
 def _classifier(policy: str, value: Any) -> None:
-    if value is None or isinstance(value, str):
+    if value is None:
+        return
+    if isinstance(value, str):  # loaded (once per file version) here, so a bad file fails its request only
+        from .classifier import load_classifier
+
+        try:
+            load_classifier(value)
+        except ValueError as e:
+            raise ValueError(f"{policy}.{e}") from None
         return
     import torch  # local: params stay importable without touching nn
 
@@ -141,9 +150,9 @@ class ChainParams(PolicyParams):
         _int("chain", "length", self.length, 0, MAX_DEPTH)
         if self.beta is not None:
             _float("chain", "beta", self.beta, 0.0, 1.0)
-        _classifier("chain", self.classifier)
         if self.classifier is not None and self.beta is None:
             raise ValueError("chain.classifier needs chain.beta in [0.0, 1.0] (the early-stop threshold)")
+        _classifier("chain", self.classifier)
 
     @property
     def max_nodes(self) -> int:

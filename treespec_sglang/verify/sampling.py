@@ -8,13 +8,37 @@ distribution is one-hot at ``argmax`` (first index on ties, ``torch.argmax``'s r
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional, Union
 
 import torch
 
-__all__ = ["target_probs", "sample_probs", "sample", "as_row_tensor", "uniform"]
+__all__ = ["target_probs", "sample_probs", "sample", "as_row_tensor", "uniform", "check_sampling", "check_scalar",
+           "SAMPLING_RANGES"]
 
 Num = Union[float, int, torch.Tensor]
+
+
+# scalar sampling parameters: (low, high, integer); top_k <= 0 disables top-k, top_p = 1 disables top-p
+SAMPLING_RANGES = {"temperature": (0.0, 1e4, False), "top_k": (-2 ** 31, 2 ** 31, True), "top_p": (1e-9, 1.0, False)}
+
+
+def check_scalar(name: str, value, lo: float, hi: float, integer: bool = False):
+    """Validate one scalar parameter (numpy scalars accepted, bools and NaN refused); returns it as int / float."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind) or not lo <= value <= hi:
+        what = "an integer" if integer else "a number"
+        raise ValueError(f"{name} must be {what} in [{lo}, {hi}], got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def check_sampling(temperature: Num = 0.0, top_k: Num = -1, top_p: Num = 1.0) -> None:
+    """Raise ``ValueError`` naming the field and range for a bad scalar sampling parameter (tensors are
+    checked for shape where they are used). Engines call it before any compute."""
+    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+        if not isinstance(value, torch.Tensor):
+            lo, hi, integer = SAMPLING_RANGES[name]
+            check_scalar(name, value, lo, hi, integer)
 
 
 def as_row_tensor(value: Num, bs: int, device, dtype, name: str, lo: float, hi: float) -> torch.Tensor:
@@ -23,8 +47,7 @@ def as_row_tensor(value: Num, bs: int, device, dtype, name: str, lo: float, hi: 
         if value.shape not in ((), (bs,)):
             raise ValueError(f"{name} must be a scalar or a [{bs}] tensor, got shape {tuple(value.shape)}")
         return value.to(device=device, dtype=dtype).expand(bs)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
+    value = check_scalar(name, value, lo, hi, integer=not dtype.is_floating_point)
     return torch.full((bs,), value, dtype=dtype, device=device)
 
 
@@ -56,7 +79,7 @@ def target_probs(logits: torch.Tensor, temperature: Num = 0.0, top_k: Num = -1, 
     dev = logits.device
     shape = (bs,) + (1,) * (logits.dim() - 1)
     T = as_row_tensor(temperature, bs, dev, torch.float32, "temperature", 0.0, 1e4).view(shape)
-    k = as_row_tensor(top_k, bs, dev, torch.int64, "top_k", -1, 2 ** 31).view(shape)
+    k = as_row_tensor(top_k, bs, dev, torch.int64, "top_k", -2 ** 31, 2 ** 31).view(shape)
     p = as_row_tensor(top_p, bs, dev, torch.float32, "top_p", 1e-9, 1.0).view(shape)
     x = logits.float()
     greedy = torch.nn.functional.one_hot(x.argmax(-1), V).float()

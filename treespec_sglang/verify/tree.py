@@ -50,7 +50,7 @@ def first_sibling_mask(tree: DraftTree) -> torch.Tensor:
 
 
 def verify_tree(tree: DraftTree, target_logits: torch.Tensor, *, temperature: Num = 0.0, top_k: Num = -1,
-                top_p: Num = 1.0, generator: Optional[torch.Generator] = None) -> VerifyResult:
+                top_p: Num = 1.0, generator: Optional[torch.Generator] = None, validate: bool = True) -> VerifyResult:
     """Verify draft trees against the target model's outputs.
 
     Parameters
@@ -63,6 +63,11 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, *, temperature: Nu
         Applied exactly as plain sampling (:func:`target_probs`) would; T = 0 is greedy.
     generator : torch.Generator, optional
         Source of the per-node coins and the bonus draw.
+    validate : bool
+        If True (default), refuse target logits holding NaN or +inf, or a row that is -inf
+        everywhere (nothing to emit): ``ValueError`` naming the request and node, one host read.
+        ``-inf`` entries are fine (masked tokens). Engines whose logits come from their own model
+        forward pass False (no sync).
 
     Returns
     -------
@@ -80,6 +85,13 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, *, temperature: Nu
     if target_logits.dim() != 3 or target_logits.shape[:2] != (bs, n):
         raise ValueError(f"target_logits must be [bs, n_nodes, vocab] = [{bs}, {n}, vocab], "
                          f"got {tuple(target_logits.shape)}")
+    if validate:
+        bad = (torch.isnan(target_logits).any(-1) | torch.isposinf(target_logits).any(-1)
+               | torch.isneginf(target_logits).all(-1))  # [bs, n_nodes]
+        if bool(bad.any()):
+            b, i = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"target_logits of request {b}, node {i} hold NaN / +inf or are -inf everywhere: "
+                             f"no token can be verified from them")
     probs = target_probs(target_logits, temperature, top_k, top_p)  # [bs, n_nodes, vocab]
     return walk_tree(tree, probs, uniform((bs, tree.depth_bound + 1), tree.device, generator))
 
