@@ -12,8 +12,11 @@ import argparse
 import json
 import os
 import random
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.models.tiny
 
 
 def rss_mb() -> float:
