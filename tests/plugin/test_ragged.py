@@ -201,3 +201,23 @@ def test_flashinfer_args_hook_and_eager_hook_act_only_during_a_flashinfer_ragged
             assert all(torch.equal(a, b) for a, b in zip(got, want)) and got[2].tolist() == [0, 2, 5]
         else:
             assert got is padded
+
+
+@pytest.mark.parametrize("sizes, prefix", [([7, 1, 4, 6], [3, 5, 1, 4]), ([2, 2], [0, 9])])
+def test_compacted_paged_args_are_our_flashinfer_layout(rng, sizes, prefix):
+    """SGLang's padded verify arguments for trees padded to N, compacted, equal :func:`flashinfer_layout`
+    of the trees themselves (the layout the GPU-marked test runs through FlashInfer against the oracle)."""
+    from treespec_sglang.tree import flashinfer_layout
+
+    tree = random_batch(rng, sizes, vocab=9)
+    bs, n = tree.tokens.shape
+    pl = torch.tensor(prefix)
+    dense = dense_mask(tree)  # [bs, N, N]
+    blocks = [torch.cat([torch.ones(n, p, dtype=torch.bool), dense[b]], 1).reshape(-1) for b, p in enumerate(prefix)]
+    kv_indptr = torch.tensor([0] + torch.cumsum(pl + n, 0).tolist(), dtype=torch.int32)
+    kv_indices = torch.arange(int(kv_indptr[-1]), dtype=torch.int32)
+    got_kv, got_kv_indptr, got_qo, got_mask = compact_paged_verify_args(kv_indices, kv_indptr, torch.cat(blocks),
+                                                                        tree.valid)
+    lay = flashinfer_layout(tree, pl)
+    assert torch.equal(got_qo, lay.qo_indptr) and torch.equal(got_kv_indptr, lay.kv_indptr)
+    assert torch.equal(got_mask, lay.custom_mask.bool())
