@@ -257,3 +257,24 @@ def test_memory_estimate_scales_with_the_batch():
     assert half["total"] * 2 == pytest.approx(big["total"], rel=1e-9)
     plain = estimate_generate_bytes(t, None, bs=64, max_nodes=1, **kw)
     assert "draft_kv" not in plain and plain["total"] < big["total"] / 10  # the KV cache remains
+
+
+@pytest.mark.parametrize("per_request", [1, 2, 5])
+def test_batch_verify_budget_is_lossless_and_respected(aligned_engine, per_request):
+    """One verify budget for the whole batch (roots included): greedy output == plain greedy for every
+    allocation, and every round's tree sizes sum to at most the budget across the requests still running."""
+    ps = prompts(6, seed=11)
+    mix = [POLICIES[i % len(POLICIES)] for i in range(6)]
+    plain = aligned_engine.generate(ps, max_new_tokens=14, policy=None)
+    budget = per_request * len(ps)
+    res = aligned_engine.generate(ps, max_new_tokens=14, policy=mix, verify_budget=budget)
+    assert [r.token_ids for r in res] == [r.token_ids for r in plain]
+    sizes = [r.stats.tree_sizes for r in res]
+    for rnd in range(max(len(s) for s in sizes)):
+        assert sum(s[rnd] for s in sizes if len(s) > rnd) <= max(budget, len(ps))
+    if per_request == 1:
+        assert all(x == 1 for s in sizes for x in s)  # only roots fit
+    if per_request == 5:
+        assert max(x for s in sizes for x in s) > 5  # the budget moves between requests
+    with pytest.raises(ValueError, match="verify_budget must be an integer >= 1"):
+        aligned_engine.generate(ps, max_new_tokens=4, policy=mix, verify_budget=0)

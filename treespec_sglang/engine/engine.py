@@ -23,7 +23,8 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from ..policies import grow_tree, parse_spec
-from ..tree import dense_mask
+from ..policies.batch_budget import allocate_batch
+from ..tree import compact, dense_mask
 from ..verify import emitted_tokens, sample, verify_tree
 from ..verify.sampling import check_sampling
 from .expander import EntropyRecorder, TreeExpander
@@ -140,17 +141,25 @@ class SpecEngine:
     @torch.inference_mode()
     def generate(self, prompts, *, max_new_tokens: int, policy=None, temperature: float = 0.0, top_k: int = -1,
                  top_p: float = 1.0, seed: Optional[int] = None, chat: bool = True,
-                 progress=None) -> List[GenerationResult]:
+                 progress=None, verify_budget: Optional[int] = None) -> List[GenerationResult]:
         """Generate for a batch of prompts; ``policy`` is one dict, a list (one per prompt), or None.
 
         ``prompts``: a list of texts / token-id lists (a single text is one prompt). A request whose
         prompt or policy dict is invalid gets ``error`` set and no tokens; the rest run.
         ``progress`` is an optional callable ``(n_new_tokens) -> None`` called after each round.
+        ``verify_budget``: total tokens the batch verifies per round (roots included). Each request's
+        policy still proposes its own tree; :func:`~treespec_sglang.policies.batch_budget.allocate_batch`
+        keeps the nodes with the highest path probabilities across the batch (ancestor-closed, every root
+        kept). None: every request verifies its whole tree.
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         max_new_tokens = int(max_new_tokens)
         check_sampling(temperature, top_k, top_p)  # before any compute (a bad value used to surface after prefill)
+        if verify_budget is not None and (isinstance(verify_budget, bool) or not isinstance(verify_budget, numbers.Integral)
+                                          or verify_budget < 1):
+            raise ValueError(f"verify_budget must be an integer >= 1 (tokens per round for the batch) or None, "
+                             f"got {verify_budget!r}")
         if isinstance(prompts, str):
             prompts = [prompts]  # one text prompt, not one prompt per character
         ids, bad_prompt = [], {}
@@ -193,8 +202,9 @@ class SpecEngine:
                 dtype=self.dtype, draft_vocab=self._draft_w.shape[0]), self.device, bs=len(ok), max_nodes=max_nodes)
             t0 = time.perf_counter()
             run = self._plain if plain else self._speculative
+            extra = {} if plain else {"budget": None if verify_budget is None else int(verify_budget)}
             outs = run([ids[i] for i in ok], [parsed[j] for j in range(len(ok))],
-                       [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress)
+                       [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress, **extra)
             dt = time.perf_counter() - t0
             for i, toks in zip(ok, outs):
                 results[i].token_ids = toks
@@ -277,7 +287,7 @@ class SpecEngine:
                 stats[r].rounds += 1
 
     # ------------------------------------------------------------------ speculative decoding
-    def _speculative(self, ids, params, stats, max_new, sampling, gen, progress):
+    def _speculative(self, ids, params, stats, max_new, sampling, gen, progress, budget=None):
         bs, dev = len(ids), self.device
         max_nodes = max(p.max_nodes for p in params)
         max_len = max(len(x) for x in ids) + max_new + max_nodes + 2
@@ -308,16 +318,20 @@ class SpecEngine:
                 lens_h = [lens_h[i] for i in keep]
             pending, root, lens, f_root, root_lp = self._round(
                 cache, dcache, [params[r] for r in rows], [stats[r] for r in rows], root, lens, f_root, root_lp,
-                sampling, gen, max(lens_h))
+                sampling, gen, max(lens_h), budget)
             lens_h = [x + len(p) for x, p in zip(lens_h, pending)]
 
-    def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen, lmax: int):
+    def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen, lmax: int,
+               budget: Optional[int] = None):
         """One draft -> verify -> commit round. ``lmax`` (host int) = max(lens): sizes attention
         without a sync; the only syncs are grow_tree's per-step check and one transfer at the end."""
         bs, dev = root.shape[0], self.device
         expand = TreeExpander(self, dcache, lens, f_root, lmax)
         recorder = EntropyRecorder(expand, root_lp) if self.observer is not None else None
         tree = grow_tree(params, root, root_lp, recorder or expand, validate=False)  # log_softmax inputs
+        if budget is not None:  # one budget for the batch: the best nodes across requests (no sync)
+            keep = allocate_batch(tree, budget)
+            tree = compact(tree, keep, max(1, min(tree.n_nodes, budget - bs + 1)))  # host-known width bound
         n = tree.n_nodes
         if self.token_map is not None:
             tree = dataclasses.replace(tree, tokens=self._target_ids(tree.tokens, (tree.parents < 0)))
