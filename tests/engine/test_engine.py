@@ -271,7 +271,8 @@ def test_batch_verify_budget_is_lossless_and_respected(aligned_engine, per_reque
     assert [r.token_ids for r in res] == [r.token_ids for r in plain]
     sizes = [r.stats.tree_sizes for r in res]
     for rnd in range(max(len(s) for s in sizes)):
-        assert sum(s[rnd] for s in sizes if len(s) > rnd) <= max(budget, len(ps))
+        running = sum(1 for s in sizes if len(s) > rnd)  # the budget scales with the requests still running
+        assert sum(s[rnd] for s in sizes if len(s) > rnd) <= max(-(-budget * running // len(ps)), running)
     if per_request == 1:
         assert all(x == 1 for s in sizes for x in s)  # only roots fit
     if per_request == 5:

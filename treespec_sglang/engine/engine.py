@@ -147,10 +147,11 @@ class SpecEngine:
         ``prompts``: a list of texts / token-id lists (a single text is one prompt). A request whose
         prompt or policy dict is invalid gets ``error`` set and no tokens; the rest run.
         ``progress`` is an optional callable ``(n_new_tokens) -> None`` called after each round.
-        ``verify_budget``: total tokens the batch verifies per round (roots included). Each request's
-        policy still proposes its own tree; :func:`~treespec_sglang.policies.batch_budget.allocate_batch`
-        keeps the nodes with the highest path probabilities across the batch (ancestor-closed, every root
-        kept). None: every request verifies its whole tree.
+        ``verify_budget``: total tokens the batch verifies per round (roots included), scaled down in
+        proportion as requests finish (ceil(T * running / batch)). Each request's policy still proposes
+        its own tree; :func:`~treespec_sglang.policies.batch_budget.allocate_batch` keeps the nodes with
+        the highest path probabilities across the batch (ancestor-closed, every root kept; one host read
+        per round sizes the verify to the largest kept tree). None: every request verifies its whole tree.
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -318,7 +319,7 @@ class SpecEngine:
                 lens_h = [lens_h[i] for i in keep]
             pending, root, lens, f_root, root_lp = self._round(
                 cache, dcache, [params[r] for r in rows], [stats[r] for r in rows], root, lens, f_root, root_lp,
-                sampling, gen, max(lens_h), budget)
+                sampling, gen, max(lens_h), None if budget is None else -(-budget * len(rows) // bs))
             lens_h = [x + len(p) for x, p in zip(lens_h, pending)]
 
     def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen, lmax: int,
@@ -329,9 +330,11 @@ class SpecEngine:
         expand = TreeExpander(self, dcache, lens, f_root, lmax)
         recorder = EntropyRecorder(expand, root_lp) if self.observer is not None else None
         tree = grow_tree(params, root, root_lp, recorder or expand, validate=False)  # log_softmax inputs
-        if budget is not None:  # one budget for the batch: the best nodes across requests (no sync)
+        if budget is not None:  # one budget for the batch: the best nodes across requests
             keep = allocate_batch(tree, budget)
-            tree = compact(tree, keep, max(1, min(tree.n_nodes, budget - bs + 1)))  # host-known width bound
+            # the verify runs [bs, width]: the largest kept tree (one host read; a static bound such as
+            # budget - bs + 1 would make every request verify that many padded columns)
+            tree = compact(tree, keep, int(keep.sum(1).max()))
         n = tree.n_nodes
         if self.token_map is not None:
             tree = dataclasses.replace(tree, tokens=self._target_ids(tree.tokens, (tree.parents < 0)))
