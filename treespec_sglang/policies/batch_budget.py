@@ -73,6 +73,25 @@ def _rank_desc(values: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
     return rank
 
 
+def _split(tree: DraftTree, cap, floor, weight):
+    """(values ``[bs, n]``, roots, ranking depth, forced nodes, optional nodes) of one batch.
+
+    A candidate with local rank r (1-based: the root ranks 0) is allowed while r < cap (tree size r + 1
+    <= cap) and forced while r < floor."""
+    bs, n = tree.tokens.shape
+    dev = tree.tokens.device
+    cap = torch.full((bs,), n, device=dev) if cap is None else cap.to(dev)
+    floor = torch.ones(bs, dtype=torch.int64, device=dev) if floor is None else floor.to(dev)
+    v = node_values(tree, weight)  # [bs, n]
+    root = (tree.parents < 0) & (tree.depth >= 0)
+    cand = torch.isfinite(v) & ~root  # non-root valid nodes with a value
+    depth = torch.where(tree.depth >= 0, tree.depth, n + 1)
+    local = _rank_desc(v, depth)  # [bs, n] the root ranks 0 (inf), then the candidates, padding last
+    allowed = cand & (local < cap[:, None])
+    forced = allowed & (local < floor[:, None])
+    return v, root, depth, forced, allowed & ~forced
+
+
 def allocate_batch(tree: DraftTree, total: Num, cap: Optional[torch.Tensor] = None,
                    floor: Optional[torch.Tensor] = None, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The nodes every request verifies under one batch budget.
@@ -93,17 +112,7 @@ def allocate_batch(tree: DraftTree, total: Num, cap: Optional[torch.Tensor] = No
     """
     bs, n = tree.tokens.shape
     dev = tree.tokens.device
-    cap = torch.full((bs,), n, device=dev) if cap is None else cap.to(dev)
-    floor = torch.ones(bs, dtype=torch.int64, device=dev) if floor is None else floor.to(dev)
-    v = node_values(tree, weight)  # [bs, n]
-    root = (tree.parents < 0) & (tree.depth >= 0)
-    cand = torch.isfinite(v) & ~root  # non-root valid nodes with a value
-    depth = torch.where(tree.depth >= 0, tree.depth, n + 1)
-    local = _rank_desc(v, depth)  # [bs, n] the root ranks 0 (inf), then the candidates, padding last
-    # local rank r (1-based among candidates since the root takes rank 0): allowed while r < cap, forced while r < floor
-    allowed = cand & (local < cap[:, None])
-    forced = allowed & (local < floor[:, None])
-    optional = allowed & ~forced
+    v, root, depth, forced, optional = _split(tree, cap, floor, weight)
     left = torch.as_tensor(total, device=dev) - root.sum() - forced.sum()  # tokens for optional nodes
     flat_v = torch.where(optional, v, float("-inf")).reshape(1, -1)
     grank = _rank_desc(flat_v, depth.reshape(1, -1)).reshape(bs, n)  # global rank among all nodes
@@ -126,16 +135,7 @@ def best_total(tree: DraftTree, cost_ms: torch.Tensor, cap: Optional[torch.Tenso
     """
     bs, n = tree.tokens.shape
     dev = tree.tokens.device
-    cap = torch.full((bs,), n, device=dev) if cap is None else cap.to(dev)
-    floor = torch.ones(bs, dtype=torch.int64, device=dev) if floor is None else floor.to(dev)
-    v = node_values(tree, weight)
-    root = (tree.parents < 0) & (tree.depth >= 0)
-    cand = torch.isfinite(v) & ~root
-    depth = torch.where(tree.depth >= 0, tree.depth, n + 1)
-    local = _rank_desc(v, depth)
-    allowed = cand & (local < cap[:, None])
-    forced = allowed & (local < floor[:, None])
-    optional = allowed & ~forced
+    v, root, _, forced, optional = _split(tree, cap, floor, weight)
     base_tokens = root.sum() + forced.sum()  # T can't go below this
     base_value = bs + torch.where(forced, v, 0.0).sum()
     opt = torch.sort(torch.where(optional, v, 0.0).reshape(-1), descending=True).values  # [bs * n]
