@@ -5,7 +5,8 @@ code and chat), greedy. For each per-request size N, the fixed rows give every r
 N nodes; the batch rows let every request's policy grow a tree of up to ``--cap-factor`` x N nodes and
 keep the best ``bs * N`` nodes of the whole batch (``verify_budget = bs * N``), so both verify at most the
 same number of tokens per round. Reported: accepted draft tokens per verified token, tau, verified tokens
-per round, tokens/s, and whether the outputs equal plain greedy.
+per round, tokens/s, and whether the outputs equal plain greedy. ``batch+calibrated`` weighs the path
+probabilities by the per-depth correction learned online during each call (``calibrate=True``).
 
     python bench/batch_budget.py --bs 8 --sizes 4,8,16 --max-new-tokens 64
 """
@@ -15,11 +16,12 @@ import json
 import time
 
 
-def run(engine, prompts, spec, bs, max_new, budget=None):
+def run(engine, prompts, spec, bs, max_new, budget=None, calibrate=False):
     t0 = time.perf_counter()
     res = []
     for i in range(0, len(prompts), bs):
-        res += engine.generate(prompts[i:i + bs], max_new_tokens=max_new, policy=spec, verify_budget=budget)
+        res += engine.generate(prompts[i:i + bs], max_new_tokens=max_new, policy=spec, verify_budget=budget,
+                               calibrate=calibrate)
     dt = time.perf_counter() - t0
     acc = sum(sum(r.stats.accepted) for r in res)
     verified = sum(sum(r.stats.tree_sizes) for r in res)
@@ -58,8 +60,11 @@ def main():
         depth = max(2, min(8, n // 2))
         fixed = {"policy": "eagle2", "budget": n, "topk": a.topk, "depth": depth}
         capped = {"policy": "eagle2", "budget": a.cap_factor * n, "topk": a.topk, "depth": depth + 2}
-        for mode, spec, budget in (("fixed", fixed, None), ("batch", capped, a.bs * n)):
-            r = run(engine, prompts, spec, a.bs, a.max_new_tokens, budget)
+        for mode, spec, budget, cal in (("fixed", fixed, None, False), ("batch", capped, a.bs * n, False),
+                                        ("batch+calibrated", capped, a.bs * n, True)):
+            r = run(engine, prompts, spec, a.bs, a.max_new_tokens, budget, cal)
+            if cal:
+                r["depth_ratios"] = [round(x, 3) for x in engine.calibration.ratios().tolist()[:8]]
             r.update(n=n, mode=mode, same=r.pop("outputs") == plain["outputs"])
             rows.append(r)
             print(f"| {n} | {mode} | {r['accepted_per_verified']:.3f} | {r['tau']:.2f} | "

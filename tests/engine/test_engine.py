@@ -279,3 +279,16 @@ def test_batch_verify_budget_is_lossless_and_respected(aligned_engine, per_reque
         assert max(x for s in sizes for x in s) > 5  # the budget moves between requests
     with pytest.raises(ValueError, match="verify_budget must be an integer >= 1"):
         aligned_engine.generate(ps, max_new_tokens=4, policy=mix, verify_budget=0)
+
+
+def test_calibrated_batch_budget_is_lossless_and_learns(aligned_engine):
+    ps = prompts(6, seed=12)
+    mix = [POLICIES[i % len(POLICIES)] for i in range(6)]
+    plain = aligned_engine.generate(ps, max_new_tokens=14, policy=None)
+    res = aligned_engine.generate(ps, max_new_tokens=14, policy=mix, verify_budget=18, calibrate=True)
+    assert [r.token_ids for r in res] == [r.token_ids for r in plain]
+    cal = aligned_engine.calibration
+    assert cal is not None and float(cal.predicted.sum()) > 0 and float(cal.accepted.sum()) > 0
+    assert sum(cal.curve()["nodes"]) == sum(sum(s - 1 for s in r.stats.tree_sizes) for r in res)
+    with pytest.raises(ValueError, match="calibrate=True needs verify_budget"):
+        aligned_engine.generate(ps, max_new_tokens=4, policy=mix, calibrate=True)

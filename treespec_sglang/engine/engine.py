@@ -24,6 +24,7 @@ import torch
 
 from ..policies import grow_tree, parse_spec
 from ..policies.batch_budget import allocate_batch
+from ..policies.calibration import DepthCalibration
 from ..tree import compact, dense_mask
 from ..verify import emitted_tokens, sample, verify_tree
 from ..verify.sampling import check_sampling
@@ -77,6 +78,7 @@ class SpecEngine:
         self.tokenizer = tokenizer
         # optional ``observer(tree, parent_entropy, result)`` called after each verify (C2T data)
         self.observer = None
+        self.calibration = None  # the last generate(calibrate=True) call's DepthCalibration
         self.device = torch.device(device)
         self.dtype = dtype
         cfg = target.config
@@ -141,7 +143,8 @@ class SpecEngine:
     @torch.inference_mode()
     def generate(self, prompts, *, max_new_tokens: int, policy=None, temperature: float = 0.0, top_k: int = -1,
                  top_p: float = 1.0, seed: Optional[int] = None, chat: bool = True,
-                 progress=None, verify_budget: Optional[int] = None) -> List[GenerationResult]:
+                 progress=None, verify_budget: Optional[int] = None,
+                 calibrate: bool = False) -> List[GenerationResult]:
         """Generate for a batch of prompts; ``policy`` is one dict, a list (one per prompt), or None.
 
         ``prompts``: a list of texts / token-id lists (a single text is one prompt). A request whose
@@ -152,6 +155,9 @@ class SpecEngine:
         its own tree; :func:`~treespec_sglang.policies.batch_budget.allocate_batch` keeps the nodes with
         the highest path probabilities across the batch (ancestor-closed, every root kept; one host read
         per round sizes the verify to the largest kept tree). None: every request verifies its whole tree.
+        ``calibrate`` (with ``verify_budget``): weigh the path probabilities by a per-depth acceptance
+        correction learned online during the call (:class:`~treespec_sglang.policies.calibration.
+        DepthCalibration`; left in ``self.calibration`` for its curve).
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -161,6 +167,8 @@ class SpecEngine:
                                           or verify_budget < 1):
             raise ValueError(f"verify_budget must be an integer >= 1 (tokens per round for the batch) or None, "
                              f"got {verify_budget!r}")
+        if calibrate and verify_budget is None:
+            raise ValueError("calibrate=True needs verify_budget (it weighs the batch allocation)")
         if isinstance(prompts, str):
             prompts = [prompts]  # one text prompt, not one prompt per character
         ids, bad_prompt = [], {}
@@ -203,6 +211,7 @@ class SpecEngine:
                 dtype=self.dtype, draft_vocab=self._draft_w.shape[0]), self.device, bs=len(ok), max_nodes=max_nodes)
             t0 = time.perf_counter()
             run = self._plain if plain else self._speculative
+            self.calibration = DepthCalibration() if calibrate and not plain else None
             extra = {} if plain else {"budget": None if verify_budget is None else int(verify_budget)}
             outs = run([ids[i] for i in ok], [parsed[j] for j in range(len(ok))],
                        [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress, **extra)
@@ -331,7 +340,8 @@ class SpecEngine:
         recorder = EntropyRecorder(expand, root_lp) if self.observer is not None else None
         tree = grow_tree(params, root, root_lp, recorder or expand, validate=False)  # log_softmax inputs
         if budget is not None:  # one budget for the batch: the best nodes across requests
-            keep = allocate_batch(tree, budget)
+            cal = getattr(self, "calibration", None)
+            keep = allocate_batch(tree, budget, weight=None if cal is None else cal.weight(tree))
             # the verify runs [bs, width]: the largest kept tree (one host read; a static bound such as
             # budget - bs + 1 would make every request verify that many padded columns)
             tree = compact(tree, keep, int(keep.sum(1).max()))
@@ -349,6 +359,8 @@ class SpecEngine:
         positions = lens[:, None] + tree.depth.clamp(min=0)
         hidden = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask)
         result = verify_tree(tree, self._logits(hidden), generator=gen, validate=False, **sampling)
+        if budget is not None and getattr(self, "calibration", None) is not None:
+            self.calibration.update(tree, result.path)
         if recorder is not None:
             self.observer(tree, recorder.parent_entropy(tree), result)
         em = emitted_tokens(tree, result)  # [bs, depth + 1]
