@@ -49,8 +49,6 @@ def add_parser(sub) -> None:
 
 
 def _paths(a):
-    import treespec_sglang
-
     model = a.model
     if model == "demo":
         from ..models.demo import demo_target
@@ -58,7 +56,9 @@ def _paths(a):
         model = demo_target()
     draft = a.draft
     if draft == "demo":
-        draft = os.path.join(os.path.dirname(treespec_sglang.__file__), "assets", "smollm2-135m-eagle")
+        from ..engine.loading import demo_draft_dir
+
+        draft = demo_draft_dir()
     tmap = a.token_map
     if tmap == "auto":
         cand = os.path.join(draft, "token_map.pt") if draft else ""
@@ -77,42 +77,39 @@ def run(a: argparse.Namespace) -> int:
     from ..serverbench.matrix import parse_list
     from ..serverbench.server import LaunchedServer, free_port, get_json, launch_command, setting_of
 
-    try:
-        extra = json.loads(a.policy_json) if a.policy_json else None
-        if extra is not None and not isinstance(extra, dict):
-            raise ValueError(f"--policy-json must be a JSON object keyed by policy name, got {a.policy_json!r}")
-        if a.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
-        concurrency = [int(x) for x in parse_list(a.concurrency, "--concurrency")]
-        temps = [float(x) for x in parse_list(a.temperatures, "--temperatures")]
-        policies = parse_list(a.policies, "--policies") if a.policies.strip() else []
-        budgets = parse_list(a.budgets, "--budgets")
-        if a.url:
-            info = get_json(a.url.rstrip("/") + "/get_server_info")
-            servers = [setting_of(info)]
-            tok_path = a.tokenizer or info.get("tokenizer_path") or info.get("model_path")
-            launcher = lambda s: nullcontext(a.url.rstrip("/"))  # noqa: E731
-            print(f"running server {a.url}: {servers[0].label} (no plain row: it would need a restart)")
-        else:
-            import torch
+    # bad input raises ValueError / OSError: cli.main prints it as one line with exit code 2
+    extra = json.loads(a.policy_json) if a.policy_json else None
+    if extra is not None and not isinstance(extra, dict):
+        raise ValueError(f"--policy-json must be a JSON object keyed by policy name, got {a.policy_json!r}")
+    if a.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
+    concurrency = [int(x) for x in parse_list(a.concurrency, "--concurrency")]
+    temps = [float(x) for x in parse_list(a.temperatures, "--temperatures")]
+    policies = parse_list(a.policies, "--policies") if a.policies.strip() else []
+    budgets = parse_list(a.budgets, "--budgets")
+    if a.url:
+        info = get_json(a.url.rstrip("/") + "/get_server_info")
+        servers = [setting_of(info)]
+        tok_path = a.tokenizer or info.get("tokenizer_path") or info.get("model_path")
+        launcher = lambda s: nullcontext(a.url.rstrip("/"))  # noqa: E731
+        print(f"running server {a.url}: {servers[0].label} (no plain row: it would need a restart)")
+    else:
+        import torch
 
-            device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-            servers = parse_servers(a.servers or ("plain,eagle:10/6/60" if device == "cuda" else "plain,eagle:4/3/8"))
-            model, draft, tmap = _paths(a)
-            tok_path = a.tokenizer or model
-            logs = os.path.join(a.out, "logs")
-            os.makedirs(logs, exist_ok=True)
+        device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        servers = parse_servers(a.servers or ("plain,eagle:10/6/60" if device == "cuda" else "plain,eagle:4/3/8"))
+        model, draft, tmap = _paths(a)
+        tok_path = a.tokenizer or model
+        logs = os.path.join(a.out, "logs")
+        os.makedirs(logs, exist_ok=True)
 
-            def launcher(setting):
-                argv = launch_command(model, setting, draft=draft, token_map=tmap, device=device, port=free_port(),
-                                      extra=shlex.split(a.server_args))
-                return LaunchedServer(argv, os.path.join(logs, f"{setting.label}.log"), device=device,
-                                      startup_timeout=a.startup_timeout)
-        cells = build_matrix(servers, policies, budgets, concurrency, temps, extra)
-        prompts = load_prompts(a.prompts, every=a.every, limit=a.num_prompts)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        print(f"treespec bench-server: {e}", file=sys.stderr)
-        return 2
+        def launcher(setting):
+            argv = launch_command(model, setting, draft=draft, token_map=tmap, device=device, port=free_port(),
+                                  extra=shlex.split(a.server_args))
+            return LaunchedServer(argv, os.path.join(logs, f"{setting.label}.log"), device=device,
+                                  startup_timeout=a.startup_timeout)
+    cells = build_matrix(servers, policies, budgets, concurrency, temps, extra)
+    prompts = load_prompts(a.prompts, every=a.every, limit=a.num_prompts)
     tokenizer = AutoTokenizer.from_pretrained(tok_path)
     ids = encode_prompts(tokenizer, prompts, chat_template=not a.no_chat_template)
     print(f"{len(cells)} cells over {len(servers)} server setting(s), {len(ids)} prompts each")

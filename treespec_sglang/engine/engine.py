@@ -172,10 +172,10 @@ class SpecEngine:
         if isinstance(prompts, str):
             prompts = [prompts]  # one text prompt, not one prompt per character
         ids, bad_prompt = [], {}
+        ctx = getattr(self.target.config, "max_position_embeddings", None)
         for i, p in enumerate(prompts):
             try:
                 one = self._encode_one(i, p, chat)
-                ctx = getattr(self.target.config, "max_position_embeddings", None)
                 if ctx and len(one) + max_new_tokens > ctx:
                     raise ValueError(f"prompt {i} has {len(one)} tokens; with max_new_tokens {max_new_tokens} "
                                      f"that is {len(one) + max_new_tokens} > the model's context {ctx} "
@@ -212,7 +212,8 @@ class SpecEngine:
             t0 = time.perf_counter()
             run = self._plain if plain else self._speculative
             self.calibration = DepthCalibration() if calibrate and not plain else None
-            extra = {} if plain else {"budget": None if verify_budget is None else int(verify_budget)}
+            extra = {} if plain else {"budget": None if verify_budget is None else int(verify_budget),
+                                      "calibration": self.calibration}
             outs = run([ids[i] for i in ok], [parsed[j] for j in range(len(ok))],
                        [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress, **extra)
             dt = time.perf_counter() - t0
@@ -297,7 +298,7 @@ class SpecEngine:
                 stats[r].rounds += 1
 
     # ------------------------------------------------------------------ speculative decoding
-    def _speculative(self, ids, params, stats, max_new, sampling, gen, progress, budget=None):
+    def _speculative(self, ids, params, stats, max_new, sampling, gen, progress, budget=None, calibration=None):
         bs, dev = len(ids), self.device
         max_nodes = max(p.max_nodes for p in params)
         max_len = max(len(x) for x in ids) + max_new + max_nodes + 2
@@ -328,11 +329,11 @@ class SpecEngine:
                 lens_h = [lens_h[i] for i in keep]
             pending, root, lens, f_root, root_lp = self._round(
                 cache, dcache, [params[r] for r in rows], [stats[r] for r in rows], root, lens, f_root, root_lp,
-                sampling, gen, max(lens_h), None if budget is None else -(-budget * len(rows) // bs))
+                sampling, gen, max(lens_h), None if budget is None else -(-budget * len(rows) // bs), calibration)
             lens_h = [x + len(p) for x, p in zip(lens_h, pending)]
 
     def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen, lmax: int,
-               budget: Optional[int] = None):
+               budget: Optional[int] = None, calibration: Optional[DepthCalibration] = None):
         """One draft -> verify -> commit round. ``lmax`` (host int) = max(lens): sizes attention
         without a sync; the only syncs are grow_tree's per-step check and one transfer at the end."""
         bs, dev = root.shape[0], self.device
@@ -340,8 +341,7 @@ class SpecEngine:
         recorder = EntropyRecorder(expand, root_lp) if self.observer is not None else None
         tree = grow_tree(params, root, root_lp, recorder or expand, validate=False)  # log_softmax inputs
         if budget is not None:  # one budget for the batch: the best nodes across requests
-            cal = getattr(self, "calibration", None)
-            keep = allocate_batch(tree, budget, weight=None if cal is None else cal.weight(tree))
+            keep = allocate_batch(tree, budget, weight=None if calibration is None else calibration.weight(tree))
             # the verify runs [bs, width]: the largest kept tree (one host read; a static bound such as
             # budget - bs + 1 would make every request verify that many padded columns)
             tree = compact(tree, keep, int(keep.sum(1).max()))
@@ -359,8 +359,8 @@ class SpecEngine:
         positions = lens[:, None] + tree.depth.clamp(min=0)
         hidden = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask)
         result = verify_tree(tree, self._logits(hidden), generator=gen, validate=False, **sampling)
-        if budget is not None and getattr(self, "calibration", None) is not None:
-            self.calibration.update(tree, result.path)
+        if calibration is not None:
+            calibration.update(tree, result.path)
         if recorder is not None:
             self.observer(tree, recorder.parent_entropy(tree), result)
         em = emitted_tokens(tree, result)  # [bs, depth + 1]

@@ -59,6 +59,7 @@ def summarize(cell: Cell, records: List[RequestRecord], wall: float) -> dict:
     tpot = [(r.latency - r.ttft) / (r.completion_tokens - 1) for r in ok
             if r.latency is not None and r.ttft is not None and r.completion_tokens > 1]
     errors = [r.error for r in records if not r.ok]
+    hist = Counter(accepts)  # accepted drafts per round -> rounds
     row = dict(cell=cell.label, server=cell.server.label, algorithm=cell.server.algorithm, topk=cell.server.topk,
                steps=cell.server.steps, N=cell.server.n, policy=cell.policy_label, spec=cell.spec,
                budget=cell.budget, concurrency=cell.concurrency, temperature=cell.temperature,
@@ -68,8 +69,7 @@ def summarize(cell: Cell, records: List[RequestRecord], wall: float) -> dict:
                accept_length=(tokens / rounds if rounds else 1.0) if speculative else 1.0, tau=tau,
                rounds=rounds if speculative else tokens, verified_per_round=verified,
                mean_tree_size=float(np.mean(sizes)) if sizes else (float(cell.server.n) if speculative else 1.0),
-               accept_hist=[c for _, c in sorted(Counter(accepts).items())] if accepts else [],
-               accept_hist_values=sorted(Counter(accepts)) if accepts else [],
+               accept_hist=[hist[k] for k in sorted(hist)], accept_hist_values=sorted(hist),
                tpot_ms=float(np.mean(tpot)) * 1000 if tpot else None, same_output=None)
     row.update(percentiles([r.ttft for r in ok if r.ttft is not None], "ttft_ms"))
     row.update(percentiles([g for r in ok for g in r.itl], "itl_ms"))

@@ -78,9 +78,10 @@ def target_probs(logits: torch.Tensor, temperature: Num = 0.0, top_k: Num = -1, 
     bs, V = logits.shape[0], logits.shape[-1]
     dev = logits.device
     shape = (bs,) + (1,) * (logits.dim() - 1)
-    T = as_row_tensor(temperature, bs, dev, torch.float32, "temperature", 0.0, 1e4).view(shape)
-    k = as_row_tensor(top_k, bs, dev, torch.int64, "top_k", -2 ** 31, 2 ** 31).view(shape)
-    p = as_row_tensor(top_p, bs, dev, torch.float32, "top_p", 1e-9, 1.0).view(shape)
+    R = SAMPLING_RANGES
+    T = as_row_tensor(temperature, bs, dev, torch.float32, "temperature", *R["temperature"][:2]).view(shape)
+    k = as_row_tensor(top_k, bs, dev, torch.int64, "top_k", *R["top_k"][:2]).view(shape)
+    p = as_row_tensor(top_p, bs, dev, torch.float32, "top_p", *R["top_p"][:2]).view(shape)
     x = logits.float()
     greedy = torch.nn.functional.one_hot(x.argmax(-1), V).float()
     # host-side shortcuts when a parameter is a plain number that disables a stage (no sync)
