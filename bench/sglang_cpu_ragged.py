@@ -16,6 +16,7 @@ import time
 
 from treespec_sglang.data.prompts import humaneval
 from treespec_sglang.engine import SpecEngine
+from treespec_sglang.engine.loading import demo_draft_dir
 from treespec_sglang.models.demo import demo_target
 from treespec_sglang.plugin.cpu.host import EngineHost, cpu_engine_kwargs, eagle_kwargs
 
@@ -38,9 +39,7 @@ def main():
     ap.add_argument("--batch-sizes", default="1,4,8")
     ap.add_argument("--out", default="bench/results/sglang_cpu")
     a = ap.parse_args()
-    import treespec_sglang
-
-    draft = os.path.join(os.path.dirname(treespec_sglang.__file__), "assets", "smollm2-135m-eagle")
+    draft = demo_draft_dir()
     enc = SpecEngine.from_pretrained("smollm2-135m", draft="demo")
     prompts = enc.encode(humaneval().every(10).prompts)
     kw = cpu_engine_kwargs(demo_target(), **eagle_kwargs(draft, a.topk, a.steps, a.num_draft_tokens))

@@ -15,6 +15,7 @@ import time
 
 from treespec_sglang.data.prompts import humaneval, mtbench
 from treespec_sglang.engine import SpecEngine
+from treespec_sglang.engine.loading import demo_draft_dir
 from treespec_sglang.models.demo import demo_target
 from treespec_sglang.plugin.cpu.host import EngineHost, cpu_engine_kwargs, eagle_kwargs
 
@@ -37,9 +38,7 @@ def main():
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--out", default="bench/results/sglang_cpu")
     a = ap.parse_args()
-    import treespec_sglang
-
-    draft = os.path.join(os.path.dirname(treespec_sglang.__file__), "assets", "smollm2-135m-eagle")
+    draft = demo_draft_dir()
     enc = SpecEngine.from_pretrained("smollm2-135m", draft="demo")
     sets = {"humaneval": humaneval().every(a.every), "mtbench": mtbench().every(a.every)}
     ids = {k: enc.encode(v.prompts) for k, v in sets.items()}

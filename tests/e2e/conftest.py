@@ -27,9 +27,9 @@ def _require():
 
 
 def shipped_draft() -> str:
-    import treespec_sglang
+    from treespec_sglang.engine.loading import demo_draft_dir
 
-    return os.path.join(os.path.dirname(treespec_sglang.__file__), "assets", "smollm2-135m-eagle")
+    return demo_draft_dir()
 
 
 @pytest.fixture(scope="session")

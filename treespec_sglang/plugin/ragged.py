@@ -165,10 +165,6 @@ def ragged_mode(model_runner) -> Optional[str]:
     return None
 
 
-def ragged_enabled(model_runner) -> bool:
-    return ragged_mode(model_runner) is not None
-
-
 def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, record: Callable, *args, **kwargs):
     """``ModelRunner.forward`` of a target verify over the kept nodes only (``keep`` ``[bs, N]``).
 
