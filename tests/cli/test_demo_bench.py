@@ -44,7 +44,7 @@ def _tiny_distill(tmp_path):
 
     tiny = tmp_path / "tiny"
     make_tiny_llama(tiny, vocab=48, hidden=32, layers=1)
-    e = SpecEngine.from_pretrained(str(tiny), draft=None)
+    e = SpecEngine.from_pretrained(str(tiny), draft=None, dtype="float32")
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 48, (4,), generator=g).tolist() for _ in range(8)]
     generate_distill_data(_IdsEngine(e), [f"humaneval/{i}" for i in range(8)], prompts, str(tmp_path / "d"),
@@ -82,6 +82,6 @@ def test_train_vocab_trees_and_talf_with_token_map_cli(tmp_path):
                  str(tmp_path / "tm.pt"), "--steps", "2", "--batch-size", "2", "--eval-every", "2",
                  "--heldout-every", "4", "--eval-prompts", "2", "--out", str(out)]) == 0
     assert torch.load(out / "token_map.pt") == tm
-    e2 = SpecEngine.from_pretrained(str(tiny), draft=str(out))
+    e2 = SpecEngine.from_pretrained(str(tiny), draft=str(out), dtype="float32")
     assert e2.token_map.tolist() == tm
     assert json.loads((out / "train_log.json").read_text())["log"][-1]["tau"] >= 1.0

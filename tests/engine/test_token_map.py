@@ -54,8 +54,8 @@ def test_bad_token_map_names_the_range(aligned_engine, bad):
 
 def test_token_map_loads_from_the_draft_directory(tmp_path):
     make_tiny_llama(tmp_path / "t", vocab=64, hidden=48, layers=1, heads=4, kv_heads=2)
-    e = SpecEngine.from_pretrained(str(tmp_path / "t"), draft=None)
+    e = SpecEngine.from_pretrained(str(tmp_path / "t"), draft=None, dtype="float32")
     EagleDraftHead.for_target(e.target.config).save(str(tmp_path / "d"))
     torch.save(TOKEN_MAP.tolist(), tmp_path / "d" / "token_map.pt")  # SGLang's load_token_map format
-    e2 = SpecEngine.from_pretrained(str(tmp_path / "t"), draft=str(tmp_path / "d"))
+    e2 = SpecEngine.from_pretrained(str(tmp_path / "t"), draft=str(tmp_path / "d"), dtype="float32")
     assert torch.equal(e2.token_map, TOKEN_MAP)

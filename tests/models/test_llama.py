@@ -35,6 +35,41 @@ def test_logits_match_transformers(tmp_path, tie, extra):
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("tie,extra", [(False, {}), (True, {"attention_bias": True, "mlp_bias": True})])
+def test_fused_projections_match_transformers(tmp_path, tie, extra):
+    """fuse_() (one q/k/v and one gate/up matmul per layer) computes the same logits, biases included."""
+    hf = make_tiny_llama(tmp_path, tie=tie, **extra)
+    with torch.no_grad():  # HF initialises biases to zero: make them count
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+    hf.save_pretrained(tmp_path)
+    plain = LlamaModel.from_pretrained(str(tmp_path))
+    ours = LlamaModel.from_pretrained(str(tmp_path)).fuse_()
+    assert all(layer.self_attn.qkv_proj is not None and not hasattr(layer.self_attn, "q_proj")
+               for layer in ours.model.layers)
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        torch.testing.assert_close(full_forward(plain, ids), ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(full_forward(ours, ids), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_kv_compact_reads_before_writing():
+    """Overlapping source / destination slots (accepted path [0, 1, 3] -> slots 10, 11, 12): every
+    destination gets the *old* content of its source, in every layer / head."""
+    c = KVCache(2, 2, 3, 16, 4, torch.bfloat16, "cpu")
+    c.k.copy_(torch.arange(16, dtype=torch.bfloat16)[None, None, None, :, None].expand_as(c.k))
+    c.v.copy_(-c.k)
+    src = torch.tensor([[10, 11, 13], [12, 13, 14]])
+    dst = torch.tensor([[10, 11, 12], [11, 12, 13]])
+    c.compact(src, dst)
+    for b in range(2):
+        for j in range(3):
+            assert (c.k[:, b, :, dst[b, j]] == src[b, j]).all() and (c.v[:, b, :, dst[b, j]] == -src[b, j]).all()
+    assert (c.k[:, 0, :, 13] == 13).all() and (c.k[:, 1, :, 10] == 10).all()  # untouched slots stay
+
+
 def test_incremental_decode_equals_full_forward(tmp_path):
     make_tiny_llama(tmp_path)
     m = LlamaModel.from_pretrained(str(tmp_path))

@@ -22,7 +22,7 @@ SEQ = [3, 9, 4, 17, 22, 5, 8, 30, 2, 11, 6, 40]
 def engine(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
     make_tiny_llama(path, vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, seed=3)
-    return SpecEngine.from_pretrained(str(path), draft=None, seed=0)
+    return SpecEngine.from_pretrained(str(path), draft=None, seed=0, dtype="float32")
 
 
 def brute_tree(e, seq, t, k, depth):

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 def engine(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
     make_tiny_llama(path, vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, seed=3)
-    return SpecEngine.from_pretrained(str(path), draft=None, seed=0)
+    return SpecEngine.from_pretrained(str(path), draft=None, seed=0, dtype="float32")
 
 
 def test_ttt_step_k_equals_the_inference_chain(engine):

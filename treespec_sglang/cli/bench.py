@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from .runs import failed_requests, format_table, label, parse_policies, run_policy, set_threads
+from .runs import add_dtype, failed_requests, format_table, label, parse_policies, run_policy, set_threads
 
 __all__ = ["add_parser", "write_outputs"]
 
@@ -29,6 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
+    add_dtype(p)
     p.add_argument("--out", default="bench/results/engine", help="output directory")
     p.set_defaults(fn=run)
 
@@ -42,7 +43,8 @@ def run(a: argparse.Namespace) -> int:
     set_threads(a.threads)
     specs = [None] + parse_policies(a.policies, a.policy_json, a.budget)
     sets = [load_prompt_set(n.strip()).every(a.every).take(a.limit) for n in a.prompts.split(",") if n.strip()]
-    engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed)
+    engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed,
+                                        dtype=a.dtype)
     os.makedirs(a.out, exist_ok=True)
     all_runs = {}
     for ps in sets:

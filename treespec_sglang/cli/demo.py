@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .runs import failed_requests, format_table, parse_policies, run_policy, set_threads
+from .runs import add_dtype, failed_requests, format_table, parse_policies, run_policy, set_threads
 
 __all__ = ["add_parser"]
 
@@ -25,6 +25,7 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
+    add_dtype(p)
     p.set_defaults(fn=run)
 
 
@@ -38,7 +39,8 @@ def run(a: argparse.Namespace) -> int:
     specs = [None] + parse_policies(a.policies, a.policy_json, a.budget)
     prompts = humaneval().take(a.humaneval).prompts + mtbench().take(a.mtbench).prompts
     print(f"loading {a.target} + draft {a.draft} ...", flush=True)
-    engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed)
+    engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed,
+                                        dtype=a.dtype)
     engine.generate(prompts[:1], max_new_tokens=2)  # warm-up (allocator, threads)
     runs = []
     total = len(specs) * len(prompts) * a.max_new_tokens

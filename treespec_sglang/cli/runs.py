@@ -128,6 +128,14 @@ def failed_requests(runs: List[PolicyRun]) -> int:
     return sum(1 for r in runs for x in r.results if x.error)
 
 
+DTYPE_HELP = ("auto (bf16 where the CPU has AMX / AVX512-BF16 or the GPU supports it, else float32), float32 "
+              "(bit-exact), bfloat16; plain decoding runs in the same dtype")
+
+
+def add_dtype(p, default: str = "auto") -> None:
+    p.add_argument("--dtype", default=default, help=DTYPE_HELP)
+
+
 def set_threads(n: Optional[int]) -> None:
     if n:
         torch.set_num_threads(n)

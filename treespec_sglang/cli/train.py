@@ -22,6 +22,8 @@ def add_parser(sub) -> None:
     d.add_argument("--batch-size", type=int, default=8)
     d.add_argument("--temperature", type=float, default=0.0)
     d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--dtype", default="auto", help="target dtype: auto (bf16 where the CPU has AMX / AVX512-BF16), "
+                                                   "float32, bfloat16")
     d.add_argument("--out", default="data/distill")
     d.set_defaults(fn=run_data)
     r = tsub.add_parser("trees", help="TALF: the target's EAGLE-2 beam tree at every loss position (resumable)")
@@ -63,6 +65,7 @@ def add_parser(sub) -> None:
     t.add_argument("--eval-prompts", type=int, default=4, help="held-out prompts for that tau (0 = skip)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--dtype", default="float32", help="the target's dtype while training (the head trains in float32)")
     t.add_argument("--config", default=None, help="JSON file with any of the flags above")
     t.add_argument("--out", default="checkpoints/draft")
     t.set_defaults(fn=run_draft)
@@ -82,6 +85,7 @@ def add_parser(sub) -> None:
     c.add_argument("--neg-per-pos", type=float, default=1.0, help="negatives sampled per positive each epoch")
     c.add_argument("--samples", default=None, help="reuse (or save) the collected node samples at this .pt path")
     c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--dtype", default="auto", help="engine dtype (auto: bf16 where the CPU runs it natively)")
     c.add_argument("--out", default="checkpoints/c2t.pt")
     c.set_defaults(fn=run_c2t)
 
@@ -92,7 +96,7 @@ def run_data(a: argparse.Namespace) -> int:
     from ..training.data import generate_distill_data
 
     set_threads(a.threads)
-    engine = SpecEngine.from_pretrained(a.target, draft=None)
+    engine = SpecEngine.from_pretrained(a.target, draft=None, dtype=a.dtype)
     ids, prompts = [], []
     for name in [x.strip() for x in a.prompts.split(",") if x.strip()]:
         ps = load_prompt_set(name).take(a.limit)
@@ -157,7 +161,7 @@ def run_draft(a: argparse.Namespace) -> int:
                 setattr(a, k.replace("-", "_"), v)
     set_threads(a.threads)
     torch.manual_seed(a.seed)
-    engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed)
+    engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed, dtype=a.dtype)
     if a.token_map:
         engine.set_token_map(read_token_map(a.token_map))
     d2t = engine.token_map  # from --token-map, or the --init draft's own token_map.pt
@@ -207,7 +211,7 @@ def run_c2t(a: argparse.Namespace) -> int:
     from ..training.c2t import collect_c2t_samples, train_c2t
 
     set_threads(a.threads)
-    engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft)
+    engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, dtype=a.dtype)
     if a.samples and os.path.isfile(a.samples):
         blob = torch.load(a.samples)
         feats, labels = blob["features"], blob["labels"]

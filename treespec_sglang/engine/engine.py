@@ -28,6 +28,7 @@ from ..policies.calibration import DepthCalibration
 from ..tree import compact, dense_mask
 from ..verify import emitted_tokens, sample, verify_tree
 from ..verify.sampling import check_sampling
+from .dtypes import resolve_dtype
 from .expander import EntropyRecorder, TreeExpander
 from .kv_cache import KVCache, prefill
 from .loading import load_models
@@ -72,8 +73,10 @@ class SpecEngine:
     """Reference engine. Build with :meth:`from_pretrained`; run with :meth:`generate`."""
 
     def __init__(self, target, draft, tokenizer=None, device="cpu", dtype=torch.float32,
-                 token_map: Optional[torch.Tensor] = None):
+                 token_map: Optional[torch.Tensor] = None, fuse: bool = True):
         self.target = target.to(device=device, dtype=dtype).eval()
+        if fuse:  # the engine only runs the target forward: fused q/k/v and gate/up matmuls
+            self.target.fuse_()
         self.draft = draft.to(device=device, dtype=dtype).eval().attach(self.target.model.embed_tokens)
         self.tokenizer = tokenizer
         # optional ``observer(tree, parent_entropy, result)`` called after each verify (C2T data)
@@ -107,10 +110,14 @@ class SpecEngine:
 
     @classmethod
     def from_pretrained(cls, target: str = "smollm2-135m", draft: Optional[str] = None, device="cpu",
-                        dtype=torch.float32, seed: int = 0) -> "SpecEngine":
+                        dtype="auto", seed: int = 0) -> "SpecEngine":
         """``target``: a HF Llama-family directory or ``"smollm2-135m"``; ``draft``: an EAGLE
         directory, ``"demo"`` for the shipped head, or None for a seeded random head (tests). A
-        ``token_map.pt`` in the draft directory restricts the draft's vocabulary (:meth:`set_token_map`)."""
+        ``token_map.pt`` in the draft directory restricts the draft's vocabulary (:meth:`set_token_map`).
+        ``dtype``: ``"auto"`` (bf16 where the CPU / GPU runs it natively, else float32:
+        :func:`~treespec_sglang.engine.dtypes.resolve_dtype`), a name or a ``torch.dtype``; float32 is
+        the bit-exact mode."""
+        dtype = resolve_dtype(dtype, device)
         t, d, tok, tmap = load_models(target, draft, dtype=dtype, seed=seed)
         return cls(t, d, tok, device=device, dtype=dtype, token_map=tmap)
 

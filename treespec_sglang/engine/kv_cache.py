@@ -26,15 +26,25 @@ class KVCache:
 
     def stores(self, slots: torch.Tensor, kv_len: int) -> List:
         """One ``store(k, v)`` per layer: write ``[bs, kv_heads, q, head_dim]`` at ``slots``
-        (``[bs, q]`` int64) and return the first ``kv_len`` slots as the attention keys."""
-        hd = self.k.shape[-1]
-        idx = slots[:, None, :, None].expand(-1, self.k.shape[2], -1, hd)  # [bs, kv_heads, q, head_dim]
+        (``[bs, q]`` int64) and return the first ``kv_len`` slots as the attention keys.
+
+        The write is one ``index_put_`` with index tensors built once per forward (``scatter_`` on a
+        bf16 CPU tensor copies the whole buffer; per-layer Python indexing costs ~30 small ops).
+        """
+        bs, q = slots.shape
+        h = self.k.shape[2]
+        dev = slots.device
+        b = torch.arange(bs, device=dev)[:, None, None]  # [bs, 1, 1]
+        hh = torch.arange(h, device=dev)[None, :, None]  # [1, kv_heads, 1]
+        idx = (b, hh, slots[:, None, :])  # broadcast to [bs, kv_heads, q]
 
         def make(layer):
+            kl, vl = self.k[layer], self.v[layer]
+
             def store(k, v):
-                self.k[layer].scatter_(2, idx, k.to(self.k.dtype))
-                self.v[layer].scatter_(2, idx, v.to(self.v.dtype))
-                return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
+                kl.index_put_(idx, k.to(kl.dtype))
+                vl.index_put_(idx, v.to(vl.dtype))
+                return kl[:, :, :kv_len], vl[:, :, :kv_len]
             return store
 
         return [make(i) for i in range(self.k.shape[0])]
@@ -43,12 +53,17 @@ class KVCache:
         """Copy slot ``src[b, j]`` to ``dst[b, j]`` in every layer (``[bs, m]`` int64).
 
         Example: len 10, accepted path nodes [0, 2, 5] -> src [10, 12, 15], dst [10, 11, 12].
+        The reads happen before the writes (one gather, one ``index_put_`` per buffer), so
+        overlapping source and destination slots are safe.
         """
-        L, bs, h, _, hd = self.k.shape
-        gi = src[None, :, None, :, None].expand(L, bs, h, -1, hd)
-        di = dst[None, :, None, :, None].expand(L, bs, h, -1, hd)
+        L, bs, h, _, _ = self.k.shape
+        dev = src.device
+        li = torch.arange(L, device=dev)[:, None, None, None]  # [L, 1, 1, 1]
+        bi = torch.arange(bs, device=dev)[None, :, None, None]  # [1, bs, 1, 1]
+        hi = torch.arange(h, device=dev)[None, None, :, None]  # [1, 1, kv_heads, 1]
         for buf in (self.k, self.v):
-            buf.scatter_(3, di, torch.gather(buf, 3, gi))
+            moved = buf[li, bi, hi, src[None, :, None, :]]  # [L, bs, kv_heads, m, head_dim]
+            buf.index_put_((li, bi, hi, dst[None, :, None, :]), moved)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (``[bs']`` int64) of the batch."""

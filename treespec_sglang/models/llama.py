@@ -135,19 +135,45 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(H, nh * hd, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(H, nkv * hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(H, nkv * hd, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(nh * hd, H, bias=False)
+        # Llama's attention_bias covers o_proj too; Qwen2 biases q/k/v only
+        self.o_proj = nn.Linear(nh * hd, H, bias=cfg.attention_bias and cfg.extra.get("model_type") != "qwen2")
+        self.qkv_proj: Optional[nn.Linear] = None  # set by fuse_()
+
+    def fuse_(self) -> None:
+        """Replace q/k/v_proj by one ``[hidden -> (nh + 2 nkv) * head_dim]`` linear (inference only:
+        one matmul instead of three per layer; the separate weights are dropped)."""
+        self.qkv_proj = _fused_linear([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, cos, sin, store: StoreFn, mask):
         # x [bs, q, hidden]; cos/sin [bs, 1, q, head_dim]; mask [bs, q, kv] bool (True = attend)
         bs, q, _ = x.shape
-        qh = self.q_proj(x).view(bs, q, self.nh, self.hd).transpose(1, 2)
-        kh = self.k_proj(x).view(bs, q, self.nkv, self.hd).transpose(1, 2)
-        vh = self.v_proj(x).view(bs, q, self.nkv, self.hd).transpose(1, 2)
-        qh = qh * cos + _rotate_half(qh) * sin
-        kh = kh * cos + _rotate_half(kh) * sin
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x).view(bs, q, nh + 2 * nkv, hd).transpose(1, 2)  # [bs, heads, q, head_dim]
+            qk = qkv[:, :nh + nkv]
+            qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k heads at once
+            qh, kh, vh = qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv:]
+        else:
+            qh = self.q_proj(x).view(bs, q, nh, hd).transpose(1, 2)
+            kh = self.k_proj(x).view(bs, q, nkv, hd).transpose(1, 2)
+            vh = self.v_proj(x).view(bs, q, nkv, hd).transpose(1, 2)
+            qh = qh * cos + _rotate_half(qh) * sin
+            kh = kh * cos + _rotate_half(kh) * sin
         K, V = store(kh, vh)  # [bs, kv_heads, kv, head_dim], this step's keys included
-        o = F.scaled_dot_product_attention(qh, K, V, attn_mask=mask[:, None], enable_gqa=self.nh != self.nkv)
-        return self.o_proj(o.transpose(1, 2).reshape(bs, q, self.nh * self.hd))
+        o = F.scaled_dot_product_attention(qh, K, V, attn_mask=mask[:, None], enable_gqa=nh != nkv)
+        return self.o_proj(o.transpose(1, 2).reshape(bs, q, nh * hd))
+
+
+def _fused_linear(parts) -> nn.Linear:
+    """One linear whose output is the concatenation of ``parts``' outputs (same input)."""
+    w = torch.cat([p.weight.detach() for p in parts], 0)
+    bias = all(p.bias is not None for p in parts)
+    out = nn.Linear(w.shape[1], w.shape[0], bias=bias, device=w.device, dtype=w.dtype)
+    out.weight = nn.Parameter(w, requires_grad=False)
+    if bias:
+        out.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts], 0), requires_grad=False)
+    return out
 
 
 class MLP(nn.Module):
@@ -157,8 +183,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(H, I, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(H, I, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(I, H, bias=cfg.mlp_bias)
+        self.gate_up_proj: Optional[nn.Linear] = None  # set by fuse_()
+
+    def fuse_(self) -> None:
+        """Replace gate/up_proj by one ``[hidden -> 2 * intermediate]`` linear (inference only)."""
+        self.gate_up_proj = _fused_linear([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
 
     def forward(self, x):
+        if self.gate_up_proj is not None:
+            g, u = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(g) * u)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -192,6 +227,15 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def fuse_(self) -> "LlamaModel":
+        """Fuse each layer's q/k/v and gate/up projections for inference (fewer, larger matmuls: on a
+        CPU the per-op overhead dominates a one-token step of a small model). The unfused parameter
+        names are gone afterwards, so fuse after loading and never before saving or training."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_()
+            layer.mlp.fuse_()
+        return self
 
     def forward(self, input_ids, positions, stores, mask):
         """Run the decoder.

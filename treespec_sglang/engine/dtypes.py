@@ -1,0 +1,83 @@
+"""The compute dtype: bfloat16 where the hardware runs it fast, float32 otherwise (issue 10 item 1).
+
+On this project's CPUs (Xeon with AVX512-BF16 / AMX) a bf16 linear at M=16 costs about what M=1
+costs, while float32 grows with M (``shared/notes/measurements.md``), so bf16 is what makes a
+tree verify cheap. ``"auto"`` picks it when the CPU has AMX or AVX512-BF16 (or on a CUDA device
+that supports bf16) and falls back to float32 with a one-line message otherwise.
+
+Losslessness is defined against plain decoding *at the same dtype*. float32 is the bit-exact
+mode: in bf16 a batched (tree) forward and a one-token forward round differently, so greedy
+outputs may differ from plain greedy where the target's top two logits are within bf16 rounding
+(README, "bf16 and exactness").
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Tuple, Union
+
+import torch
+
+__all__ = ["DTYPES", "resolve_dtype", "cpu_bf16", "dtype_name"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+_warned = set()
+
+
+def cpu_bf16() -> Tuple[bool, str]:
+    """Whether this CPU runs bf16 matmuls natively -> (yes, which feature or why not)."""
+    cpu = getattr(torch, "cpu", None)
+    for feat, fn in (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported")):
+        check = getattr(cpu, fn, None)
+        try:
+            if check is not None and check():
+                return True, feat
+        except RuntimeError:
+            pass
+    try:  # older torch: read the flags the kernel reports
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        flags = []
+    for flag, feat in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16")):
+        if flag in flags:
+            return True, feat
+    return False, "no AMX / AVX512-BF16 on this CPU"
+
+
+def resolve_dtype(dtype: Union[str, torch.dtype, None] = "auto", device="cpu") -> torch.dtype:
+    """``"auto"`` / a name / a ``torch.dtype`` -> ``torch.dtype``.
+
+    Examples
+    --------
+    >>> resolve_dtype("float32")
+    torch.float32
+    >>> resolve_dtype("bf16")
+    torch.bfloat16
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)} or 'auto', got {dtype}")
+        return dtype
+    name = "auto" if dtype is None else _ALIASES.get(str(dtype).lower(), str(dtype).lower())
+    if name in DTYPES:
+        return DTYPES[name]
+    if name != "auto":
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if dev.type != "cpu":
+        return torch.float32
+    ok, why = cpu_bf16()
+    if ok:
+        return torch.bfloat16
+    if why not in _warned:
+        _warned.add(why)
+        print(f"treespec: dtype auto -> float32 ({why}; bf16 would be slower here)", file=sys.stderr)
+    return torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
