@@ -124,3 +124,46 @@ def test_training_with_a_token_map_raises_heldout_acceptance(engine, tmp_path):
     cfg = TrainConfig(loss="kl", steps=60, lr=1e-2, batch_size=4, ttt_steps=2, eval_every=60)
     before, after = alpha_before_after(engine, seqs[:20], seqs[20:], cfg, d2t)
     assert after[0] > before[0] + 0.1 and after[1] > before[1], (before, after)
+
+
+def test_resumed_training_ends_where_an_uninterrupted_run_does(engine, tmp_path):
+    """Stop after the first checkpoint (an 'interrupted' run), resume from its state file: the head,
+    the log and the optimiser end bit-identical to one uninterrupted run of the same config."""
+    from treespec_sglang.models import EagleDraftHead
+
+    e = engine
+    e.tokenizer = None
+    distill_random_prompts(e, tmp_path / "d")
+    seqs = iter_sequences(load_shards(str(tmp_path / "d")))
+    cfg = TrainConfig(loss="kl", steps=12, lr=3e-3, batch_size=4, ttt_steps=2, eval_every=4)
+
+    def fresh():
+        return EagleDraftHead.for_target(e.target.config, seed=7).attach(e.target.model.embed_tokens)
+
+    full = fresh()
+    log_full = train_draft(full, e.target.lm_head, seqs[:20], cfg, eval_seqs=seqs[20:], progress=False)
+    state = str(tmp_path / "state.pt")
+    part = fresh()
+
+    class Interrupt(Exception):
+        pass
+
+    calls = []  # the state is written after on_eval: raising in the 2nd eval leaves step 4's state
+
+    def on_eval(head):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Interrupt
+    with pytest.raises(Interrupt):
+        train_draft(part, e.target.lm_head, seqs[:20], cfg, eval_seqs=seqs[20:], progress=False, state_path=state,
+                    on_eval=on_eval)
+    assert torch.load(state, weights_only=False)["step"] == 4
+    resumed = fresh()  # a new process: nothing but the state file carries over
+    log_res = train_draft(resumed, e.target.lm_head, seqs[:20], cfg, eval_seqs=seqs[20:], progress=False,
+                          state_path=state)
+    for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
+    assert [x["step"] for x in log_res] == [4, 8, 12] and log_res[-1]["alpha"] == log_full[-1]["alpha"]
+    with pytest.raises(ValueError, match="another config"):
+        train_draft(fresh(), e.target.lm_head, seqs[:20], TrainConfig(loss="kl", steps=13, eval_every=4),
+                    progress=False, state_path=state)

@@ -65,6 +65,8 @@ def add_parser(sub) -> None:
     t.add_argument("--eval-prompts", type=int, default=4, help="held-out prompts for that tau (0 = skip)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--resume", action="store_true",
+                   help="continue from <out>/train_state.pt (written at every --eval-every) if it exists")
     t.add_argument("--dtype", default="float32", help="the target's dtype while training (the head trains in float32)")
     t.add_argument("--config", default=None, help="JSON file with any of the flags above")
     t.add_argument("--out", default="checkpoints/draft")
@@ -193,7 +195,8 @@ def run_draft(a: argparse.Namespace) -> int:
         acc = [x for r in res for x in r.stats.accepted]
         return {"tau": 1.0 + sum(acc) / max(len(acc), 1), "tau_policy": eval_policy}
 
-    log = train_draft(engine.draft, engine.target.lm_head, train, cfg, eval_seqs=held, on_eval=checkpoint, d2t=d2t)
+    log = train_draft(engine.draft, engine.target.lm_head, train, cfg, eval_seqs=held, on_eval=checkpoint, d2t=d2t,
+                      state_path=os.path.join(a.out, "train_state.pt") if a.resume else None)
     with open(os.path.join(a.out, "train_log.json"), "w") as f:
         json.dump({"config": vars(cfg), "log": log, "train_sequences": len(train), "heldout_sequences": len(held)},
                   f, indent=2)

@@ -11,6 +11,7 @@ are weighted gamma^k (:func:`multi_step_loss`).
 from __future__ import annotations
 
 import math
+import os
 import random
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
@@ -168,10 +169,13 @@ def evaluate_alpha(head, lm_head, seqs, cfg: TrainConfig, d2t: Optional[torch.Te
 
 def train_draft(head, lm_head, train_seqs, cfg: TrainConfig, eval_seqs: Optional[Sequence] = None,
                 on_eval: Optional[Callable] = None, progress: bool = True,
-                d2t: Optional[torch.Tensor] = None) -> List[dict]:
+                d2t: Optional[torch.Tensor] = None, state_path: Optional[str] = None) -> List[dict]:
     """Optimise ``head`` (the target's ``lm_head`` stays frozen); returns the log of evaluations.
 
-    ``d2t`` ([vocab_d] target ids) trains a reduced-vocabulary draft (losses per LK §4.4)."""
+    ``d2t`` ([vocab_d] target ids) trains a reduced-vocabulary draft (losses per LK §4.4).
+    ``state_path``: resumable training. At every evaluation the head, optimiser, scheduler, data
+    order and RNG states are written there (atomically); a later call with the same path and
+    config continues from the last saved step and ends where an uninterrupted run would."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     head.train()
@@ -187,7 +191,21 @@ def train_draft(head, lm_head, train_seqs, cfg: TrainConfig, eval_seqs: Optional
 
         bar = tqdm(total=cfg.steps, desc=f"train {cfg.loss}", unit="step")
     order: List[int] = []
-    for step in range(cfg.steps):
+    start = 0
+    if state_path is not None and os.path.isfile(state_path):
+        st = torch.load(state_path, weights_only=False)
+        if st["config"] != vars(cfg):
+            raise ValueError(f"{state_path} was written with another config ({st['config']}); use a new --out "
+                             f"or delete it")
+        head.load_state_dict(st["head"])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        rng.setstate(st["rng"])
+        torch.set_rng_state(st["torch_rng"])
+        order, log, start = st["order"], st["log"], st["step"]
+        if bar is not None:
+            bar.update(start)
+    for step in range(start, cfg.steps):
         if len(order) < cfg.batch_size:
             order += rng.sample(range(len(train_seqs)), len(train_seqs))
         idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
@@ -213,6 +231,11 @@ def train_draft(head, lm_head, train_seqs, cfg: TrainConfig, eval_seqs: Optional
                 entry.update(on_eval(head) or {})
             log.append(entry)
             head.train()
+            if state_path is not None:
+                torch.save({"config": vars(cfg), "step": step + 1, "head": head.state_dict(), "opt": opt.state_dict(),
+                            "sched": sched.state_dict(), "rng": rng.getstate(), "torch_rng": torch.get_rng_state(),
+                            "order": order, "log": log}, state_path + ".tmp")
+                os.replace(state_path + ".tmp", state_path)
     if bar is not None:
         bar.close()
     head.eval()
