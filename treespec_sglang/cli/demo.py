@@ -1,32 +1,66 @@
-"""``treespec demo``: the demo target + shipped draft on a few HumanEval and MT-bench prompts,
-policies side by side with plain decoding, measured in the same run."""
+"""``treespec demo``: the demo target + shipped draft on held-out HumanEval and MT-bench prompts, every
+policy side by side with plain decoding and two transformers peers, measured in the same run.
+
+Defaults (issue 10): bs 1, the engine's dtype ``auto`` (bf16 on AMX / AVX512-BF16 CPUs; plain decoding
+and the peers in the same dtype), and each policy's budget chosen for *this* machine from its
+measured cost curve and the draft's acceptance table (:mod:`treespec_sglang.engine.cost`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from .runs import add_dtype, failed_requests, format_table, parse_policies, run_policy, set_threads
+from .runs import add_dtype, failed_requests, format_table, label, parse_policies, run_policy, set_threads, verdict
 
 __all__ = ["add_parser"]
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="run the demo target with two policies vs plain decoding and print a table")
+    p = sub.add_parser("demo", help="run the demo target with every policy vs plain decoding and print a table")
     p.add_argument("--target", default="smollm2-135m", help="HF Llama-family directory or 'smollm2-135m'")
     p.add_argument("--draft", default="demo", help="EAGLE draft directory, 'demo' (shipped) or 'random'")
-    p.add_argument("--policies", default="eagle2,talon", help="comma-separated presets")
+    p.add_argument("--policies", default="eagle2,talon,salf,c2t,chain", help="comma-separated presets")
     p.add_argument("--policy-json", default=None, help="extra policy dict(s) as JSON")
-    p.add_argument("--budget", type=int, default=None, help="override the presets' budget")
-    p.add_argument("--humaneval", type=int, default=2, help="number of HumanEval prompts")
-    p.add_argument("--mtbench", type=int, default=2, help="number of MT-bench prompts")
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--budget", type=int, default=None,
+                   help="one budget for every preset (default: per policy, from this machine's cost curve)")
+    p.add_argument("--humaneval", type=int, default=2, help="number of held-out HumanEval prompts")
+    p.add_argument("--mtbench", type=int, default=2, help="number of held-out MT-bench prompts")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-peers", action="store_true", help="skip the transformers greedy / prompt-lookup rows")
+    p.add_argument("--lookup", type=int, default=10, help="prompt_lookup_num_tokens of the transformers peer")
     add_dtype(p)
     p.set_defaults(fn=run)
+
+
+def pick_budgets(engine, specs, draft_dir, budget_flag):
+    """Replace each preset's budget by the one this machine's cost curve favours -> (specs, lines)."""
+    from ..engine.cost import choose_budgets, load_policy_table, measure_cost_curve
+    from ..models.demo import cache_dir
+
+    table = load_policy_table(draft_dir)
+    if budget_flag is not None or table is None:
+        why = "--budget" if budget_flag is not None else f"no policy_table.json beside the draft ({draft_dir})"
+        return specs, [f"budgets: the presets' ({why})"]
+    curve, cached = measure_cost_curve(engine, cache_dir=cache_dir(), model_id=str(draft_dir))
+    picks = choose_budgets({s["policy"]: table[s["policy"]] for s in specs if s and s["policy"] in table}, curve)
+    lines = [f"cost curve ({'cached' if cached else 'measured now'}, {engine.dtype}): verify "
+             + ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in zip(curve.sizes, curve.verify_ms) if n in (1, 4, 8, 16, 32))
+             + f"; draft step {curve.draft_ms[0]:.1f} ms"]
+    out = []
+    for s in specs:
+        c = picks.get(s["policy"]) if s else None
+        if c is None:
+            out.append(s)
+            continue
+        out.append(dict(table[s["policy"]][str(c.budget)]["spec"]))
+        lines.append(f"  {s['policy']:<7} budget {c.budget:<3} (acceptance table tau {c.tau:.2f}, "
+                     f"{c.round_ms:.1f} ms/round -> expected {c.speedup:.2f}x)")
+    return out, ["budgets: per policy, the best expected tokens/s on this machine's cost curve"] + lines
 
 
 def run(a: argparse.Namespace) -> int:
@@ -34,27 +68,44 @@ def run(a: argparse.Namespace) -> int:
 
     from ..data import humaneval, mtbench
     from ..engine import SpecEngine
+    from ..engine.loading import demo_draft_dir, resolve_target
 
     set_threads(a.threads)
-    specs = [None] + parse_policies(a.policies, a.policy_json, a.budget)
-    prompts = humaneval().take(a.humaneval).prompts + mtbench().take(a.mtbench).prompts
+    specs = parse_policies(a.policies, a.policy_json, a.budget)
+    prompts = humaneval().every(10).take(a.humaneval).prompts + mtbench().every(10).take(a.mtbench).prompts
     print(f"loading {a.target} + draft {a.draft} ...", flush=True)
     engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed,
                                         dtype=a.dtype)
     engine.generate(prompts[:1], max_new_tokens=2)  # warm-up (allocator, threads)
-    runs = []
-    total = len(specs) * len(prompts) * a.max_new_tokens
+    draft_dir = demo_draft_dir() if a.draft == "demo" else (None if a.draft == "random" else a.draft)
+    specs, notes = pick_budgets(engine, specs, draft_dir, a.budget)
+    print("\n".join(notes), flush=True)
+    specs = [None] + specs
+    ids = engine.encode(prompts)
+    runs, peers = [], []
+    total = (len(specs) + (0 if a.no_peers else 2)) * len(prompts) * a.max_new_tokens
     with tqdm(total=total, unit="tok", desc="demo", leave=False) as bar:
         for spec in specs:
-            runs.append(run_policy(engine, prompts, spec, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size,
+            runs.append(run_policy(engine, ids, spec, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size,
                                    temperature=a.temperature, seed=a.seed, bar=bar))
-    print(f"\n{len(prompts)} prompts ({a.humaneval} HumanEval + {a.mtbench} MT-bench), batch {a.batch_size}, "
-          f"{a.max_new_tokens} new tokens, T={a.temperature}; tau = tokens per verify round, "
-          f"delta = draft forwards per round, tree = mean nodes verified")
-    print(format_table(runs, a.temperature))
-    if a.draft == "demo":
-        from ..engine.loading import demo_draft_dir
+        if not a.no_peers and a.temperature == 0:
+            from ..engine.peers import HFPeer
 
-        if not os.path.isfile(os.path.join(demo_draft_dir(), "model.safetensors")):
-            print("note: no trained draft head is installed; a seeded random head was used, so tau ~ 1 here")
+            hf = HFPeer(resolve_target(a.target), engine.dtype, sorted(engine.eos))
+            hf.generate(ids[0], 2)  # warm-up
+            peers = [hf.run("hf-greedy", ids, a.max_new_tokens, bar=bar),
+                     hf.run(f"hf-lookup (prompt_lookup_num_tokens={a.lookup})", ids, a.max_new_tokens,
+                            lookup=a.lookup, bar=bar)]
+    verdicts = [verdict(engine, ids, runs[0], r, a.temperature) for r in runs]
+    print(f"\n{len(prompts)} held-out prompts ({a.humaneval} HumanEval + {a.mtbench} MT-bench, every 10th), "
+          f"batch {a.batch_size}, {a.max_new_tokens} new tokens, T={a.temperature}, dtype {engine.dtype}; "
+          f"tau = tokens per verify round, delta = draft forwards per round, tree = mean nodes verified")
+    print(format_table(runs, a.temperature, verdicts=verdicts, peers=peers))
+    best = max(runs[1:], key=lambda r: r.tokens_per_s, default=None)
+    if best is not None and peers:
+        print(f"best policy {label(best.spec)}: {best.tokens_per_s / runs[0].tokens_per_s:.2f}x our plain, "
+              f"{best.tokens_per_s / peers[1].tokens_per_s:.2f}x transformers prompt lookup, "
+              f"{best.tokens_per_s / peers[0].tokens_per_s:.2f}x transformers greedy")
+    if a.draft == "demo" and not os.path.isfile(os.path.join(demo_draft_dir(), "model.safetensors")):
+        print("note: no trained draft head is installed; a seeded random head was used, so tau ~ 1 here")
     return 1 if failed_requests(runs) else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -104,22 +104,45 @@ def run_policy(engine, prompts, spec, *, max_new_tokens, batch_size, temperature
     return PolicyRun(spec, time.perf_counter() - t0, results)
 
 
-def format_table(runs: List[PolicyRun], temperature: float) -> str:
+def verdict(engine, prompt_ids, base: "PolicyRun", run: "PolicyRun", temperature: float) -> str:
+    """The lossless column: float32 outputs must equal plain decoding's; in bf16 every divergence must
+    sit at a near-tie of the target's top logits (:mod:`treespec_sglang.engine.exactness`)."""
+    errors = [x.error for x in run.results if x.error]
+    if errors:  # a failed cell says why (and the command exits non-zero: failed_requests)
+        return f"FAILED {len(errors)}/{len(run.results)}: {errors[0]}"
+    if run.spec is None:
+        return "-"
+    if temperature > 0:
+        return "n/a (T>0)"
+    ref, outs = [x.token_ids for x in base.results], [x.token_ids for x in run.results]
+    if ref == outs:
+        return "yes"
+    if engine is None or engine.dtype == torch.float32:
+        return "NO"
+    from ..engine.exactness import TIE_BOUND, compare_outputs
+
+    c = compare_outputs(engine, prompt_ids, ref, outs)
+    if c["ok"]:
+        return f"yes (bf16: {c['diverged']} near-tie, margin {c['max_margin']:.2f} <= {TIE_BOUND})"
+    return f"NO (margin {c['max_margin']:.2f} > {TIE_BOUND})"
+
+
+def format_table(runs: List[PolicyRun], temperature: float, verdicts: Optional[List[str]] = None,
+                 peers: Sequence = ()) -> str:
+    """One row per run (speedup vs the first, plain) and per peer (``PeerRun``: tok/s, speedup and
+    how many outputs equal plain decoding's)."""
     base = runs[0]
     head = f"{'policy':<44} {'tok/s':>7} {'tau':>5} {'delta':>5} {'tree':>5} {'speedup':>7}  lossless"
     lines = [head, "-" * len(head)]
-    for r in runs:
-        errors = [x.error for x in r.results if x.error]
-        if errors:  # a failed cell says why (and the command exits non-zero: failed_requests)
-            same = f"FAILED {len(errors)}/{len(r.results)}: {errors[0]}"
-        elif r.spec is None:
-            same = "-"
-        elif temperature > 0:
-            same = "n/a (T>0)"
-        else:
-            same = "yes" if [x.token_ids for x in r.results] == [x.token_ids for x in base.results] else "NO"
+    for i, r in enumerate(runs):
+        same = verdicts[i] if verdicts is not None else verdict(None, None, base, r, temperature)
         lines.append(f"{label(r.spec):<44} {r.tokens_per_s:7.2f} {r.tau:5.2f} {r.delta:5.2f} {r.mean_tree:5.1f} "
                      f"{r.tokens_per_s / base.tokens_per_s:6.2f}x  {same}")
+    ref = [x.token_ids for x in base.results]
+    for p in peers:
+        same = sum(a == b for a, b in zip(p.outputs, ref))
+        lines.append(f"{p.name + ' (transformers, bs 1)':<44} {p.tokens_per_s:7.2f} {'':>5} {'':>5} {'':>5} "
+                     f"{p.tokens_per_s / base.tokens_per_s:6.2f}x  {same}/{len(ref)} outputs = plain")
     return "\n".join(lines)
 
 

@@ -1,0 +1,60 @@
+"""Cost curve (interpolation, cache) and per-policy budget choice against the formula by brute force."""
+
+import itertools
+
+import pytest
+import torch
+
+from tests.models.tiny import make_tiny_llama
+from treespec_sglang.engine import SpecEngine
+from treespec_sglang.engine.cost import CostCurve, choose_budgets, measure_cost_curve
+
+
+def curve():
+    return CostCurve((1, 4, 8, 16), (40.0, 42.0, 48.0, 60.0), (1, 4), (2.0, 3.0))
+
+
+def test_interpolation_and_extrapolation():
+    c = curve()
+    assert c.verify(1) == 40 and c.verify(6) == 45 and c.verify(12) == 54 and c.verify(20) == 66
+    assert c.verify(0.5) == 40 and c.draft(2) == pytest.approx(2 + 1 / 3)
+
+
+@pytest.mark.parametrize("bad", [dict(sizes=(4, 1), verify_ms=(1.0, 2.0)), dict(sizes=(1, 2), verify_ms=(1.0,)),
+                                 dict(sizes=(0, 2), verify_ms=(1.0, 2.0)), dict(sizes=(), verify_ms=())])
+def test_bad_curves_are_refused(bad):
+    with pytest.raises(ValueError, match="CostCurve.sizes"):
+        CostCurve(widths=(1,), draft_ms=(1.0,), **bad)
+
+
+def test_docstring_example():
+    c = CostCurve((1, 4, 8), (40.0, 44.0, 48.0), (1,), (2.0,))
+    table = {"p": {"4": dict(tau=2.0, delta=2, tree=4, width=1), "8": dict(tau=2.4, delta=3, tree=8, width=1)}}
+    assert choose_budgets(table, c)["p"].budget == 8
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_choice_maximises_expected_tokens_per_second(seed):
+    g = torch.Generator().manual_seed(seed)
+    table = {}
+    for pol in ("a", "b", "c"):
+        table[pol] = {str(n): dict(tau=1 + float(torch.rand((), generator=g)) * n ** 0.5,
+                                   delta=float(torch.randint(1, 6, (), generator=g)), tree=n * 0.9,
+                                   width=int(torch.randint(1, 5, (), generator=g))) for n in (2, 4, 8, 16, 24)}
+    c = curve()
+    picks = choose_budgets(table, c, overhead_ms=1.5)
+    for pol, rows in table.items():
+        rate = {int(n): r["tau"] / (c.verify(r["tree"]) + r["delta"] * c.draft(r["width"]) + 1.5) for n, r in rows.items()}
+        best = max(rate, key=rate.get)
+        assert picks[pol].budget == best
+        assert picks[pol].speedup == pytest.approx(rate[best] * (c.verify(1) + 1.5))
+
+
+def test_measured_curve_is_cached_per_key(tmp_path):
+    make_tiny_llama(tmp_path / "m", vocab=40, hidden=32, layers=2, heads=4, kv_heads=2)
+    e = SpecEngine.from_pretrained(str(tmp_path / "m"), draft=None, dtype="float32")
+    c1, cached1 = measure_cost_curve(e, sizes=(1, 4, 8), widths=(1, 2), prefix=16, repeats=2, cache_dir=str(tmp_path))
+    c2, cached2 = measure_cost_curve(e, sizes=(1, 4, 8), widths=(1, 2), prefix=16, repeats=2, cache_dir=str(tmp_path))
+    c3, cached3 = measure_cost_curve(e, sizes=(1, 2), widths=(1,), prefix=16, repeats=2, cache_dir=str(tmp_path))
+    assert (cached1, cached2, cached3) == (False, True, False) and c1 == c2 and c3.sizes == (1, 2)
+    assert all(ms > 0 for ms in itertools.chain(c1.verify_ms, c1.draft_ms))

@@ -1,0 +1,181 @@
+"""The machine's cost curve and per-policy budgets chosen from it (issue 10 item 4).
+
+:func:`measure_cost_curve` times, on the engine as loaded (dtype, threads), one verify forward of
+``n`` tree tokens over a ``prefix``-token cache plus the target LM head on those rows, and one draft
+step at width ``w`` (draft layer + its LM head + log_softmax). It takes a few seconds and is cached
+on disk per machine / torch / dtype / model / threads.
+
+:func:`choose_budgets` combines that curve with a draft's *acceptance table* (tau and draft
+forwards per round for each policy at each budget, measured once offline on training-split prompts
+by ``bench/policy_table.py`` and shipped beside the draft as ``policy_table.json``) and picks, per
+policy, the budget with the highest expected tokens/s::
+
+    tokens/s(N) = tau(N) / (verify_ms(tree(N)) + delta(N) * draft_ms(width) + overhead_ms)
+
+Acceptance is a property of the draft and the policy; cost is a property of the machine: that
+split is what lets one shipped table serve every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+
+from .kv_cache import KVCache
+
+__all__ = ["CostCurve", "measure_cost_curve", "choose_budgets", "BudgetChoice", "load_policy_table", "POLICY_TABLE"]
+
+POLICY_TABLE = "policy_table.json"
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Measured milliseconds: ``verify_ms[i]`` for ``sizes[i]`` tree tokens (bs 1), ``draft_ms[j]`` for
+    one draft step at ``widths[j]`` frontier nodes."""
+
+    sizes: Tuple[int, ...]
+    verify_ms: Tuple[float, ...]
+    widths: Tuple[int, ...]
+    draft_ms: Tuple[float, ...]
+
+    def __post_init__(self):
+        for xs, ys, name in ((self.sizes, self.verify_ms, "sizes"), (self.widths, self.draft_ms, "widths")):
+            if len(xs) < 1 or len(xs) != len(ys) or list(xs) != sorted(set(xs)) or xs[0] < 1:
+                raise ValueError(f"CostCurve.{name} must be increasing positive integers, one time each")
+
+    @staticmethod
+    def _interp(xs, ys, x: float) -> float:
+        if x <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return ys[-1] + (ys[-1] - ys[-2]) * (x - xs[-1]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1]
+
+    def verify(self, n: float) -> float:
+        """Interpolated (linearly extrapolated past the last size) ms for ``n`` verified tokens."""
+        return self._interp(self.sizes, self.verify_ms, n)
+
+    def draft(self, w: float) -> float:
+        return self._interp(self.widths, self.draft_ms, w)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up (allocator, oneDNN primitive cache)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(ts)
+
+
+@torch.inference_mode()
+def _measure(engine, sizes, widths, prefix: int, repeats: int) -> CostCurve:
+    tcfg, dcfg, dev = engine.target.config, engine.draft.config, engine.device
+    top = max(sizes)
+    cache = KVCache(tcfg.num_hidden_layers, 1, tcfg.num_key_value_heads, prefix + top, tcfg.head_dim, engine.dtype, dev)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, tcfg.vocab_size, (1, prefix + top), generator=g).to(dev)
+    pos = torch.arange(prefix, device=dev)[None]
+    engine.target(ids[:, :prefix], pos, cache.stores(pos, prefix),
+                  torch.ones(prefix, prefix, dtype=torch.bool, device=dev).tril()[None])
+
+    def verify(n):
+        p = prefix + torch.arange(n, device=dev)[None]
+        mask = torch.ones(n, prefix + n, dtype=torch.bool, device=dev).tril(prefix)[None]
+        return lambda: engine._logits(engine.target(ids[:, prefix:prefix + n], p, cache.stores(p, prefix + n), mask))
+
+    dcache = KVCache(1, 1, dcfg.num_key_value_heads, prefix + 1 + max(widths), dcfg.head_dim, engine.dtype, dev)
+
+    def draft(w):
+        p = prefix + torch.arange(w, device=dev)[None]
+        mask = torch.ones(w, prefix + w, dtype=torch.bool, device=dev)[None]
+        feats = torch.zeros(1, w, dcfg.hidden_size, dtype=engine.dtype, device=dev)
+        return lambda: engine._draft_logprobs(engine.draft(ids[:, :w], feats, p, dcache.stores(p, prefix + w)[0], mask))
+
+    return CostCurve(tuple(sizes), tuple(_median_ms(verify(n), repeats) for n in sizes),
+                     tuple(widths), tuple(_median_ms(draft(w), repeats) for w in widths))
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor()
+
+
+def measure_cost_curve(engine, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
+                       widths: Sequence[int] = (1, 2, 4, 8, 16), prefix: int = 256, repeats: int = 5,
+                       cache_dir: Optional[str] = None, model_id: str = "") -> Tuple[CostCurve, bool]:
+    """-> (curve, whether it came from the cache). ``cache_dir`` None: measure, store nothing."""
+    key = json.dumps([_cpu_name(), torch.__version__, str(engine.dtype), str(engine.device), torch.get_num_threads(),
+                      model_id, engine.target.config.hidden_size, engine.target.config.num_hidden_layers,
+                      int(engine._draft_w.shape[0]), list(sizes), list(widths), prefix])
+    path = None
+    if cache_dir is not None:
+        path = os.path.join(cache_dir, f"cost-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                d = json.load(f)
+            return CostCurve(**{k: tuple(v) for k, v in d["curve"].items()}), True
+    curve = _measure(engine, sizes, widths, prefix, repeats)
+    if path is not None:
+        with open(path + ".tmp", "w") as f:
+            json.dump({"key": key, "curve": {k: list(getattr(curve, k)) for k in
+                                            ("sizes", "verify_ms", "widths", "draft_ms")}}, f)
+        os.replace(path + ".tmp", path)
+    return curve, False
+
+
+def load_policy_table(draft_dir: Optional[str]) -> Optional[dict]:
+    """``{policy: {budget: {"tau", "delta", "tree", "width"}}}`` from ``<draft_dir>/policy_table.json``."""
+    if not draft_dir:
+        return None
+    path = os.path.join(draft_dir, POLICY_TABLE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)["table"]
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    policy: str
+    budget: int
+    tau: float
+    round_ms: float
+    speedup: float  # expected tokens/s over plain decoding on this curve
+
+
+def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve,
+                   overhead_ms: float = 0.0) -> Dict[str, BudgetChoice]:
+    """Per policy, the budget with the highest expected tokens/s (module docstring's formula).
+
+    ``table[policy][str(budget)]`` holds ``tau`` (tokens per round), ``delta`` (draft forwards per
+    round), ``tree`` (mean verified tokens per round) and ``width`` (mean frontier per draft step).
+
+    Example: with verify 40 ms at 1 token and 48 ms at 8, draft 2 ms, tau(4) = 2.0 with delta 2 and
+    tau(8) = 2.4 with delta 3, budget 8 wins: 2.4 / (48 + 6) > 2.0 / (44 + 4).
+    """
+    plain = curve.verify(1) + overhead_ms
+    out = {}
+    for policy, rows in table.items():
+        best = None
+        for budget, r in rows.items():
+            ms = curve.verify(r["tree"]) + r["delta"] * curve.draft(r.get("width", 1)) + overhead_ms
+            c = BudgetChoice(policy, int(budget), r["tau"], ms, (r["tau"] / ms) * plain)
+            if best is None or c.speedup > best.speedup:
+                best = c
+        if best is not None:
+            out[policy] = best
+    return out
