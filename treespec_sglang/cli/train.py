@@ -163,7 +163,7 @@ def run_draft(a: argparse.Namespace) -> int:
                 setattr(a, k.replace("-", "_"), v)
     set_threads(a.threads)
     torch.manual_seed(a.seed)
-    engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed, dtype=a.dtype)
+    engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed, dtype=a.dtype, fuse=False)
     if a.token_map:
         engine.set_token_map(read_token_map(a.token_map))
     d2t = engine.token_map  # from --token-map, or the --init draft's own token_map.pt
