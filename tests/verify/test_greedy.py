@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -94,3 +96,26 @@ def test_verify_refuses_unusable_target_logits(poison):
     ok = logits.clone()
     ok[0, 2] = torch.tensor([0.0, float("-inf"), 1.0, float("-inf"), 2.0])  # masked tokens are fine
     assert verify_tree(t, ok).bonus.shape == (1,)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_fast_path_equals_the_one_hot_walk(rng, seed):
+    """verify_tree's T=0 path (argmax only) == walk_tree on one-hot rows, with repeated sibling tokens
+    (only the first counts), padding, and argmax ties broken the same way."""
+    from treespec_sglang.verify.tree import walk_greedy, walk_tree
+
+    V = 4
+    t = random_batch(rng, [1, 6, 13, 9], vocab=V, max_children=4)
+    g = torch.Generator().manual_seed(seed)
+    tok = t.tokens.clone()
+    rep = (torch.rand(tok[:, 2:].shape, generator=g) < 0.3) & (t.parents[:, 2:] >= 0) & (t.parents[:, 1:-1] >= 0)
+    tok[:, 2:] = torch.where(rep, tok[:, 1:-1], tok[:, 2:])  # repeated tokens, often between siblings
+    t = dataclasses.replace(t, tokens=tok)
+    logits = torch.randint(0, 3, (4, t.n_nodes, V), generator=g).float()  # many exact ties
+    fast = walk_greedy(t, logits.argmax(-1))
+    one_hot = torch.nn.functional.one_hot(logits.argmax(-1), V).float()
+    ref = walk_tree(t, one_hot, torch.rand(4, t.depth_bound + 1, generator=g))
+    assert torch.equal(fast.path, ref.path) and torch.equal(fast.bonus, ref.bonus)
+    assert torch.equal(fast.num_accepted, ref.num_accepted)
+    via_api = verify_tree(t, logits)
+    assert torch.equal(via_api.path, ref.path) and torch.equal(via_api.bonus, ref.bonus)

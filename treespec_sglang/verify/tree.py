@@ -92,8 +92,47 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, *, temperature: Nu
             b, i = (int(x) for x in bad.nonzero()[0])
             raise ValueError(f"target_logits of request {b}, node {i} hold NaN / +inf or are -inf everywhere: "
                              f"no token can be verified from them")
+    if not isinstance(temperature, torch.Tensor) and temperature == 0:  # host-side check, no sync
+        return walk_greedy(tree, target_logits.argmax(-1))  # == walk_tree on one-hot rows, no [.., vocab] work
     probs = target_probs(target_logits, temperature, top_k, top_p)  # [bs, n_nodes, vocab]
     return walk_tree(tree, probs, uniform((bs, tree.depth_bound + 1), tree.device, generator))
+
+
+def walk_greedy(tree: DraftTree, argmax: torch.Tensor) -> VerifyResult:
+    """The greedy walk: :func:`walk_tree` on one-hot target rows, computed from their argmax only.
+
+    Parameters
+    ----------
+    tree : DraftTree
+        ``[bs, n_nodes]``.
+    argmax : torch.Tensor
+        ``[bs, n_nodes]`` int64, the target's argmax after each node.
+
+    Returns
+    -------
+    VerifyResult: the first sibling whose token is its parent's argmax is accepted, depth by depth;
+    the bonus is the argmax after the last accepted node (none of its children matched it, so the
+    one-hot residual of :func:`walk_tree` is that argmax itself).
+
+    Example: tokens [9, 1, 2, 3], parents [-1, 0, 0, 1], argmax [1, 4, 0, 0] -> path [0, 1, -1, -1],
+    bonus 4 (node 1 matches the root's argmax 1; node 3's token 3 is not node 1's argmax 4).
+    """
+    par = tree.parents
+    # node j is acceptable iff it is a real child, the first sibling with its token, and its token is
+    # its parent's argmax
+    match = (tree.tokens == torch.gather(argmax, 1, par.clamp(min=0))) & (par >= 0) & first_sibling_mask(tree)
+    bs, D = par.shape[0], tree.depth_bound
+    path = torch.full((bs, D + 1), -1, dtype=torch.int64, device=par.device)
+    path[:, 0] = 0
+    cur = torch.zeros(bs, dtype=torch.int64, device=par.device)
+    active = torch.ones(bs, dtype=torch.bool, device=par.device)
+    for d in range(D):
+        hit = match & (par == cur[:, None])  # [bs, n_nodes]
+        active = active & hit.any(-1)
+        cur = torch.where(active, hit.long().argmax(-1), cur)
+        path[:, d + 1] = torch.where(active, cur, -1)
+    num_accepted = (path[:, 1:] >= 0).long().sum(-1)
+    return VerifyResult(path, num_accepted, torch.gather(argmax, 1, cur[:, None])[:, 0])
 
 
 def walk_tree(tree: DraftTree, probs: torch.Tensor, coins: torch.Tensor) -> VerifyResult:
