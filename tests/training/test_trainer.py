@@ -167,3 +167,20 @@ def test_resumed_training_ends_where_an_uninterrupted_run_does(engine, tmp_path)
     with pytest.raises(ValueError, match="another config"):
         train_draft(fresh(), e.target.lm_head, seqs[:20], TrainConfig(loss="kl", steps=13, eval_every=4),
                     progress=False, state_path=state)
+
+
+def test_shared_target_head_loss_equals_per_step_loss(engine, tmp_path):
+    """_loss runs the target head once for all TTT steps; it equals the per-step computation."""
+    from treespec_sglang.training.losses import multi_step_loss
+    from treespec_sglang.training.trainer import LOSSES, _loss, step_logits
+
+    e = engine
+    e.tokenizer = None
+    distill_random_prompts(e, tmp_path / "d")
+    seqs = iter_sequences(load_shards(str(tmp_path / "d")))[:4]
+    cfg = TrainConfig(loss="kl", ttt_steps=3)
+    head = type(e.draft).for_target(e.target.config, seed=2).attach(e.target.model.embed_tokens)
+    with torch.no_grad():
+        steps, th = ttt_forward(head, *batch_sequences(seqs, cfg.max_len), cfg.ttt_steps)
+        per_step = [LOSSES["kl"](*step_logits(e.target.lm_head, f, th, v)[::-1], None, cfg, None) for f, v in steps]
+        torch.testing.assert_close(_loss(cfg, e.target.lm_head, steps, th), multi_step_loss(per_step, cfg.gamma))

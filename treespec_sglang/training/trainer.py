@@ -144,11 +144,17 @@ def talf_batch_loss(head, lm_head, seqs, cfg: TrainConfig, d2t: Optional[torch.T
 
 
 def _loss(cfg: TrainConfig, lm_head, steps, target_hidden, d2t=None) -> torch.Tensor:
+    """Multi-step loss. Every step's target at position t is the same p_t and step k's valid positions
+    are a subset of step 0's (``base_ok & t >= k``), so the full-vocabulary target head runs once, on
+    step 0's positions, and each step indexes its rows: ``valid_k[valid_0]`` picks them in order.
+    Example: valid_0 = [F, T, T, T], valid_1 = [F, F, T, T] -> valid_1[valid_0] = [F, T, T]."""
     fn = LOSSES[cfg.loss]
+    v0 = steps[0][1]
+    with torch.no_grad():
+        tl0 = lm_head(target_hidden[v0]).float()  # [M0, vocab]
     losses = []
     for feats, valid in steps:
-        dl, tl = step_logits(lm_head, feats, target_hidden, valid, d2t)
-        losses.append(fn(tl, dl, None, cfg, d2t))
+        losses.append(fn(tl0[valid[v0]], draft_logits(lm_head, feats[valid], d2t), None, cfg, d2t))
     return multi_step_loss(losses, cfg.gamma)
 
 
