@@ -58,3 +58,13 @@ def test_measured_curve_is_cached_per_key(tmp_path):
     c3, cached3 = measure_cost_curve(e, sizes=(1, 2), widths=(1,), prefix=16, repeats=2, cache_dir=str(tmp_path))
     assert (cached1, cached2, cached3) == (False, True, False) and c1 == c2 and c3.sizes == (1, 2)
     assert all(ms > 0 for ms in itertools.chain(c1.verify_ms, c1.draft_ms))
+
+
+def test_larger_batches_pick_smaller_or_equal_budgets():
+    """A steep curve (compute-bound): the batch multiplies verified tokens, so budgets shrink."""
+    c = CostCurve((1, 8, 16, 32, 64, 128), (40.0, 46.0, 60.0, 90.0, 150.0, 270.0), (1, 4, 16, 64), (2.0, 2.5, 4.0, 9.0))
+    table = {"p": {str(n): dict(tau=1 + 0.6 * n ** 0.5, delta=3, tree=n, width=4) for n in (2, 4, 8, 16)}}
+    picks = [choose_budgets(table, c, bs=bs)["p"].budget for bs in (1, 4, 8)]
+    assert picks == sorted(picks, reverse=True) and picks[0] > picks[-1], picks
+    with pytest.raises(ValueError, match="bs must be"):
+        choose_budgets(table, c, bs=0)

@@ -24,6 +24,8 @@ def add_parser(sub) -> None:
     p.add_argument("--policies", default="eagle2,talon,salf,c2t,chain")
     p.add_argument("--policy-json", default=None)
     p.add_argument("--budget", type=int, default=None)
+    p.add_argument("--auto-budgets", action="store_true",
+                   help="per policy, the budget this machine's cost curve favours at --batch-size (as `demo` does)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -45,6 +47,14 @@ def run(a: argparse.Namespace) -> int:
     sets = [load_prompt_set(n.strip()).every(a.every).take(a.limit) for n in a.prompts.split(",") if n.strip()]
     engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed,
                                         dtype=a.dtype)
+    if a.auto_budgets:
+        from ..engine.loading import demo_draft_dir
+        from .demo import pick_budgets
+
+        draft_dir = demo_draft_dir() if a.draft == "demo" else (None if a.draft == "random" else a.draft)
+        picked, notes = pick_budgets(engine, specs[1:], draft_dir, a.budget, bs=a.batch_size)
+        specs = [None] + picked
+        print("\n".join(notes), flush=True)
     os.makedirs(a.out, exist_ok=True)
     all_runs = {}
     for ps in sets:

@@ -157,9 +157,13 @@ class BudgetChoice:
     speedup: float  # expected tokens/s over plain decoding on this curve
 
 
-def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve,
-                   overhead_ms: float = 0.0) -> Dict[str, BudgetChoice]:
+def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve, overhead_ms: float = 0.0,
+                   bs: int = 1) -> Dict[str, BudgetChoice]:
     """Per policy, the budget with the highest expected tokens/s (module docstring's formula).
+
+    ``bs`` > 1 approximates a batch's round by the bs-1 curve at ``bs`` times the tokens (one forward
+    verifies every request's tree; the draft steps run at ``bs`` times the width), which is why the
+    best budget shrinks as the batch grows on a compute-bound CPU.
 
     ``table[policy][str(budget)]`` holds ``tau`` (tokens per round), ``delta`` (draft forwards per
     round), ``tree`` (mean verified tokens per round) and ``width`` (mean frontier per draft step).
@@ -167,12 +171,14 @@ def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve,
     Example: with verify 40 ms at 1 token and 48 ms at 8, draft 2 ms, tau(4) = 2.0 with delta 2 and
     tau(8) = 2.4 with delta 3, budget 8 wins: 2.4 / (48 + 6) > 2.0 / (44 + 4).
     """
-    plain = curve.verify(1) + overhead_ms
+    if bs < 1:
+        raise ValueError(f"bs must be >= 1, got {bs}")
+    plain = curve.verify(bs) + overhead_ms
     out = {}
     for policy, rows in table.items():
         best = None
         for budget, r in rows.items():
-            ms = curve.verify(r["tree"]) + r["delta"] * curve.draft(r.get("width", 1)) + overhead_ms
+            ms = curve.verify(bs * r["tree"]) + r["delta"] * curve.draft(bs * r.get("width", 1)) + overhead_ms
             c = BudgetChoice(policy, int(budget), r["tau"], ms, (r["tau"] / ms) * plain)
             if best is None or c.speedup > best.speedup:
                 best = c
