@@ -94,7 +94,7 @@ def run(a: argparse.Namespace) -> int:
             hf = HFPeer(resolve_target(a.target), engine.dtype, sorted(engine.eos))
             hf.generate(ids[0], 2)  # warm-up
             peers = [hf.run("hf-greedy", ids, a.max_new_tokens, bar=bar),
-                     hf.run(f"hf-lookup (prompt_lookup_num_tokens={a.lookup})", ids, a.max_new_tokens,
+                     hf.run(f"hf-lookup k={a.lookup}", ids, a.max_new_tokens,
                             lookup=a.lookup, bar=bar)]
     verdicts = [verdict(engine, ids, runs[0], r, a.temperature) for r in runs]
     print(f"\n{len(prompts)} held-out prompts ({a.humaneval} HumanEval + {a.mtbench} MT-bench, every 10th), "

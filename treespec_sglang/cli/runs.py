@@ -141,7 +141,7 @@ def format_table(runs: List[PolicyRun], temperature: float, verdicts: Optional[L
     ref = [x.token_ids for x in base.results]
     for p in peers:
         same = sum(a == b for a, b in zip(p.outputs, ref))
-        lines.append(f"{p.name + ' (transformers, bs 1)':<44} {p.tokens_per_s:7.2f} {'':>5} {'':>5} {'':>5} "
+        lines.append(f"{'transformers ' + p.name + ', bs 1':<44} {p.tokens_per_s:7.2f} {'':>5} {'':>5} {'':>5} "
                      f"{p.tokens_per_s / base.tokens_per_s:6.2f}x  {same}/{len(ref)} outputs = plain")
     return "\n".join(lines)
 
