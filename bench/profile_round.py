@@ -97,6 +97,7 @@ def main(argv=None):
     ap.add_argument("--policy-json", default=None)
     ap.add_argument("--prompts", type=int, default=3, help="held-out prompts (alternating HumanEval / MT-bench)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--draft", default="demo", help="draft directory (default: the shipped head)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write the rows here")
     a = ap.parse_args(argv)
@@ -112,7 +113,7 @@ def main(argv=None):
     rows = []
     for name in a.dtype.split(","):
         dtype = getattr(torch, name)
-        engine = SpecEngine.from_pretrained("smollm2-135m", draft="demo", dtype=dtype)
+        engine = SpecEngine.from_pretrained("smollm2-135m", draft=a.draft, dtype=dtype)
         engine.generate(prompts[:1], max_new_tokens=4, policy=spec)  # warm-up
         r = profile(engine, prompts, spec, a.max_new_tokens)
         base = profile(engine, prompts, None, a.max_new_tokens) if spec is not None else r
