@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from .runs import add_dtype, failed_requests, format_table, label, parse_policies, run_policy, set_threads
+from .runs import add_dtype, failed_requests, format_table, label, parse_policies, run_policy, set_threads, verdict
 
 __all__ = ["add_parser", "write_outputs"]
 
@@ -63,8 +63,12 @@ def run(a: argparse.Namespace) -> int:
             for spec in specs:
                 runs.append(run_policy(engine, ps.prompts, spec, max_new_tokens=a.max_new_tokens,
                                        batch_size=a.batch_size, temperature=a.temperature, seed=a.seed, bar=bar))
-        print(f"\n{ps.name}: {len(ps.prompts)} prompts")
-        print(format_table(runs, a.temperature))
+        print(f"\n{ps.name}: {len(ps.prompts)} prompts, batch {a.batch_size}, dtype {engine.dtype}")
+        try:  # what generate() ran on: the verdict re-checks bf16 divergences on them
+            ids = engine.encode(ps.prompts)
+        except ValueError:  # a prompt generate() refused: its requests failed, and the verdict says so first
+            ids = None
+        print(format_table(runs, a.temperature, verdicts=[verdict(engine, ids, runs[0], r, a.temperature) for r in runs]))
         all_runs[ps.name] = (ps, runs)
     write_outputs(all_runs, a.out, vars(a))
     print(f"\nwrote {a.out}/results.jsonl, tau_delta.png, acceptance_heatmap.png")
