@@ -294,3 +294,29 @@ def test_calibrated_batch_budget_is_lossless_and_learns(aligned_engine):
     assert sum(cal.curve()["nodes"]) == sum(sum(s - 1 for s in r.stats.tree_sizes) for r in res)
     with pytest.raises(ValueError, match="calibrate=True needs verify_budget"):
         aligned_engine.generate(ps, max_new_tokens=4, policy=mix, calibrate=True)
+
+
+@pytest.mark.parametrize("curve_kind", ["flat", "steep"])
+def test_auto_verify_budget_follows_the_cost_curve_and_is_lossless(aligned_engine, curve_kind):
+    """verify_budget="auto": T per round from the engine's cost curve. A flat curve (verifying more is
+    free) keeps every proposed node; a curve where every extra token costs a whole round keeps the
+    roots only (no node is worth an expected 1 token). Greedy output == plain greedy either way."""
+    from treespec_sglang.engine.cost import CostCurve
+
+    ps = prompts(4, seed=13)
+    mix = [POLICIES[i % len(POLICIES)] for i in range(4)]
+    plain = aligned_engine.generate(ps, max_new_tokens=12, policy=None)
+    full = aligned_engine.generate(ps, max_new_tokens=12, policy=mix)
+    verify = (10.0, 10.0, 10.0) if curve_kind == "flat" else (10.0, 20.0, 10.0 * 256)
+    aligned_engine.cost_curve = CostCurve((1, 2, 256), verify, (1,), (0.0,))
+    try:
+        res = aligned_engine.generate(ps, max_new_tokens=12, policy=mix, verify_budget="auto")
+    finally:
+        aligned_engine.cost_curve = None
+    assert [r.token_ids for r in res] == [r.token_ids for r in plain]
+    if curve_kind == "flat":
+        assert [r.stats.tree_sizes for r in res] == [r.stats.tree_sizes for r in full]
+    else:  # roots only: 1 token per request per round
+        assert all(x == 1 for r in res for x in r.stats.tree_sizes)
+    with pytest.raises(ValueError, match="'auto' or None"):
+        aligned_engine.generate(ps, max_new_tokens=4, policy=mix, verify_budget="big")

@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from ..policies import grow_tree, parse_spec
-from ..policies.batch_budget import allocate_batch
+from ..policies.batch_budget import allocate_batch, best_total
 from ..policies.calibration import DepthCalibration
 from ..tree import compact, dense_mask
 from ..verify import emitted_tokens, sample, verify_tree
@@ -89,6 +89,7 @@ class SpecEngine:
         # optional ``observer(tree, parent_entropy, result)`` called after each verify (C2T data)
         self.observer = None
         self.calibration = None  # the last generate(calibrate=True) call's DepthCalibration
+        self.cost_curve = None  # verify_budget="auto"'s machine curve (measured on first use)
         self.device = torch.device(device)
         self.dtype = dtype
         cfg = target.config
@@ -174,6 +175,9 @@ class SpecEngine:
         its own tree; :func:`~treespec_sglang.policies.batch_budget.allocate_batch` keeps the nodes with
         the highest path probabilities across the batch (ancestor-closed, every root kept; one host read
         per round sizes the verify to the largest kept tree). None: every request verifies its whole tree.
+        ``verify_budget="auto"``: T is chosen every round by
+        :func:`~treespec_sglang.policies.batch_budget.best_total` from this machine's verify-cost curve (the
+        most expected tokens per millisecond; issue 13's "T per round from a measured cost curve").
         ``calibrate`` (with ``verify_budget``): weigh the path probabilities by a per-depth acceptance
         correction learned online during the call (:class:`~treespec_sglang.policies.calibration.
         DepthCalibration`; left in ``self.calibration`` for its curve).
@@ -182,9 +186,9 @@ class SpecEngine:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         max_new_tokens = int(max_new_tokens)
         check_sampling(temperature, top_k, top_p)  # before any compute (a bad value used to surface after prefill)
-        if verify_budget is not None and (isinstance(verify_budget, bool) or not isinstance(verify_budget, numbers.Integral)
-                                          or verify_budget < 1):
-            raise ValueError(f"verify_budget must be an integer >= 1 (tokens per round for the batch) or None, "
+        if verify_budget is not None and verify_budget != "auto" and (
+                isinstance(verify_budget, bool) or not isinstance(verify_budget, numbers.Integral) or verify_budget < 1):
+            raise ValueError(f"verify_budget must be an integer >= 1 (tokens per round for the batch), 'auto' or None, "
                              f"got {verify_budget!r}")
         if calibrate and verify_budget is None:
             raise ValueError("calibrate=True needs verify_budget (it weighs the batch allocation)")
@@ -231,8 +235,12 @@ class SpecEngine:
             t0 = time.perf_counter()
             run = self._plain if plain else self._speculative
             self.calibration = DepthCalibration() if calibrate and not plain else None
-            extra = {} if plain else {"budget": None if verify_budget is None else int(verify_budget),
-                                      "calibration": self.calibration}
+            if verify_budget == "auto" and not plain:
+                budget = "auto"
+                self._auto_cost(len(ok) * max_nodes)  # measured (or cached) before the timed loop starts
+            else:
+                budget = None if verify_budget is None else int(verify_budget)
+            extra = {} if plain else {"budget": budget, "calibration": self.calibration}
             outs = run([ids[i] for i in ok], [parsed[j] for j in range(len(ok))],
                        [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress, **extra)
             dt = time.perf_counter() - t0
@@ -348,7 +356,8 @@ class SpecEngine:
                 lens_h = [lens_h[i] for i in keep]
             pending, root, lens, f_root, root_lp = self._round(
                 cache, dcache, [params[r] for r in rows], [stats[r] for r in rows], root, lens, f_root, root_lp,
-                sampling, gen, max(lens_h), None if budget is None else -(-budget * len(rows) // bs), calibration)
+                sampling, gen, max(lens_h),
+                budget if budget in (None, "auto") else -(-budget * len(rows) // bs), calibration)
             lens_h = [x + len(p) for x, p in zip(lens_h, pending)]
 
     def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen, lmax: int,
@@ -360,7 +369,10 @@ class SpecEngine:
         recorder = EntropyRecorder(expand, root_lp) if self.observer is not None else None
         tree = grow_tree(params, root, root_lp, recorder or expand, validate=False)  # log_softmax inputs
         if budget is not None:  # one budget for the batch: the best nodes across requests
-            keep = allocate_batch(tree, budget, weight=None if calibration is None else calibration.weight(tree))
+            weight = None if calibration is None else calibration.weight(tree)
+            if budget == "auto":  # T from the cost curve: the most expected tokens per ms (0-d tensor, no sync)
+                budget = best_total(tree, self._auto_cost(bs * tree.n_nodes), weight=weight)
+            keep = allocate_batch(tree, budget, weight=weight)
             # the verify runs [bs, width]: the largest kept tree (one host read; a static bound such as
             # budget - bs + 1 would make every request verify that many padded columns)
             tree = compact(tree, keep, int(keep.sum(1).max()))
@@ -404,6 +416,25 @@ class SpecEngine:
             s.tree_sizes.append(size)
             pending.append(row[:k + 1])
         return pending, result.bonus, new_lens, f_root, root_lp
+
+    def _auto_cost(self, t_max: int) -> torch.Tensor:
+        """``[t_max + 1]`` ms of a round that verifies T tokens (``verify_budget="auto"``): the machine's
+        verify curve (:func:`~treespec_sglang.engine.cost.measure_cost_curve`, measured once per engine
+        and cached on disk; set ``engine.cost_curve`` to use another) plus the round's fixed cost,
+        approximated by four draft steps at width four."""
+        from .cost import measure_cost_curve
+
+        if getattr(self, "cost_curve", None) is None:
+            from ..models.demo import cache_dir
+
+            self.cost_curve, _ = measure_cost_curve(self, cache_dir=cache_dir(), model_id=str(self.target.config))
+        c = self.cost_curve
+        key = (c, t_max)
+        if getattr(self, "_auto_cost_cache", (None,))[0] != key:
+            fixed = 4 * c.draft(4)
+            ms = torch.tensor([c.verify(max(t, 1)) + fixed for t in range(t_max + 1)], device=self.device)
+            self._auto_cost_cache = (key, ms)
+        return self._auto_cost_cache[1]
 
     def _draft_extend(self, dcache, tokens, feats, start, count, kv: int):
         """Feed ``count[b]`` committed pairs starting at position ``start[b]``; return the last
