@@ -8,7 +8,8 @@ import json
 import os
 import sys
 
-from .runs import add_dtype, failed_requests, format_table, label, parse_policies, run_policy, set_threads, verdict
+from .runs import (add_dtype, draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets,
+                   run_policy, set_threads, verdict)
 
 __all__ = ["add_parser", "write_outputs"]
 
@@ -48,11 +49,7 @@ def run(a: argparse.Namespace) -> int:
     engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed,
                                         dtype=a.dtype)
     if a.auto_budgets:
-        from ..engine.loading import demo_draft_dir
-        from .demo import pick_budgets
-
-        draft_dir = demo_draft_dir() if a.draft == "demo" else (None if a.draft == "random" else a.draft)
-        picked, notes = pick_budgets(engine, specs[1:], draft_dir, a.budget, bs=a.batch_size)
+        picked, notes = pick_budgets(engine, specs[1:], draft_dir_of(a.draft), a.budget, bs=a.batch_size)
         specs = [None] + picked
         print("\n".join(notes), flush=True)
     os.makedirs(a.out, exist_ok=True)

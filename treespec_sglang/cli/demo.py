@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from .runs import add_dtype, failed_requests, format_table, label, parse_policies, run_policy, set_threads, verdict
+from .runs import (add_dtype, draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets,
+                   run_policy, set_threads, verdict)
 
 __all__ = ["add_parser"]
 
@@ -37,32 +38,6 @@ def add_parser(sub) -> None:
     p.set_defaults(fn=run)
 
 
-def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1):
-    """Replace each preset's budget by the one this machine's cost curve favours -> (specs, lines)."""
-    from ..engine.cost import choose_budgets, load_policy_table, measure_cost_curve
-    from ..models.demo import cache_dir
-
-    table = load_policy_table(draft_dir)
-    if budget_flag is not None or table is None:
-        why = "--budget" if budget_flag is not None else f"no policy_table.json beside the draft ({draft_dir})"
-        return specs, [f"budgets: the presets' ({why})"]
-    curve, cached = measure_cost_curve(engine, cache_dir=cache_dir(), model_id=str(draft_dir))
-    picks = choose_budgets({s["policy"]: table[s["policy"]] for s in specs if s and s["policy"] in table}, curve, bs=bs)
-    lines = [f"cost curve ({'cached' if cached else 'measured now'}, {engine.dtype}): verify "
-             + ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in zip(curve.sizes, curve.verify_ms) if n in (1, 4, 8, 16, 32))
-             + f"; draft step {curve.draft_ms[0]:.1f} ms"]
-    out = []
-    for s in specs:
-        c = picks.get(s["policy"]) if s else None
-        if c is None:
-            out.append(s)
-            continue
-        out.append(dict(table[s["policy"]][str(c.budget)]["spec"]))
-        lines.append(f"  {s['policy']:<7} budget {c.budget:<3} (acceptance table tau {c.tau:.2f}, "
-                     f"{c.round_ms:.1f} ms/round -> expected {c.speedup:.2f}x)")
-    return out, [f"budgets: per policy, the best expected tokens/s at batch {bs} on this machine's cost curve"] + lines
-
-
 def run(a: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -77,8 +52,7 @@ def run(a: argparse.Namespace) -> int:
     engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed,
                                         dtype=a.dtype)
     engine.generate(prompts[:1], max_new_tokens=2)  # warm-up (allocator, threads)
-    draft_dir = demo_draft_dir() if a.draft == "demo" else (None if a.draft == "random" else a.draft)
-    specs, notes = pick_budgets(engine, specs, draft_dir, a.budget, bs=a.batch_size)
+    specs, notes = pick_budgets(engine, specs, draft_dir_of(a.draft), a.budget, bs=a.batch_size)
     print("\n".join(notes), flush=True)
     specs = [None] + specs
     ids = engine.encode(prompts)

@@ -9,7 +9,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-__all__ = ["PRESETS", "parse_policies", "PolicyRun", "run_policy", "format_table", "failed_requests"]
+__all__ = ["PRESETS", "parse_policies", "PolicyRun", "run_policy", "format_table", "failed_requests", "verdict",
+           "draft_dir_of", "pick_budgets", "add_dtype"]
 
 # CPU-sized defaults (shared/notes/measurements.md: a 60-node tree costs ~3.3 decode steps on CPU)
 PRESETS = {
@@ -149,6 +150,40 @@ def format_table(runs: List[PolicyRun], temperature: float, verdicts: Optional[L
 def failed_requests(runs: List[PolicyRun]) -> int:
     """How many requests failed across the runs (the commands exit 1 when any did)."""
     return sum(1 for r in runs for x in r.results if x.error)
+
+
+def draft_dir_of(draft: str) -> Optional[str]:
+    """``--draft`` -> the draft directory (``demo``: the shipped head; ``random``: none)."""
+    if draft == "demo":
+        from ..engine.loading import demo_draft_dir
+
+        return demo_draft_dir()
+    return None if draft == "random" else draft
+
+
+def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1):
+    """Replace each preset's budget by the one this machine's cost curve favours -> (specs, lines)."""
+    from ..engine.cost import choose_budgets, load_policy_table
+
+    table = load_policy_table(draft_dir)
+    if budget_flag is not None or table is None:
+        why = "--budget" if budget_flag is not None else f"no policy_table.json beside the draft ({draft_dir})"
+        return specs, [f"budgets: the presets' ({why})"]
+    curve, cached = engine.measured_cost_curve()
+    picks = choose_budgets({s["policy"]: table[s["policy"]] for s in specs if s and s["policy"] in table}, curve, bs=bs)
+    lines = [f"cost curve ({'cached' if cached else 'measured now'}, {engine.dtype}): verify "
+             + ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in zip(curve.sizes, curve.verify_ms) if n in (1, 4, 8, 16, 32))
+             + f"; draft step {curve.draft_ms[0]:.1f} ms"]
+    out = []
+    for s in specs:
+        c = picks.get(s["policy"]) if s else None
+        if c is None:
+            out.append(s)
+            continue
+        out.append(dict(table[s["policy"]][str(c.budget)]["spec"]))
+        lines.append(f"  {s['policy']:<7} budget {c.budget:<3} (acceptance table tau {c.tau:.2f}, "
+                     f"{c.round_ms:.1f} ms/round -> expected {c.speedup:.2f}x)")
+    return out, [f"budgets: per policy, the best expected tokens/s at batch {bs} on this machine's cost curve"] + lines
 
 
 DTYPE_HELP = ("auto (bf16 where the CPU has AMX / AVX512-BF16 or the GPU supports it, else float32), float32 "

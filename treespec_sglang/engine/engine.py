@@ -89,7 +89,9 @@ class SpecEngine:
         # optional ``observer(tree, parent_entropy, result)`` called after each verify (C2T data)
         self.observer = None
         self.calibration = None  # the last generate(calibrate=True) call's DepthCalibration
-        self.cost_curve = None  # verify_budget="auto"'s machine curve (measured on first use)
+        self.cost_curve = None  # this machine's CostCurve (measured_cost_curve, on first use)
+        self._cost_from_disk = False
+        self._auto_cost_cache = None  # ((curve, t_max), [t_max + 1] ms) for verify_budget="auto"
         self.device = torch.device(device)
         self.dtype = dtype
         cfg = target.config
@@ -417,20 +419,27 @@ class SpecEngine:
             pending.append(row[:k + 1])
         return pending, result.bonus, new_lens, f_root, root_lp
 
-    def _auto_cost(self, t_max: int) -> torch.Tensor:
-        """``[t_max + 1]`` ms of a round that verifies T tokens (``verify_budget="auto"``): the machine's
-        verify curve (:func:`~treespec_sglang.engine.cost.measure_cost_curve`, measured once per engine
-        and cached on disk; set ``engine.cost_curve`` to use another) plus the round's fixed cost,
-        approximated by four draft steps at width four."""
-        from .cost import measure_cost_curve
+    def measured_cost_curve(self):
+        """This machine's cost curve for this engine -> (CostCurve, whether it came from the disk cache).
 
-        if getattr(self, "cost_curve", None) is None:
+        Measured once per engine (:func:`~treespec_sglang.engine.cost.measure_cost_curve`, cached on disk
+        per CPU / torch / dtype / threads / model shape) and kept in ``self.cost_curve``; assign
+        ``engine.cost_curve`` to use another curve."""
+        if self.cost_curve is None:
             from ..models.demo import cache_dir
+            from .cost import measure_cost_curve
 
-            self.cost_curve, _ = measure_cost_curve(self, cache_dir=cache_dir(), model_id=str(self.target.config))
-        c = self.cost_curve
+            self.cost_curve, self._cost_from_disk = measure_cost_curve(self, cache_dir=cache_dir(),
+                                                                       model_id=str(self.target.config))
+        return self.cost_curve, self._cost_from_disk
+
+    def _auto_cost(self, t_max: int) -> torch.Tensor:
+        """``[t_max + 1]`` ms of a round that verifies T tokens (``verify_budget="auto"``): the verify
+        curve (:meth:`measured_cost_curve`) plus the round's fixed cost, approximated by four draft
+        steps at width four. Rebuilt only when the curve or ``t_max`` changes."""
+        c, _ = self.measured_cost_curve()
         key = (c, t_max)
-        if getattr(self, "_auto_cost_cache", (None,))[0] != key:
+        if self._auto_cost_cache is None or self._auto_cost_cache[0] != key:
             fixed = 4 * c.draft(4)
             ms = torch.tensor([c.verify(max(t, 1)) + fixed for t in range(t_max + 1)], device=self.device)
             self._auto_cost_cache = (key, ms)
