@@ -143,7 +143,8 @@ def test_sampling_first_two_tokens_match_plain_sampling(aligned_engine, spec):
     assert d2 < 2 * tv_bound(len(keys2), n), d2
 
 
-def test_a_round_syncs_once_per_draft_step_plus_one(aligned_engine, monkeypatch):
+@pytest.mark.parametrize("budget", [None, 6, "auto"])
+def test_a_round_syncs_once_per_draft_step_plus_one(aligned_engine, monkeypatch, budget):
     """Host syncs in one speculative round: grow_tree's early-exit check per step and the single
     transfer of the round's results; nothing else (no .item()/.tolist()/bool-mask in the round)."""
     import treespec_sglang.engine.engine as E
@@ -159,12 +160,14 @@ def test_a_round_syncs_once_per_draft_step_plus_one(aligned_engine, monkeypatch)
         return out
 
     monkeypatch.setattr(E.SpecEngine, "_round", counted)
-    aligned_engine.generate(prompts(3), max_new_tokens=10, policy=POLICIES[0])  # eagle2, depth 3
+    aligned_engine.generate(prompts(3), max_new_tokens=10, policy=POLICIES[0],  # eagle2, depth 3
+                            verify_budget=budget)
     assert counts
+    extra = 0 if budget is None else 1  # a batch budget reads the kept sizes once (the ragged verify's shape)
     for n, ops, _ in counts:
         assert set(ops) <= {"aten::_local_scalar_dense", "aten::is_nonzero", "Tensor.tolist"}, ops
-        assert ops.get("Tensor.tolist", 0) == 1
-        assert n <= 1 + 3  # depth 3 -> at most 2 expand steps + the final check, plus the transfer
+        assert ops.get("Tensor.tolist", 0) == 1 + extra
+        assert n <= 1 + 3 + extra  # depth 3 -> at most 2 expand steps + the final check, plus the transfer
 
 
 @pytest.mark.parametrize("policy", ["c2t", "chain"])
@@ -297,22 +300,21 @@ def test_calibrated_batch_budget_is_lossless_and_learns(aligned_engine):
 
 
 @pytest.mark.parametrize("curve_kind", ["flat", "steep"])
-def test_auto_verify_budget_follows_the_cost_curve_and_is_lossless(aligned_engine, curve_kind):
-    """verify_budget="auto": T per round from the engine's cost curve. A flat curve (verifying more is
-    free) keeps every proposed node; a curve where every extra token costs a whole round keeps the
-    roots only (no node is worth an expected 1 token). Greedy output == plain greedy either way."""
-    from treespec_sglang.engine.cost import CostCurve
+def test_auto_verify_budget_follows_the_round_cost_and_is_lossless(aligned_engine, monkeypatch, curve_kind):
+    """verify_budget="auto": T per round from the round-cost line. A flat line (verifying more is free)
+    keeps every proposed node; a line where every extra token costs a whole round keeps the roots only
+    (no node is worth an expected 1 token). Greedy output == plain greedy either way."""
+    from treespec_sglang.engine import engine as E
+    from treespec_sglang.engine.cost import RoundCost
 
     ps = prompts(4, seed=13)
     mix = [POLICIES[i % len(POLICIES)] for i in range(4)]
     plain = aligned_engine.generate(ps, max_new_tokens=12, policy=None)
     full = aligned_engine.generate(ps, max_new_tokens=12, policy=mix)
-    verify = (10.0, 10.0, 10.0) if curve_kind == "flat" else (10.0, 20.0, 10.0 * 256)
-    aligned_engine.cost_curve = CostCurve((1, 2, 256), verify, (1,), (0.0,))
-    try:
-        res = aligned_engine.generate(ps, max_new_tokens=12, policy=mix, verify_budget="auto")
-    finally:
-        aligned_engine.cost_curve = None
+    slope = 0.0 if curve_kind == "flat" else 1e4  # pinned: the prior outweighs any measured round
+    monkeypatch.setattr(E.SpecEngine, "_round_cost",
+                        lambda self: RoundCost(slope, 10.0, strength=1e30, probes=(1.0,)))
+    res = aligned_engine.generate(ps, max_new_tokens=12, policy=mix, verify_budget="auto")
     assert [r.token_ids for r in res] == [r.token_ids for r in plain]
     if curve_kind == "flat":
         assert [r.stats.tree_sizes for r in res] == [r.stats.tree_sizes for r in full]
@@ -320,3 +322,37 @@ def test_auto_verify_budget_follows_the_cost_curve_and_is_lossless(aligned_engin
         assert all(x == 1 for r in res for x in r.stats.tree_sizes)
     with pytest.raises(ValueError, match="'auto' or None"):
         aligned_engine.generate(ps, max_new_tokens=4, policy=mix, verify_budget="big")
+
+
+def test_auto_verify_budget_probes_and_learns_from_its_rounds(aligned_engine, monkeypatch):
+    """The default round cost: probing rounds scale T, every round is observed, output stays lossless."""
+    from treespec_sglang.engine import engine as E
+
+    made = []
+    real = E.SpecEngine._round_cost
+    monkeypatch.setattr(E.SpecEngine, "_round_cost", lambda self: made.append(real(self)) or made[-1])
+    ps = prompts(4, seed=17)
+    mix = [POLICIES[i % len(POLICIES)] for i in range(4)]
+    plain = aligned_engine.generate(ps, max_new_tokens=16, policy=None)
+    res = aligned_engine.generate(ps, max_new_tokens=16, policy=mix, verify_budget="auto", calibrate=True)
+    assert [r.token_ids for r in res] == [r.token_ids for r in plain]
+    (rc,) = made
+    assert rc.rounds == max(len(r.stats.tree_sizes) for r in res) and rc.level > 0
+
+
+def test_a_request_can_opt_out_of_the_batch_budget(aligned_engine):
+    """{"batch_budget": False} keeps that request's whole tree under a tight batch budget (its nodes
+    still count); the sharing requests are trimmed; greedy output == plain; a non-bool is refused alone."""
+    ps = prompts(4, seed=19)
+    own = {"policy": "eagle2", "budget": 6, "topk": 2, "depth": 3}
+    mix = [dict(own, batch_budget=False)] + [dict(own)] * 3
+    plain = aligned_engine.generate(ps, max_new_tokens=12, policy=None)
+    whole = aligned_engine.generate(ps[:1], max_new_tokens=12, policy=own)
+    res = aligned_engine.generate(ps, max_new_tokens=12, policy=mix, verify_budget=8)
+    assert [r.token_ids for r in res] == [r.token_ids for r in plain]
+    n0 = len(res[0].stats.tree_sizes)
+    assert res[0].stats.tree_sizes == whole[0].stats.tree_sizes[:n0] and max(res[0].stats.tree_sizes) == 6
+    assert all(x == 1 for r in res[1:] for x in r.stats.tree_sizes[:n0])  # 8 - 6 = 2 tokens: their roots
+    bad = aligned_engine.generate(ps[:2], max_new_tokens=4, policy=[dict(own, batch_budget="no"), own],
+                                  verify_budget=8)
+    assert "batch_budget must be true" in bad[0].error and bad[1].error is None and bad[1].token_ids

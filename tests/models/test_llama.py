@@ -174,3 +174,34 @@ def test_packed_model_forward_is_bit_identical(tmp_path):
             cache = KVCache(cfg.num_hidden_layers, bs, cfg.num_key_value_heads, T, cfg.head_dim, torch.bfloat16, "cpu")
             outs.append(m.lm_head(m(ids, pos, cache.stores(pos, T), mask)))
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_ragged_rows_equal_the_padded_forward(tmp_path, fuse):
+    """The ragged verify (linear layers on the real tokens only, attention on the padded grid) gives the
+    padded forward's hidden states on every real token (the oracle); padding rows are simply absent."""
+    make_tiny_llama(tmp_path)
+    m = LlamaModel.from_pretrained(str(tmp_path))
+    if fuse:
+        m.fuse_()
+    cfg, bs, q, prefix = m.config, 3, 4, 5
+    sizes = [4, 1, 2]  # real tokens per request: rows [0..3], [4], [8, 9]
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 96, (bs, prefix + q), generator=g)
+    pos = torch.arange(prefix + q)[None].expand(bs, -1)
+    real = torch.arange(q)[None, :] < torch.tensor(sizes)[:, None]  # [bs, q]
+    # each request's tokens form a chain after its prefix; a padding row attends to the prefix only
+    causal = torch.ones(q, prefix + q, dtype=torch.bool).tril(prefix)[None] & torch.cat(
+        [torch.ones(bs, q, prefix, dtype=torch.bool), real[:, None, :].expand(bs, q, q)], 2)
+    rows = torch.tensor([0, 1, 2, 3, 4, 8, 9])
+    outs = []
+    with torch.no_grad():
+        for ragged in (False, True):
+            c = KVCache(cfg.num_hidden_layers, bs, cfg.num_key_value_heads, 16, cfg.head_dim, torch.float32, "cpu")
+            p0 = pos[:, :prefix]
+            m(ids[:, :prefix], p0, c.stores(p0, prefix), torch.ones(bs, prefix, prefix, dtype=torch.bool).tril())
+            p1 = pos[:, prefix:]
+            outs.append(m(ids[:, prefix:], p1, c.stores(p1, prefix + q), causal, rows=rows if ragged else None))
+    padded, flat = outs
+    assert flat.shape == (len(rows), cfg.hidden_size)
+    torch.testing.assert_close(flat, padded.reshape(bs * q, -1)[rows], rtol=1e-5, atol=1e-5)

@@ -9,7 +9,7 @@ from treespec_sglang.policies.classifier import load_classifier
 
 from tests.helpers import PathDraft, random_batch
 from tests.policies import oracles
-from treespec_sglang.plugin.pool import select_from_pool, unlink_filler
+from treespec_sglang.plugin.pool import select_from_pool, share_batch_budget, unlink_filler
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.tree import DraftTree, sglang_retrive
 
@@ -126,3 +126,54 @@ def test_unlink_filler_keeps_exactly_the_kept_subtree(seed):
                     kids.append(c)
                     c = int(ns[b, c])
                 assert kids == [j for j in range(1, int(t.size[b])) if t.parents[b, j] == u and keep[b, j]]
+
+
+def best_closed_value(parents, vals, cand, count):
+    """Brute force: the best sum of ``vals`` over ancestor-closed subsets of ``cand`` (root implied) of size <= count."""
+    nodes = [i for i in range(1, len(parents)) if cand[i]]
+    best = 0.0
+    for mask in range(1 << len(nodes)):
+        pick = {nodes[j] for j in range(len(nodes)) if mask >> j & 1}
+        if len(pick) <= count and all(parents[i] == 0 or parents[i] in pick for i in pick):
+            best = max(best, sum(vals[i] for i in pick))
+    return best
+
+
+@pytest.mark.parametrize("seed,per_request,shares", [(0, 2, (1, 1, 1)), (1, 3, (1, 0, 1)), (2, 4, (1, 1, 0)),
+                                                     (3, 1, (1, 1, 1)), (4, 9, (0, 1, 1))])
+def test_batch_budget_on_the_pool_is_optimal_and_closed(seed, per_request, shares):
+    """--treespec-batch-budget on SGLang's verify layout: the sharing rows keep the best ancestor-closed
+    set of (per_request - 1) x sharing nodes of the batch (brute force over 2^candidates), the other rows
+    their whole policy tree, and the unlinked chains reach exactly the kept nodes."""
+    draft, sl, tl, pl, paths = pool(topk=2, steps=3, seed=seed)
+    N, k = 7, 2
+    params = [parse_spec({"policy": "talon", "budget": 5, "topk": 2, "mu": 0.05}), parse_spec(
+        {"policy": "eagle2", "budget": 7, "topk": 2, "depth": 3}), parse_spec({"policy": "salf", "budget": 6, "th": 0.0})]
+    parent_list, top, toks, keep = select_from_pool(sl, tl, pl, N, k, params)
+    scores = torch.cat(sl, 1).flatten(1).float()
+    share = torch.tensor(shares, dtype=torch.bool)
+    got = share_batch_budget(scores, top, keep, share, per_request)
+    assert torch.equal(got[~share], keep[~share]) and not (got & ~keep).any() and got[:, 0].all()
+    parents = [oracles_parents(parent_list[b], top[b], k, N) for b in range(3)]
+    vals = [[0.0] + torch.gather(scores[b], 0, top[b]).tolist() for b in range(3)]
+    left = (per_request - 1) * int(share.sum())
+    # the joint optimum over the sharing rows: a knapsack of each row's best closed value per size
+    rows = [b for b in range(3) if shares[b]]
+    per_size = {b: [best_closed_value(parents[b], vals[b], keep[b].tolist(), c) for c in range(N)] for b in rows}
+    best = {0: 0.0}
+    for b in rows:
+        nxt = {}
+        for used, v in best.items():
+            for c in range(N):
+                if used + c <= left:
+                    nxt[used + c] = max(nxt.get(used + c, -1.0), v + per_size[b][c])
+        best = nxt
+    got_value = sum(vals[b][i] for b in rows for i in range(1, N) if got[b, i])
+    assert int(got[rows][:, 1:].sum()) <= left
+    assert got_value == pytest.approx(max(best.values()), abs=1e-6)
+    for b in range(3):
+        assert all(parents[b][i] == 0 or bool(got[b, parents[b][i]]) for i in range(1, N) if got[b, i])
+        tree = DraftTree.from_lists([[0] + toks[b].tolist()], [parents[b]])
+        r = sglang_retrive(tree)
+        nt, ns = unlink_filler(r.retrive_next_token, r.retrive_next_sibling, got[b:b + 1])
+        assert reachable(nt, ns, 0) == [i for i in range(N) if got[b, i]]

@@ -151,6 +151,33 @@ def test_server_flags_are_added_and_exported(loaded, monkeypatch):
         _from_cli_args(None, ServerArgs, bad)
 
 
+def test_batch_budget_flag_is_added_validated_and_exported(loaded, monkeypatch):
+    import argparse
+
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    from treespec_sglang.plugin import server_defaults
+    from treespec_sglang.plugin.hooks import _from_cli_args
+    from treespec_sglang.plugin.request import request_shares
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    for var in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_BATCH_BUDGET"):
+        monkeypatch.setenv(var, "")
+    _from_cli_args(None, ServerArgs, parser.parse_args(["--model-path", "dummy", "--treespec-batch-budget", "4"]))
+    assert os.environ["TREESPEC_BATCH_BUDGET"] == "4" and server_defaults().batch_budget == 4
+    assert not server_defaults().active  # a batch budget alone sets no default policy
+    with pytest.raises(ValueError, match=r"--treespec-batch-budget must be an integer in \[1, 1024\]"):
+        _from_cli_args(None, ServerArgs, parser.parse_args(["--model-path", "d", "--treespec-batch-budget", "0"]))
+    out = SamplingParams(max_new_tokens=8, custom_params={"treespec": {"policy": "talon", "batch_budget": False}})
+    out.verify(1000)
+    assert not request_shares(out) and request_shares(SamplingParams(max_new_tokens=8))
+    bad = SamplingParams(max_new_tokens=8, custom_params={"treespec": {"policy": "talon", "batch_budget": 3}})
+    with pytest.raises(ValueError, match=r"custom_params\['treespec'\]: batch_budget must be true"):
+        bad.verify(1000)
+
+
 def test_organize_hook_applies_request_policies(loaded):
     """The hooked organize_draft_results: native inside a step without policies, per-request
     selection (and unlinking) inside a draft step with them."""

@@ -31,7 +31,8 @@ import torch
 
 from .kv_cache import KVCache
 
-__all__ = ["CostCurve", "measure_cost_curve", "choose_budgets", "BudgetChoice", "load_policy_table", "POLICY_TABLE"]
+__all__ = ["CostCurve", "measure_cost_curve", "choose_budgets", "BudgetChoice", "load_policy_table", "POLICY_TABLE",
+           "RoundCost"]
 
 POLICY_TABLE = "policy_table.json"
 
@@ -185,3 +186,70 @@ def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve, overhead
         if best is not None:
             out[policy] = best
     return out
+
+
+class RoundCost:
+    """A round's wall time as a line in the tokens it verifies, ``ms(T) = level + slope * T``, learned
+    online from the rounds themselves (issue 13: T per round from the running machine's cost).
+
+    Why online: a batch round costs what this batch costs. On this CPU the bs-1 start-up curve puts one
+    more verified token at ~1.2 ms, while a bs-8 round with real prompt lengths pays ~0.3-0.5 ms for it
+    on top of ~100 ms of attention over the prefixes, drafting and Python that no bs-1 profile sees. The
+    start-up curve gives the prior slope; each round adds ``(T, ms)``; a weighted least-squares fit with
+    exponential forgetting (``decay`` per round) and ``strength`` pseudo-observations of the prior slope
+    gives the line; every few rounds :meth:`probe` scales the chosen T so that the fit sees a spread of T
+    (losslessness does not depend on T). When the batch shrinks (a request finished) the level jumps, so the sums restart with
+    the current slope as the new prior. Host-side floats: one update per round, after its host read.
+
+    >>> rc = RoundCost(prior_slope=1.0, prior_level=50.0)
+    >>> for t, ms in [(16, 66.0), (32, 82.0), (24, 74.0)] * 3: rc.observe(t, ms, bs=8)
+    >>> round(rc.slope, 2), round(rc.level, 1)
+    (1.0, 50.0)
+    """
+
+    PROBES = (1.0, 1.0, 1.0, 1.5, 1.0, 1.0, 1.0, 0.67)
+
+    def __init__(self, prior_slope: float, prior_level: float, strength: float = 64.0, decay: float = 0.85,
+                 probes=PROBES):
+        if not (prior_slope >= 0 and prior_level >= 0 and strength > 0 and 0 < decay <= 1):
+            raise ValueError("RoundCost: prior_slope, prior_level >= 0, strength > 0 and decay in (0, 1] required")
+        if not probes or any(not f > 0 for f in probes):
+            raise ValueError(f"RoundCost.probes must be positive factors, got {probes!r}")
+        self.prior, self.level0, self.strength, self.decay = float(prior_slope), float(prior_level), strength, decay
+        self.probes = tuple(float(f) for f in probes)
+        self.bs = None
+        self.rounds = 0
+        self._sums = [0.0] * 5  # decayed W, sum T, sum T^2, sum ms, sum T * ms
+
+    @property
+    def slope(self) -> float:
+        w, st, stt, sy, sty = self._sums
+        if w <= 0:
+            return self.prior
+        var, cov = stt - st * st / w, sty - st * sy / w
+        return max((cov + self.strength * self.prior) / (var + self.strength), 0.0)
+
+    @property
+    def level(self) -> float:
+        w, st, _, sy, _ = self._sums
+        return self.level0 if w <= 0 else max(sy / w - self.slope * st / w, 0.0)
+
+    def observe(self, verified: int, ms: float, bs: int) -> None:
+        """One round: ``verified`` tokens (the whole batch's, roots included) took ``ms``; ``bs`` requests."""
+        if self.bs is not None and bs != self.bs:  # the level moves with the batch: refit it, keep the slope
+            self.prior, self._sums = self.slope, [0.0] * 5
+        self.bs = bs
+        self.rounds += 1
+        t = float(verified)
+        self._sums = [self.decay * x for x in self._sums]
+        for i, v in enumerate((1.0, t, t * t, ms, t * ms)):
+            self._sums[i] += v
+
+    def probe(self) -> float:
+        """The factor on this round's chosen T: the schedule's 1.5x / 0.67x rounds spread the observed T,
+        without which the slope could never move off its prior (the chosen T barely varies)."""
+        return self.probes[self.rounds % len(self.probes)]
+
+    def costs(self, t_max: int) -> "torch.Tensor":
+        """``[t_max + 1]`` float32 ms of a round verifying T = 0..t_max tokens (what ``best_total`` reads)."""
+        return self.level + self.slope * torch.arange(t_max + 1, dtype=torch.float32)

@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from ..policies import grow_tree, parse_spec
-from ..policies.batch_budget import allocate_batch, best_total
+from ..policies.batch_budget import allocate_batch, best_total, split_batch_option
 from ..policies.calibration import DepthCalibration
 from ..tree import compact, dense_mask
 from ..verify import emitted_tokens, sample, verify_tree
@@ -91,7 +91,6 @@ class SpecEngine:
         self.calibration = None  # the last generate(calibrate=True) call's DepthCalibration
         self.cost_curve = None  # this machine's CostCurve (measured_cost_curve, on first use)
         self._cost_from_disk = False
-        self._auto_cost_cache = None  # ((curve, t_max), [t_max + 1] ms) for verify_budget="auto"
         self.device = torch.device(device)
         self.dtype = dtype
         cfg = target.config
@@ -178,8 +177,11 @@ class SpecEngine:
         the highest path probabilities across the batch (ancestor-closed, every root kept; one host read
         per round sizes the verify to the largest kept tree). None: every request verifies its whole tree.
         ``verify_budget="auto"``: T is chosen every round by
-        :func:`~treespec_sglang.policies.batch_budget.best_total` from this machine's verify-cost curve (the
-        most expected tokens per millisecond; issue 13's "T per round from a measured cost curve").
+        :func:`~treespec_sglang.policies.batch_budget.best_total`: the most expected tokens per millisecond
+        under a round-cost line learned from this call's own rounds, its prior slope from this machine's
+        start-up verify curve (:class:`~treespec_sglang.engine.cost.RoundCost`, :meth:`_round_cost`).
+        A request whose policy dict carries ``"batch_budget": False`` keeps its whole tree (its nodes
+        still count against T); the others share what is left.
         ``calibrate`` (with ``verify_budget``): weigh the path probabilities by a per-depth acceptance
         correction learned online during the call (:class:`~treespec_sglang.policies.calibration.
         DepthCalibration`; left in ``self.calibration`` for its curve).
@@ -214,13 +216,15 @@ class SpecEngine:
             raise ValueError(f"policy must be one dict or a list of {len(ids)} (one per prompt), got {len(specs)}")
         results = [GenerationResult([], None, RequestStats(policy=(s or {}).get("policy") if isinstance(s, dict) else None))
                    for s in specs]
-        ok, parsed = [], []
+        ok, parsed, shares = [], [], []
         for i, s in enumerate(specs):
             if i in bad_prompt:
                 results[i].error = f"request {i}: {bad_prompt[i]}"
                 continue
             try:
+                s, share = split_batch_option(s)
                 parsed.append(parse_spec(s if s is not None else PLAIN))
+                shares.append(share)
                 ok.append(i)
             except ValueError as e:
                 results[i].error = f"request {i}: {e}"
@@ -239,10 +243,10 @@ class SpecEngine:
             self.calibration = DepthCalibration() if calibrate and not plain else None
             if verify_budget == "auto" and not plain:
                 budget = "auto"
-                self._auto_cost(len(ok) * max_nodes)  # measured (or cached) before the timed loop starts
+                self.measured_cost_curve()  # measured (or cached) before the timed loop starts
             else:
                 budget = None if verify_budget is None else int(verify_budget)
-            extra = {} if plain else {"budget": budget, "calibration": self.calibration}
+            extra = {} if plain else {"budget": budget, "calibration": self.calibration, "shares": shares}
             outs = run([ids[i] for i in ok], [parsed[j] for j in range(len(ok))],
                        [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress, **extra)
             dt = time.perf_counter() - t0
@@ -327,8 +331,11 @@ class SpecEngine:
                 stats[r].rounds += 1
 
     # ------------------------------------------------------------------ speculative decoding
-    def _speculative(self, ids, params, stats, max_new, sampling, gen, progress, budget=None, calibration=None):
+    def _speculative(self, ids, params, stats, max_new, sampling, gen, progress, budget=None, calibration=None,
+                     shares=None):
         bs, dev = len(ids), self.device
+        shares = [True] * bs if shares is None else shares
+        cost = self._round_cost() if budget == "auto" else None  # "auto": learned from this call's rounds
         max_nodes = max(p.max_nodes for p in params)
         max_len = max(len(x) for x in ids) + max_new + max_nodes + 2
         cache, inp, hidden, lens, logits = self._prefill(ids, max_len)
@@ -356,28 +363,49 @@ class SpecEngine:
                 root, lens, f_root, root_lp = root[k], lens[k], f_root[k], root_lp[k]
                 rows = [rows[i] for i in keep]
                 lens_h = [lens_h[i] for i in keep]
+            t0 = time.perf_counter()
+            if cost is not None:  # a probing round scales the chosen T (the slope fit needs a spread of T)
+                this = ("auto", cost.costs(len(rows) * max_nodes).to(dev), cost.probe())
+            else:
+                this = None if budget is None else -(-budget * len(rows) // bs)
             pending, root, lens, f_root, root_lp = self._round(
                 cache, dcache, [params[r] for r in rows], [stats[r] for r in rows], root, lens, f_root, root_lp,
-                sampling, gen, max(lens_h),
-                budget if budget in (None, "auto") else -(-budget * len(rows) // bs), calibration)
+                sampling, gen, max(lens_h), this, calibration, [shares[r] for r in rows])
+            if cost is not None:  # the round ended with its host read: its wall time is complete
+                cost.observe(sum(stats[r].tree_sizes[-1] for r in rows), 1e3 * (time.perf_counter() - t0), len(rows))
             lens_h = [x + len(p) for x, p in zip(lens_h, pending)]
 
     def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen, lmax: int,
-               budget: Optional[int] = None, calibration: Optional[DepthCalibration] = None):
+               budget: Optional[int] = None, calibration: Optional[DepthCalibration] = None,
+               shares: Optional[List[bool]] = None):
         """One draft -> verify -> commit round. ``lmax`` (host int) = max(lens): sizes attention
         without a sync; the only syncs are grow_tree's per-step check and one transfer at the end."""
         bs, dev = root.shape[0], self.device
         expand = TreeExpander(self, dcache, lens, f_root, lmax)
         recorder = EntropyRecorder(expand, root_lp) if self.observer is not None else None
         tree = grow_tree(params, root, root_lp, recorder or expand, validate=False)  # log_softmax inputs
+        rows = None  # [T] flat rows of the real nodes when the verify is ragged
         if budget is not None:  # one budget for the batch: the best nodes across requests
             weight = None if calibration is None else calibration.weight(tree)
-            if budget == "auto":  # T from the cost curve: the most expected tokens per ms (0-d tensor, no sync)
-                budget = best_total(tree, self._auto_cost(bs * tree.n_nodes), weight=weight)
-            keep = allocate_batch(tree, budget, weight=weight)
-            # the verify runs [bs, width]: the largest kept tree (one host read; a static bound such as
-            # budget - bs + 1 would make every request verify that many padded columns)
-            tree = compact(tree, keep, int(keep.sum(1).max()))
+            floor = None  # a request that opted out keeps its whole tree
+            if shares is not None and not all(shares):
+                own = torch.tensor([not x for x in shares], device=dev)
+                floor = torch.where(own, tree.size, 1)
+            if isinstance(budget, tuple):  # ("auto", [T_max + 1] round ms, probe factor): the most tokens per ms
+                _, ms, probe = budget
+                if ms.shape[0] < bs * tree.n_nodes + 1:
+                    ms = torch.cat([ms, ms[-1:].expand(bs * tree.n_nodes + 1 - ms.shape[0])])
+                budget = best_total(tree, ms, floor=floor, weight=weight)  # 0-d tensor, no sync
+                if probe != 1.0:
+                    budget = (budget.float() * probe).round().long()
+            keep = allocate_batch(tree, budget, floor=floor, weight=weight)
+            # ragged verify: the linear layers run the T kept nodes only, the attention a [bs, width]
+            # grid (width = the largest kept tree); one host read gives both sizes
+            width, total = torch.stack([keep.sum(1).max(), keep.sum()]).tolist()
+            tree = compact(tree, keep, width)
+            # kept nodes are a prefix of each compacted row: their flat rows b * width + i, in order
+            # (example: sizes [2, 1] at width 2 -> rows [0, 1, 2]); a stable sort puts them first
+            rows = torch.sort((~tree.valid).reshape(-1).to(torch.uint8), stable=True).indices[:total]
         n = tree.n_nodes
         if self.token_map is not None:
             tree = dataclasses.replace(tree, tokens=self._target_ids(tree.tokens, (tree.parents < 0)))
@@ -390,8 +418,15 @@ class SpecEngine:
         in_tree = torch.gather(dense, 2, rel.clamp(0, n - 1).expand(bs, n, kv)) & (rel >= 0) & (rel < n)
         mask = (rel < 0) | in_tree
         positions = lens[:, None] + tree.depth.clamp(min=0)
-        hidden = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask)
-        result = verify_tree(tree, self._logits(hidden), generator=gen, validate=False, **sampling)
+        if rows is None:
+            hidden = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask)
+            logits = self._logits(hidden)
+        else:  # [T, hidden] -> the [bs, n] grid (padding rows zero: never on an accepted path)
+            flat = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask, rows=rows)
+            lf = self._logits(flat)  # [T, vocab]
+            hidden = flat.new_zeros(bs * n, flat.shape[-1]).index_copy_(0, rows, flat).view(bs, n, -1)
+            logits = lf.new_zeros(bs * n, lf.shape[-1]).index_copy_(0, rows, lf).view(bs, n, -1)
+        result = verify_tree(tree, logits, generator=gen, validate=False, **sampling)
         if calibration is not None:
             calibration.update(tree, result.path)
         if recorder is not None:
@@ -433,17 +468,15 @@ class SpecEngine:
                                                                        model_id=str(self.target.config))
         return self.cost_curve, self._cost_from_disk
 
-    def _auto_cost(self, t_max: int) -> torch.Tensor:
-        """``[t_max + 1]`` ms of a round that verifies T tokens (``verify_budget="auto"``): the verify
-        curve (:meth:`measured_cost_curve`) plus the round's fixed cost, approximated by four draft
-        steps at width four. Rebuilt only when the curve or ``t_max`` changes."""
+    def _round_cost(self):
+        """A fresh :class:`~treespec_sglang.engine.cost.RoundCost` for one ``verify_budget="auto"`` call:
+        its prior slope is the start-up verify curve's between 16 and 64 tokens
+        (:meth:`measured_cost_curve`), its prior level that curve at 16 tokens plus four draft steps."""
+        from .cost import RoundCost
+
         c, _ = self.measured_cost_curve()
-        key = (c, t_max)
-        if self._auto_cost_cache is None or self._auto_cost_cache[0] != key:
-            fixed = 4 * c.draft(4)
-            ms = torch.tensor([c.verify(max(t, 1)) + fixed for t in range(t_max + 1)], device=self.device)
-            self._auto_cost_cache = (key, ms)
-        return self._auto_cost_cache[1]
+        return RoundCost(prior_slope=max((c.verify(64) - c.verify(16)) / 48, 0.0),
+                         prior_level=c.verify(16) + 4 * c.draft(4))
 
     def _draft_extend(self, dcache, tokens, feats, start, count, kv: int):
         """Feed ``count[b]`` committed pairs starting at position ``start[b]``; return the last

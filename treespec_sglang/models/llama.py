@@ -145,8 +145,11 @@ class Attention(nn.Module):
         self.qkv_proj = _fused_linear([self.q_proj, self.k_proj, self.v_proj])
         del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x, cos, sin, store: StoreFn, mask):
-        # x [bs, q, hidden]; cos/sin [bs, 1, q, head_dim]; mask [bs, q, kv] bool (True = attend)
+    def forward(self, x, cos, sin, store: StoreFn, mask, rows: Optional[torch.Tensor] = None):
+        # x [bs, q, hidden] (or [1, T, hidden] flat tokens with ``rows``); cos/sin [bs, 1, q, head_dim];
+        # mask [bs, q, kv] bool (True = attend); rows [T] int64: each flat token's row in the [bs * q] grid
+        if rows is not None:
+            return self._ragged(x, cos, sin, store, mask, rows)
         bs, q, _ = x.shape
         nh, nkv, hd = self.nh, self.nkv, self.hd
         if self.qkv_proj is not None:
@@ -163,6 +166,29 @@ class Attention(nn.Module):
         K, V = store(kh, vh)  # [bs, kv_heads, kv, head_dim], this step's keys included
         o = F.scaled_dot_product_attention(qh, K, V, attn_mask=mask[:, None], enable_gqa=nh != nkv)
         return self.o_proj(o.transpose(1, 2).reshape(bs, q, nh * hd))
+
+    def _ragged(self, x, cos, sin, store: StoreFn, mask, rows):
+        """Projections on the ``T`` real tokens only, attention on the padded ``[bs, q]`` grid.
+
+        Example: bs 2, q 3, request 0 has 3 tokens and request 1 has 1: rows = [0, 1, 2, 3]; grid
+        rows 4 and 5 are padding (zero q/k/v, masked out by the caller's mask, never read back).
+        """
+        bs, q = mask.shape[0], mask.shape[1]
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        flat = x[0]  # [T, hidden]
+        if self.qkv_proj is not None:
+            qkv_t = self.qkv_proj(flat)
+        else:
+            qkv_t = torch.cat([self.q_proj(flat), self.k_proj(flat), self.v_proj(flat)], dim=-1)
+        grid = qkv_t.new_zeros(bs * q, qkv_t.shape[-1]).index_copy_(0, rows, qkv_t)  # [bs * q, heads * head_dim]
+        qkv = grid.view(bs, q, nh + 2 * nkv, hd).transpose(1, 2)
+        qk = qkv[:, :nh + nkv]
+        qk = qk * cos + _rotate_half(qk) * sin
+        qh, kh, vh = qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv:]
+        K, V = store(kh, vh)
+        o = F.scaled_dot_product_attention(qh, K, V, attn_mask=mask[:, None], enable_gqa=nh != nkv)
+        o = o.transpose(1, 2).reshape(bs * q, nh * hd).index_select(0, rows)  # [T, nh * head_dim]
+        return self.o_proj(o)[None]
 
 
 def _fused_linear(parts) -> nn.Linear:
@@ -207,9 +233,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, store: StoreFn, mask):
+    def forward(self, x, cos, sin, store: StoreFn, mask, rows: Optional[torch.Tensor] = None):
         h = self.input_layernorm(x) if self.input_layernorm is not None else x
-        x = x + self.self_attn(h, cos, sin, store, mask)
+        x = x + self.self_attn(h, cos, sin, store, mask, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -237,7 +263,7 @@ class LlamaModel(nn.Module):
             layer.mlp.fuse_()
         return self
 
-    def forward(self, input_ids, positions, stores, mask):
+    def forward(self, input_ids, positions, stores, mask, rows: Optional[torch.Tensor] = None):
         """Run the decoder.
 
         Parameters
@@ -245,16 +271,26 @@ class LlamaModel(nn.Module):
         input_ids : ``[bs, q]`` int64; positions : ``[bs, q]`` int64
         stores : one ``store(k, v) -> (K, V)`` per layer (writes this step's keys, returns all keys)
         mask : ``[bs, q, kv]`` bool
+        rows : optional ``[T]`` int64, the real tokens' rows in the flattened ``[bs * q]`` grid (ragged
+            verify: the linear layers run on these ``T`` tokens only, the attention on the padded grid;
+            padding rows write keys to the cache but attend / are attended by nothing the caller keeps)
 
         Returns
         -------
-        ``[bs, q, hidden]`` final-norm hidden states (what EAGLE drafts consume).
+        ``[bs, q, hidden]`` final-norm hidden states (what EAGLE drafts consume); with ``rows``,
+        ``[T, hidden]``: the real tokens' states in ``rows`` order.
+
+        Example: ``rows = [0, 1, 3]`` of a ``[2, 2]`` grid runs 3 tokens: (0, 0), (0, 1), (1, 1).
         """
-        x = self.model.embed_tokens(input_ids)
+        if rows is not None:
+            x = self.model.embed_tokens(input_ids.reshape(-1).index_select(0, rows))[None]  # [1, T, hidden]
+        else:
+            x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
         for layer, store in zip(self.model.layers, stores):
-            x = layer(x, cos, sin, store, mask)
-        return self.model.norm(x)
+            x = layer(x, cos, sin, store, mask, rows)
+        x = self.model.norm(x)
+        return x[0] if rows is not None else x
 
     @classmethod
     def from_pretrained(cls, path: str, dtype=torch.float32, device="cpu") -> "LlamaModel":

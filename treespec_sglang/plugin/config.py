@@ -5,6 +5,12 @@
 ``treespec_sglang.configure("talon", {"budget": 60})`` before ``sgl.Engine(...)`` both end up in
 the environment variables below, which SGLang's spawned scheduler processes (every TP rank)
 inherit. With neither set, the plugin changes nothing.
+
+``--treespec-batch-budget B`` (``configure(..., batch_budget=B)``, ``TREESPEC_BATCH_BUDGET``) turns on one
+verify budget for the whole batch (issue 13): the treespec requests of a round verify ``B`` tokens each
+*on average* (roots included), spent where the draft's path probabilities are highest across them
+(:func:`~treespec_sglang.plugin.pool.share_batch_budget`). A request opts out with
+``{"batch_budget": false}`` in its ``custom_params["treespec"]``: its own policy tree is kept whole.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from typing import Optional
 
 from ..policies import parse_spec
 
-__all__ = ["ENV_POLICY", "ENV_CONFIG", "ServerDefaults", "configure", "server_defaults"]
+__all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_BATCH_BUDGET", "ServerDefaults", "configure", "server_defaults"]
 
 ENV_POLICY = "TREESPEC_POLICY"
 ENV_CONFIG = "TREESPEC_CONFIG"
+ENV_BATCH_BUDGET = "TREESPEC_BATCH_BUDGET"
+MAX_BATCH_BUDGET = 1024
 
 
 @dataclass(frozen=True)
@@ -29,8 +37,13 @@ class ServerDefaults:
 
     policy: Optional[str] = None
     config: dict = field(default_factory=dict)
+    batch_budget: Optional[int] = None  # mean verified tokens per sharing request per round (None: off)
 
     def __post_init__(self):
+        b = self.batch_budget
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH_BUDGET):
+            raise ValueError(f"--treespec-batch-budget must be an integer in [1, {MAX_BATCH_BUDGET}] (verified tokens "
+                             f"per request per round, on average over the batch), got {b!r}")
         if self.policy is None:
             if self.config:
                 raise ValueError("--treespec-config needs --treespec-policy")
@@ -48,8 +61,10 @@ class ServerDefaults:
         return None if self.policy is None else {**self.config, "policy": self.policy}
 
 
-def configure(policy: Optional[str] = None, config: Optional[dict] = None) -> ServerDefaults:
+def configure(policy: Optional[str] = None, config: Optional[dict] = None,
+              batch_budget: Optional[int] = None) -> ServerDefaults:
     """Set (or with ``policy=None`` clear) the server-wide default; call before ``sgl.Engine``.
+    ``batch_budget``: one verify budget for the batch, in mean tokens per request (None: off).
 
     Examples
     --------
@@ -58,13 +73,17 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None) -> Se
     >>> configure(None).active
     False
     """
-    d = ServerDefaults(policy, dict(config or {}))
+    d = ServerDefaults(policy, dict(config or {}), batch_budget)
     if d.policy is None:
         os.environ.pop(ENV_POLICY, None)
         os.environ.pop(ENV_CONFIG, None)
     else:
         os.environ[ENV_POLICY] = d.policy
         os.environ[ENV_CONFIG] = json.dumps(d.config)
+    if d.batch_budget is None:
+        os.environ.pop(ENV_BATCH_BUDGET, None)
+    else:
+        os.environ[ENV_BATCH_BUDGET] = str(d.batch_budget)
     return d
 
 
@@ -72,16 +91,21 @@ def server_defaults() -> ServerDefaults:
     """Read the defaults from the environment (validated; errors name the variable).
 
     Called on every draft step: each distinct (policy, config) pair is parsed and validated once."""
-    return _parse_defaults(os.environ.get(ENV_POLICY) or None, os.environ.get(ENV_CONFIG) or "{}")
+    return _parse_defaults(os.environ.get(ENV_POLICY) or None, os.environ.get(ENV_CONFIG) or "{}",
+                           os.environ.get(ENV_BATCH_BUDGET) or None)
 
 
 @functools.lru_cache(maxsize=8)
-def _parse_defaults(policy: Optional[str], raw: str) -> ServerDefaults:
+def _parse_defaults(policy: Optional[str], raw: str, batch: Optional[str] = None) -> ServerDefaults:
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as e:
         raise ValueError(f"{ENV_CONFIG} must be a JSON object: {e}") from None
     try:
-        return ServerDefaults(policy, config)
+        budget = None if batch is None else int(batch)
+    except ValueError:
+        raise ValueError(f"{ENV_BATCH_BUDGET} must be an integer in [1, {MAX_BATCH_BUDGET}], got {batch!r}") from None
+    try:
+        return ServerDefaults(policy, config, budget)
     except ValueError as e:
-        raise ValueError(f"{ENV_POLICY}/{ENV_CONFIG}: {e}") from None
+        raise ValueError(f"{ENV_POLICY}/{ENV_CONFIG}/{ENV_BATCH_BUDGET}: {e}") from None

@@ -2,14 +2,15 @@
 
 | target | type | what it does |
 |---|---|---|
-| ``ServerArgs.add_cli_args`` | AFTER | adds ``--treespec-policy`` / ``--treespec-config`` |
+| ``ServerArgs.add_cli_args`` | AFTER | adds ``--treespec-policy`` / ``--treespec-config`` / ``--treespec-batch-budget`` |
 | ``ServerArgs.from_cli_args`` | AFTER | validates them, exports the env defaults every rank inherits |
 | ``SamplingParams.verify`` | AFTER | validates ``custom_params["treespec"]``: a bad value fails that request only |
 | ``TokenizerManager._handle_batch_request`` | BEFORE | marks malformed batch items instead of failing the whole call |
 | ``Scheduler._create_generation_req`` | AFTER | a marked item finishes at once as an abort carrying its message |
 | ``EagleDraftWorker.draft`` | AROUND | stages each request's policy for this draft step; native when none |
 | ``eagle_worker_common.prepare_for_draft`` | AFTER | a batch with treespec policies drafts eagerly |
-| ``eagle_utils.organize_draft_results`` | AROUND | per-request node selection within SGLang's pool |
+| ``eagle_utils.organize_draft_results`` | AROUND | per-request node selection within SGLang's pool, then the
+  batch verify budget over the sharing requests (``--treespec-batch-budget``) |
 | ``eagle_worker_common.build_eagle_verify_input`` | AFTER | unlinks the filler nodes of smaller trees |
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | AROUND | ``treespec_*`` stats are per request |
 | ``_GenerationStreamAccumulator.accept`` | AROUND | a stream's chunks carry the rounds since the last chunk (:mod:`.stats`) |
@@ -48,10 +49,10 @@ import torch
 
 from .chain_stop import ChainStopper
 from .config import ServerDefaults, configure, server_defaults
-from .pool import select_from_pool, unlink_filler
+from .pool import select_from_pool, share_batch_budget, unlink_filler
 from .ragged import amx_extend_metadata, eager_while_ragged, flashinfer_verify_args, ragged_verify_forward
 from .stats import stream_accept
-from .request import ERROR_KEY, flag_invalid_items, request_params, validate_custom_params
+from .request import ERROR_KEY, flag_invalid_items, request_params, request_shares, validate_custom_params
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
@@ -67,9 +68,12 @@ KEEP_ATTR = "treespec_keep"  # on SGLang's verify input: [bs, N] bool kept nodes
 class DraftStep:
     """Per-step state shared by the draft-loop hooks: one policy (or None = native) per row."""
 
-    def __init__(self, params: List, topk: int):
+    def __init__(self, params: List, topk: int, shares: Optional[List[bool]] = None,
+                 batch_budget: Optional[int] = None):
         self.params = params
         self.topk = topk
+        self.shares = shares if shares is not None else [False] * len(params)  # rows in the batch budget
+        self.batch_budget = batch_budget  # mean verified tokens per sharing request (None: off)
         self.keep: Optional[torch.Tensor] = None  # [bs, N] bool after selection
         self.chain: Optional[ChainStopper] = None  # chain mode (topk = 1) with C2T early stop
 
@@ -87,19 +91,24 @@ def _add_cli_args(result, parser, *args, **kwargs):
                         "(eagle2, talon, salf, c2t, chain); unset = SGLang's own tree")
     g.add_argument("--treespec-config", type=str, default=None,
                    help='JSON object of the default policy\'s parameters, e.g. \'{"budget": 60, "mu": 0.03}\'')
+    g.add_argument("--treespec-batch-budget", type=int, default=None,
+                   help="one verify budget for the batch: the treespec requests of a round verify this many tokens "
+                        "each on average (roots included), spent where the draft's path probabilities are highest; "
+                        'a request opts out with {"batch_budget": false} in custom_params["treespec"]')
     return result
 
 
 def _from_cli_args(result, cls, args, *a, **k):
     policy = getattr(args, "treespec_policy", None)
     raw = getattr(args, "treespec_config", None)
-    if policy is None and raw is None:
+    batch = getattr(args, "treespec_batch_budget", None)
+    if policy is None and raw is None and batch is None:
         return result
     try:
         config = json.loads(raw) if raw else {}
     except json.JSONDecodeError as e:
         raise ValueError(f"--treespec-config must be a JSON object: {e}") from None
-    configure(policy, config)  # validates (ValueError naming field and range), exports to the env
+    configure(policy, config, batch)  # validates (ValueError naming field and range), exports to the env
     thresholds = [getattr(args, n, 1.0) for n in ("speculative_accept_threshold_single",
                                                     "speculative_accept_threshold_acc")]
     if any(t is not None and t != 1.0 for t in thresholds):
@@ -166,7 +175,8 @@ def _draft(original, self, batch, *args, **kwargs):
     params = [_req_params(r, defaults) for r in reqs]
     if not any(p is not None for p in params):
         return original(self, batch, *args, **kwargs)  # native SGLang
-    step = DraftStep(params, self.topk)
+    shares = [p is not None and request_shares(r.sampling_params) for r, p in zip(reqs, params)]
+    step = DraftStep(params, self.topk, shares, defaults.batch_budget)
     if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)
         stopper = ChainStopper(params, self.speculative_num_steps, getattr(self, "device", "cpu"))
         step.chain = stopper if stopper.active else None
@@ -202,6 +212,10 @@ def _organize(original, score_list, token_list, parents_list, num_draft_token, *
         return native
     parent_list, top_scores_index, draft_tokens, keep = select_from_pool(
         score_list, token_list, parents_list, num_draft_token, step.topk, step.params, native=native)
+    if step.batch_budget is not None and any(step.shares):  # one verify budget for the sharing requests
+        shares = torch.tensor(step.shares, device=keep.device)
+        scores = torch.cat(score_list, dim=1).flatten(1).float()
+        keep = share_batch_budget(scores, top_scores_index, keep, shares, step.batch_budget)
     step.keep = keep
     return parent_list, top_scores_index, draft_tokens
 

@@ -24,9 +24,10 @@ from typing import List, Optional
 import torch
 
 from ..policies import grow_tree
+from ..policies.batch_budget import select_best
 from ..policies.params import Eagle2Params, PolicyParams
 
-__all__ = ["PoolView", "select_from_pool", "unlink_filler"]
+__all__ = ["PoolView", "select_from_pool", "share_batch_budget", "unlink_filler"]
 
 
 class PoolView:
@@ -172,6 +173,37 @@ def select_from_pool(score_list, token_list, parents_list, num_draft_token: int,
         node_keep = node_keep | is_native
     draft_tokens = torch.gather(pool.tokens, 1, top_scores_index)
     return pool.parent_list, top_scores_index, draft_tokens, node_keep
+
+
+def share_batch_budget(scores: torch.Tensor, top_scores_index: torch.Tensor, keep: torch.Tensor,
+                       shares: torch.Tensor, per_request: int) -> torch.Tensor:
+    """One verify budget for the sharing requests of a batch (issue 13) on SGLang's verify layout.
+
+    Parameters
+    ----------
+    scores : ``[bs, P]`` the pool's cumulative path probabilities (:class:`PoolView`).
+    top_scores_index : ``[bs, N-1]`` pool index of verify nodes 1..N-1 (ascending: parents first).
+    keep : ``[bs, N]`` bool, each request's own policy tree (:func:`select_from_pool`).
+    shares : ``[bs]`` bool, the requests that share the budget (the others keep their tree whole).
+    per_request : mean verified tokens per sharing request (roots included).
+
+    Returns
+    -------
+    ``[bs, N]`` bool: the sharing requests' ``(per_request - 1) * n_sharing`` best non-root nodes of the
+    batch by path probability, within their own trees; ancestor-closed (a child's cumulative score never
+    exceeds its parent's and a parent has the smaller column); other rows as given.
+
+    Example: two sharing rows with node scores [.9, .8, .1] and [.3, .2, .1] (all kept), per_request 3:
+    4 nodes go to the batch's best, .9 .8 .3 .2 -> keep [[T, T, T, F], [T, T, T, F]].
+    """
+    bs, N = keep.shape
+    col = torch.arange(N, device=keep.device).expand(bs, N)
+    vals = torch.cat([torch.full((bs, 1), float("inf"), device=scores.device),
+                      torch.gather(scores, 1, top_scores_index)], dim=1)  # [bs, N] root: +inf
+    pool_rows = shares[:, None] & (col >= 1)  # [bs, N] the nodes the budget decides on
+    left = (per_request - 1) * shares.long().sum()  # non-root tokens of the sharing rows
+    chosen = select_best(vals, col, keep & pool_rows, left)
+    return (keep & ~pool_rows) | chosen
 
 
 def unlink_filler(next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Tensor):

@@ -17,9 +17,11 @@ from __future__ import annotations
 from typing import Optional
 
 from ..policies import PolicyParams, parse_spec
+from ..policies.batch_budget import split_batch_option
 from .config import ServerDefaults
 
-__all__ = ["CUSTOM_KEY", "ERROR_KEY", "validate_custom_params", "request_params", "diagnose", "flag_invalid_items"]
+__all__ = ["CUSTOM_KEY", "ERROR_KEY", "validate_custom_params", "request_params", "request_shares", "diagnose",
+           "flag_invalid_items"]
 
 CUSTOM_KEY = "treespec"
 ERROR_KEY = "treespec_error"  # set by flag_invalid_items on a malformed batch item
@@ -37,7 +39,7 @@ def diagnose(custom_params) -> Optional[str]:
     if raw is None:
         return None
     try:
-        parse_spec(raw)
+        parse_spec(split_batch_option(raw)[0])
     except ValueError as e:
         return f"custom_params['{CUSTOM_KEY}']: {e}"
     return None
@@ -79,7 +81,16 @@ def request_params(sampling_params, defaults: ServerDefaults) -> Optional[Policy
     raw = _raw(getattr(sampling_params, "custom_params", None))
     if raw is not None:
         try:
-            return parse_spec(raw)
+            return parse_spec(split_batch_option(raw)[0])
         except ValueError:
             pass
     return parse_spec(defaults.spec) if defaults.active else None
+
+
+def request_shares(sampling_params) -> bool:
+    """Whether the request shares the server's batch verify budget: False only for an explicit
+    ``{"batch_budget": false}`` (a malformed value was refused on arrival; here it counts as sharing)."""
+    try:
+        return split_batch_option(_raw(getattr(sampling_params, "custom_params", None)))[1]
+    except ValueError:
+        return True

@@ -27,9 +27,28 @@ import torch
 
 from ..tree import DraftTree
 
-__all__ = ["node_values", "allocate_batch", "best_total"]
+__all__ = ["node_values", "allocate_batch", "best_total", "select_best", "split_batch_option", "BATCH_KEY"]
+
+# a request's policy dict may carry {"batch_budget": false}: it keeps its own whole tree (its nodes count
+# against the batch budget but are never trimmed); true / absent: it shares the batch budget
+BATCH_KEY = "batch_budget"
 
 Num = Union[int, torch.Tensor]
+
+
+def split_batch_option(spec):
+    """``(policy spec without the batch key, whether the request shares the batch budget)``.
+
+    >>> split_batch_option({"policy": "talon", "budget": 8, "batch_budget": False})
+    ({'policy': 'talon', 'budget': 8}, False)
+    """
+    if not isinstance(spec, dict) or BATCH_KEY not in spec:
+        return spec, True
+    share = spec[BATCH_KEY]
+    if not isinstance(share, bool):
+        raise ValueError(f"{BATCH_KEY} must be true (share the batch verify budget) or false (keep the "
+                         f"policy's whole tree), got {share!r}")
+    return {k: v for k, v in spec.items() if k != BATCH_KEY}, share
 
 
 def node_values(tree: DraftTree, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -110,14 +129,30 @@ def allocate_batch(tree: DraftTree, total: Num, cap: Optional[torch.Tensor] = No
     Example: two requests with path probs [.9, .8] and [.5, .1] under T = 4 (2 roots + 2):
     keep .9 and .8 of request 0, nothing of request 1 beyond its root.
     """
-    bs, n = tree.tokens.shape
-    dev = tree.tokens.device
     v, root, depth, forced, optional = _split(tree, cap, floor, weight)
-    left = torch.as_tensor(total, device=dev) - root.sum() - forced.sum()  # tokens for optional nodes
-    flat_v = torch.where(optional, v, float("-inf")).reshape(1, -1)
+    left = torch.as_tensor(total, device=v.device) - root.sum() - forced.sum()  # tokens for optional nodes
+    return root | forced | select_best(v, depth, optional, left)
+
+
+def select_best(values: torch.Tensor, depth: torch.Tensor, optional: torch.Tensor, count: Num) -> torch.Tensor:
+    """The ``count`` best ``optional`` entries of the whole batch (ties: shallower first, then index).
+
+    Parameters
+    ----------
+    values : ``[bs, n_nodes]`` float, monotone along every path (a child never above its parent).
+    depth : ``[bs, n_nodes]`` int64 tie-break; optional : ``[bs, n_nodes]`` bool candidates.
+    count : int or 0-d tensor (<= 0 selects nothing).
+
+    Returns
+    -------
+    ``[bs, n_nodes]`` bool. With monotone values and parents shallower than children, the selection
+    plus the parents it needs is ancestor-closed. Example: values [[.9, .2], [.5, .4]], count 2 ->
+    [[T, F], [T, F]].
+    """
+    bs, n = values.shape
+    flat_v = torch.where(optional, values, float("-inf")).reshape(1, -1)
     grank = _rank_desc(flat_v, depth.reshape(1, -1)).reshape(bs, n)  # global rank among all nodes
-    chosen = optional & (grank < left)
-    return root | forced | chosen
+    return optional & (grank < count)
 
 
 def best_total(tree: DraftTree, cost_ms: torch.Tensor, cap: Optional[torch.Tensor] = None,
