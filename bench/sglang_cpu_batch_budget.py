@@ -6,14 +6,16 @@ engine started with ``TREESPEC_BATCH_BUDGET=n`` where every request proposes its
 the round keeps the batch's ``bs * n`` best nodes: equal verified tokens per round. Held-out prompts (every
 10th of HumanEval, MT-bench, GSM8K and the stdlib stubs, interleaved), greedy, 48 new tokens, at batch
 sizes 8 and 32 (bs 1 has nothing to share). Reported: accepted draft tokens per verified token, tau, tok/s
-of the whole call, and whether the outputs equal the fixed-N rows' (all must equal plain greedy).
+of the whole call (median of ``--repeats`` interleaved runs), and whether the outputs equal the fixed-N
+rows' (all must equal plain greedy).
 
-    python bench/sglang_cpu_batch_budget.py --sizes 2,4 --out bench/results/batch_budget
+    python bench/sglang_cpu_batch_budget.py --sizes 2,4 --fixed-sizes 2,4,8 --out bench/results/batch_budget
 """
 
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -55,6 +57,8 @@ def main():
     ap.add_argument("--batch-sizes", default="8,32")
     ap.add_argument("--per-set", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--fixed-sizes", default="2,4,8", help="the fixed-N sweep")
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default="bench/results/batch_budget")
     a = ap.parse_args()
     enc = SpecEngine.from_pretrained("smollm2-135m", draft="demo", dtype="float32")
@@ -62,30 +66,49 @@ def main():
     kw = cpu_engine_kwargs(demo_target(), **eagle_kwargs(demo_draft_dir(), a.topk, a.steps, a.num_draft_tokens))
     full = {"policy": "eagle2", "budget": a.num_draft_tokens, "topk": a.topk, "depth": a.steps}
     sizes = [int(x) for x in a.sizes.split(",")]
-    rows = []
-    for env in [None] + sizes:  # one engine per TREESPEC_BATCH_BUDGET value
-        host = EngineHost(f"budget-{env}", kw, tempfile.mkdtemp(),
-                          env={"TREESPEC_BATCH_BUDGET": str(env)} if env else {})
-        try:
-            host.generate(input_ids=prompts[:1], sampling_params=[{"max_new_tokens": 4}])  # warm-up
+    fixed_sizes = [int(x) for x in a.fixed_sizes.split(",")]
+    # one engine per TREESPEC_BATCH_BUDGET value, all alive at once so that every repeat runs every
+    # configuration back to back (this machine's timings drift by +-25% between minutes)
+    hosts = {env: EngineHost(f"budget-{env}", kw, tempfile.mkdtemp(),
+                             env={"TREESPEC_BATCH_BUDGET": str(env)} if env else {}) for env in [None] + sizes}
+    runs = {}
+    try:
+        for h in hosts.values():
+            h.generate(input_ids=prompts[:1], sampling_params=[{"max_new_tokens": 4}])  # warm-up
+        for rep in range(a.repeats):
             for bs in [int(x) for x in a.batch_sizes.split(",")]:
-                for n in (sizes if env is None else [env]):
-                    spec = dict(full, budget=n, depth=max(1, min(a.steps, n - 1))) if env is None else full
-                    r = measure(host, prompts, bs, spec, a.max_new_tokens)
-                    r.update(mode="fixed" if env is None else "batch", n=n, bs=bs)
-                    rows.append(r)
-                    print(json.dumps({k: v for k, v in r.items() if k != "outputs"}), flush=True)
-        finally:
-            host.close()
+                for n in sorted(set(sizes) | set(fixed_sizes)):
+                    for mode, env in (("fixed", None), ("batch", n)):
+                        if (mode == "fixed" and n not in fixed_sizes) or (mode == "batch" and n not in sizes):
+                            continue
+                        spec = dict(full, budget=n, depth=max(1, min(a.steps, n - 1))) if mode == "fixed" else full
+                        r = measure(hosts[env], prompts, bs, spec, a.max_new_tokens)
+                        r.update(mode=mode, n=n, bs=bs, rep=rep)
+                        runs.setdefault((mode, n, bs), []).append(r)
+                        print(json.dumps({k: v for k, v in r.items() if k != "outputs"}), flush=True)
+    finally:
+        for h in hosts.values():
+            h.close()
+    rows = []
+    for (mode, n, bs), rs in runs.items():
+        r = dict(rs[0])
+        r["tok_s_runs"] = [x["tok_s"] for x in rs]
+        r["tok_s"] = statistics.median(r["tok_s_runs"])
+        rows.append(r)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "sglang_cpu.json"), "w") as f:
         json.dump({"engine": kw, "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in rows]}, f, indent=2)
     print("\n| bs | n (tokens / request / round) | mode | accepted / verified | tau | verified / round | tok/s | "
           "same output as fixed |\n|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        f = next(x for x in rows if x["mode"] == "fixed" and x["bs"] == r["bs"] and x["n"] == r["n"])
+    ref = next(x for x in rows if x["mode"] == "fixed")
+    for r in sorted(rows, key=lambda x: (x["bs"], x["n"], x["mode"])):
         print(f"| {r['bs']} | {r['n']} | {r['mode']} | {r['accepted_per_verified']:.3f} | {r['tau']:.2f} | "
-              f"{r['verified_per_round']:.2f} | {r['tok_s']:.1f} | {r['outputs'] == f['outputs']} |")
+              f"{r['verified_per_round']:.2f} | {r['tok_s']:.1f} | {r['outputs'] == ref['outputs']} |")
+    for bs in sorted({r["bs"] for r in rows}):
+        f = max((r for r in rows if r["bs"] == bs and r["mode"] == "fixed"), key=lambda r: r["tok_s"])
+        b = max((r for r in rows if r["bs"] == bs and r["mode"] == "batch"), key=lambda r: r["tok_s"])
+        print(f"bs {bs}: best fixed n={f['n']} {f['tok_s']:.1f} tok/s, best batch n={b['n']} {b['tok_s']:.1f} tok/s: "
+              f"{b['tok_s'] / f['tok_s'] - 1:+.1%}")
 
 
 if __name__ == "__main__":

@@ -68,3 +68,36 @@ def test_larger_batches_pick_smaller_or_equal_budgets():
     assert picks == sorted(picks, reverse=True) and picks[0] > picks[-1], picks
     with pytest.raises(ValueError, match="bs must be"):
         choose_budgets(table, c, bs=0)
+
+
+@pytest.mark.parametrize("slope,level", [(0.3, 100.0), (1.5, 20.0), (0.0, 60.0)])
+def test_round_cost_learns_the_line_from_probed_rounds(slope, level):
+    """RoundCost recovers a round's ms = level + slope * T from noisy rounds whose T spread comes from its
+    own probe schedule, starting from a wrong prior (the bs-1 curve's slope)."""
+    import random
+
+    from treespec_sglang.engine.cost import RoundCost
+
+    rng = random.Random(0)
+    rc = RoundCost(prior_slope=1.2, prior_level=10.0)
+    for _ in range(60):
+        t = round(32 * rc.probe())
+        rc.observe(t, level + slope * t + rng.gauss(0, 1.0), bs=8)
+    assert rc.slope == pytest.approx(slope, abs=0.15) and rc.level == pytest.approx(level, rel=0.1, abs=3.0)
+    ms = rc.costs(64)
+    assert ms.shape == (65,) and float(ms[32]) == pytest.approx(rc.level + 32 * rc.slope, rel=1e-5)
+
+
+def test_round_cost_keeps_its_slope_and_refits_the_level_when_the_batch_shrinks():
+    from treespec_sglang.engine.cost import RoundCost
+
+    rc = RoundCost(prior_slope=1.0, prior_level=0.0, strength=1.0)
+    for t in (16, 24, 32, 40) * 4:
+        rc.observe(t, 100 + 0.5 * t, bs=8)
+    s = rc.slope
+    rc.observe(20, 40 + 0.5 * 20, bs=4)  # a request finished: a new level, the slope carried over as the prior
+    assert rc.bs == 4 and rc.slope == pytest.approx(s, abs=1e-6) and rc.level == pytest.approx(40, abs=0.5)
+    with pytest.raises(ValueError, match="prior_slope, prior_level >= 0"):
+        RoundCost(prior_slope=-1.0, prior_level=0.0)
+    with pytest.raises(ValueError, match="probes must be positive"):
+        RoundCost(1.0, 1.0, probes=(1.0, 0.0))

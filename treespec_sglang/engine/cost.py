@@ -209,7 +209,7 @@ class RoundCost:
 
     PROBES = (1.0, 1.0, 1.0, 1.5, 1.0, 1.0, 1.0, 0.67)
 
-    def __init__(self, prior_slope: float, prior_level: float, strength: float = 64.0, decay: float = 0.85,
+    def __init__(self, prior_slope: float, prior_level: float, strength: float = 32.0, decay: float = 0.93,
                  probes=PROBES):
         if not (prior_slope >= 0 and prior_level >= 0 and strength > 0 and 0 < decay <= 1):
             raise ValueError("RoundCost: prior_slope, prior_level >= 0, strength > 0 and decay in (0, 1] required")
@@ -220,6 +220,13 @@ class RoundCost:
         self.bs = None
         self.rounds = 0
         self._sums = [0.0] * 5  # decayed W, sum T, sum T^2, sum ms, sum T * ms
+
+    @classmethod
+    def from_curve(cls, curve: CostCurve, **kw) -> "RoundCost":
+        """Prior slope: the start-up verify curve's between 16 and 64 tokens; prior level: that curve at
+        16 tokens plus four draft steps at width four."""
+        return cls(prior_slope=max((curve.verify(64) - curve.verify(16)) / 48, 0.0),
+                   prior_level=curve.verify(16) + 4 * curve.draft(4), **kw)
 
     @property
     def slope(self) -> float:

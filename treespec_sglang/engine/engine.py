@@ -23,12 +23,13 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from ..policies import grow_tree, parse_spec
-from ..policies.batch_budget import allocate_batch, best_total, split_batch_option
+from ..policies.batch_budget import split_batch_option
 from ..policies.calibration import DepthCalibration
-from ..tree import compact, dense_mask
+from ..tree import dense_mask
 from ..verify import emitted_tokens, sample, verify_tree
 from ..verify.sampling import check_sampling
 from ..models.packing import PackedLinear, pack_linears_, packing_available
+from .budget import AutoBudget, plan_round
 from .dtypes import resolve_dtype
 from .expander import EntropyRecorder, TreeExpander
 from .kv_cache import KVCache, prefill
@@ -365,7 +366,7 @@ class SpecEngine:
                 lens_h = [lens_h[i] for i in keep]
             t0 = time.perf_counter()
             if cost is not None:  # a probing round scales the chosen T (the slope fit needs a spread of T)
-                this = ("auto", cost.costs(len(rows) * max_nodes).to(dev), cost.probe())
+                this = AutoBudget(cost.costs(len(rows) * max_nodes), cost.probe())
             else:
                 this = None if budget is None else -(-budget * len(rows) // bs)
             pending, root, lens, f_root, root_lp = self._round(
@@ -376,7 +377,7 @@ class SpecEngine:
             lens_h = [x + len(p) for x, p in zip(lens_h, pending)]
 
     def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen, lmax: int,
-               budget: Optional[int] = None, calibration: Optional[DepthCalibration] = None,
+               budget: Optional[Union[int, AutoBudget]] = None, calibration: Optional[DepthCalibration] = None,
                shares: Optional[List[bool]] = None):
         """One draft -> verify -> commit round. ``lmax`` (host int) = max(lens): sizes attention
         without a sync; the only syncs are grow_tree's per-step check and one transfer at the end."""
@@ -385,27 +386,8 @@ class SpecEngine:
         recorder = EntropyRecorder(expand, root_lp) if self.observer is not None else None
         tree = grow_tree(params, root, root_lp, recorder or expand, validate=False)  # log_softmax inputs
         rows = None  # [T] flat rows of the real nodes when the verify is ragged
-        if budget is not None:  # one budget for the batch: the best nodes across requests
-            weight = None if calibration is None else calibration.weight(tree)
-            floor = None  # a request that opted out keeps its whole tree
-            if shares is not None and not all(shares):
-                own = torch.tensor([not x for x in shares], device=dev)
-                floor = torch.where(own, tree.size, 1)
-            if isinstance(budget, tuple):  # ("auto", [T_max + 1] round ms, probe factor): the most tokens per ms
-                _, ms, probe = budget
-                if ms.shape[0] < bs * tree.n_nodes + 1:
-                    ms = torch.cat([ms, ms[-1:].expand(bs * tree.n_nodes + 1 - ms.shape[0])])
-                budget = best_total(tree, ms, floor=floor, weight=weight)  # 0-d tensor, no sync
-                if probe != 1.0:
-                    budget = (budget.float() * probe).round().long()
-            keep = allocate_batch(tree, budget, floor=floor, weight=weight)
-            # ragged verify: the linear layers run the T kept nodes only, the attention a [bs, width]
-            # grid (width = the largest kept tree); one host read gives both sizes
-            width, total = torch.stack([keep.sum(1).max(), keep.sum()]).tolist()
-            tree = compact(tree, keep, width)
-            # kept nodes are a prefix of each compacted row: their flat rows b * width + i, in order
-            # (example: sizes [2, 1] at width 2 -> rows [0, 1, 2]); a stable sort puts them first
-            rows = torch.sort((~tree.valid).reshape(-1).to(torch.uint8), stable=True).indices[:total]
+        if budget is not None:  # one budget for the batch: the best nodes across requests, ragged verify
+            tree, rows = plan_round(tree, budget, calibration, shares)
         n = tree.n_nodes
         if self.token_map is not None:
             tree = dataclasses.replace(tree, tokens=self._target_ids(tree.tokens, (tree.parents < 0)))
@@ -469,14 +451,11 @@ class SpecEngine:
         return self.cost_curve, self._cost_from_disk
 
     def _round_cost(self):
-        """A fresh :class:`~treespec_sglang.engine.cost.RoundCost` for one ``verify_budget="auto"`` call:
-        its prior slope is the start-up verify curve's between 16 and 64 tokens
-        (:meth:`measured_cost_curve`), its prior level that curve at 16 tokens plus four draft steps."""
+        """A fresh round-cost line for one ``verify_budget="auto"`` call, its prior from this machine's
+        start-up verify curve (:meth:`~treespec_sglang.engine.cost.RoundCost.from_curve`)."""
         from .cost import RoundCost
 
-        c, _ = self.measured_cost_curve()
-        return RoundCost(prior_slope=max((c.verify(64) - c.verify(16)) / 48, 0.0),
-                         prior_level=c.verify(16) + 4 * c.draft(4))
+        return RoundCost.from_curve(self.measured_cost_curve()[0])
 
     def _draft_extend(self, dcache, tokens, feats, start, count, kv: int):
         """Feed ``count[b]`` committed pairs starting at position ``start[b]``; return the last
