@@ -10,6 +10,7 @@ of the whole call (median of ``--repeats`` interleaved runs), and whether the ou
 rows' (all must equal plain greedy).
 
     python bench/sglang_cpu_batch_budget.py --sizes 2,4 --fixed-sizes 2,4,8 --out bench/results/batch_budget
+    python bench/sglang_cpu_batch_budget.py --continuous 8 ...   # 32 requests, 8 running, refilled
 """
 
 import argparse
@@ -59,36 +60,39 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--fixed-sizes", default="2,4,8", help="the fixed-N sweep")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--continuous", type=int, default=None, metavar="R",
+                    help="serve with max_running_requests=R and submit every prompt at once: SGLang refills the "
+                         "batch as requests finish (a server's steady state) instead of static batches of bs")
     ap.add_argument("--out", default="bench/results/batch_budget")
     a = ap.parse_args()
     enc = SpecEngine.from_pretrained("smollm2-135m", draft="demo", dtype="float32")
     prompts = enc.encode(heldout_prompts(a.per_set))
     kw = cpu_engine_kwargs(demo_target(), **eagle_kwargs(demo_draft_dir(), a.topk, a.steps, a.num_draft_tokens))
+    batch_sizes = [int(x) for x in a.batch_sizes.split(",")]
+    if a.continuous:
+        kw["max_running_requests"] = a.continuous
+        batch_sizes = [len(prompts)]  # one call: the scheduler keeps `continuous` requests running
     full = {"policy": "eagle2", "budget": a.num_draft_tokens, "topk": a.topk, "depth": a.steps}
     sizes = [int(x) for x in a.sizes.split(",")]
     fixed_sizes = [int(x) for x in a.fixed_sizes.split(",")]
-    # one engine per TREESPEC_BATCH_BUDGET value, all alive at once so that every repeat runs every
-    # configuration back to back (this machine's timings drift by +-25% between minutes)
-    hosts = {env: EngineHost(f"budget-{env}", kw, tempfile.mkdtemp(),
-                             env={"TREESPEC_BATCH_BUDGET": str(env)} if env else {}) for env in [None] + sizes}
+    # one engine per TREESPEC_BATCH_BUDGET value, one at a time (an idle SGLang scheduler polls and would
+    # slow the others down); each configuration runs --repeats times and reports the median
     runs = {}
-    try:
-        for h in hosts.values():
-            h.generate(input_ids=prompts[:1], sampling_params=[{"max_new_tokens": 4}])  # warm-up
-        for rep in range(a.repeats):
-            for bs in [int(x) for x in a.batch_sizes.split(",")]:
-                for n in sorted(set(sizes) | set(fixed_sizes)):
-                    for mode, env in (("fixed", None), ("batch", n)):
-                        if (mode == "fixed" and n not in fixed_sizes) or (mode == "batch" and n not in sizes):
-                            continue
-                        spec = dict(full, budget=n, depth=max(1, min(a.steps, n - 1))) if mode == "fixed" else full
-                        r = measure(hosts[env], prompts, bs, spec, a.max_new_tokens)
+    for env in [None] + sizes:
+        host = EngineHost(f"budget-{env}", kw, tempfile.mkdtemp(), env={"TREESPEC_BATCH_BUDGET": str(env)} if env else {})
+        try:
+            host.generate(input_ids=prompts[:1], sampling_params=[{"max_new_tokens": 4}])  # warm-up
+            for rep in range(a.repeats):
+                for bs in batch_sizes:
+                    for n in (fixed_sizes if env is None else [env]):
+                        mode = "fixed" if env is None else "batch"
+                        spec = dict(full, budget=n, depth=max(1, min(a.steps, n - 1))) if env is None else full
+                        r = measure(host, prompts, bs, spec, a.max_new_tokens)
                         r.update(mode=mode, n=n, bs=bs, rep=rep)
                         runs.setdefault((mode, n, bs), []).append(r)
                         print(json.dumps({k: v for k, v in r.items() if k != "outputs"}), flush=True)
-    finally:
-        for h in hosts.values():
-            h.close()
+        finally:
+            host.close()
     rows = []
     for (mode, n, bs), rs in runs.items():
         r = dict(rs[0])
@@ -96,7 +100,8 @@ def main():
         r["tok_s"] = statistics.median(r["tok_s_runs"])
         rows.append(r)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "sglang_cpu.json"), "w") as f:
+    name = f"sglang_cpu_continuous{a.continuous}.json" if a.continuous else "sglang_cpu.json"
+    with open(os.path.join(a.out, name), "w") as f:
         json.dump({"engine": kw, "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in rows]}, f, indent=2)
     print("\n| bs | n (tokens / request / round) | mode | accepted / verified | tau | verified / round | tok/s | "
           "same output as fixed |\n|---|---|---|---|---|---|---|---|")
