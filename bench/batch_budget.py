@@ -51,11 +51,15 @@ def full_phase(res, times):
 
 def run(engine, prompts, spec, bs, max_new, budget=None, calibrate=False):
     t0 = time.perf_counter()
-    res, full_tok, full_s = [], 0, 0.0
+    res, full_tok, full_s, curve = [], 0, 0.0, None
     for i in range(0, len(prompts), bs):
         times = []
         part = engine.generate(prompts[i:i + bs], max_new_tokens=max_new, policy=spec, verify_budget=budget,
                                calibrate=calibrate, progress=lambda _n: times.append(time.perf_counter()))
+        if calibrate:  # the curve of every call of the run, not just the last one's
+            cal = engine.calibration
+            sums = [cal.curve_n, cal.curve_pred, cal.curve_corr, cal.curve_hit]
+            curve = sums if curve is None else [a + b for a, b in zip(curve, sums)]
         if spec is not None:
             tok, sec = full_phase(part, times)
             full_tok, full_s = full_tok + tok, full_s + sec
@@ -70,12 +74,22 @@ def run(engine, prompts, spec, bs, max_new, budget=None, calibrate=False):
     toks = sum(len(r.token_ids) for r in res)
     return dict(accepted_per_verified=acc / verified if verified else 0.0, tau=1 + acc / rounds if rounds else 1.0,
                 verified_per_round=verified / rounds if rounds else 0.0, tok_s=toks / dt, seconds=dt,
-                full_tok_s=full_tok / full_s if full_s else 0.0,
+                full_tok_s=full_tok / full_s if full_s else 0.0, curve=_curve(curve),
                 outputs=[r.token_ids for r in res])
 
 
 def depth_of(n):
     return max(2, min(8, n // 2))
+
+
+def _curve(sums):
+    """Calibration curve per bin from summed [nodes, raw prediction, corrected prediction, accepted]."""
+    if sums is None:
+        return None
+    n, pred, corr, hit = sums
+    d = n.clamp(min=1)
+    return {"bin_lo": [i / n.numel() for i in range(n.numel())], "nodes": n.tolist(), "predicted": (pred / d).tolist(),
+            "corrected": (corr / d).tolist(), "accepted": (hit / d).tolist()}
 
 
 def eagle2(n, depth=None, topk=4):
@@ -126,7 +140,7 @@ def main():
             for mode, n, spec, budget, cal in configs:
                 r = run(engine, prompts, spec, bs, a.max_new_tokens, budget, cal)
                 if cal:
-                    r["calibration"] = engine.calibration.curve()
+                    r["calibration"] = r.pop("curve")
                     r["depth_ratios"] = [round(x, 3) for x in engine.calibration.ratios().tolist()[:8]]
                 reps[mode].append(r)
         for key in ("full_tok_s", "tok_s"):
@@ -142,6 +156,7 @@ def main():
                                     0.0)
             r.update(mode=mode, n=n, spec=spec, budget=budget, calibrate=cal)
             r.pop("outputs")
+            r.pop("curve", None)
             rows.append(r)
             print(f"| {bs} | {mode} | {r['accepted_per_verified']:.3f} | {r['tau']:.2f} | {r['verified_per_round']:.1f}"
                   f" | {r['full_tok_s']:.1f} | {r['full_tok_s'] / plain['full_tok_s']:.2f}x | {r['tok_s']:.1f} | "
