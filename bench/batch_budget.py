@@ -11,7 +11,8 @@ batch mixes code, chat and math; greedy; bf16 on this CPU unless ``--dtype``. Fo
   and the batch keeps its ``bs * N`` best nodes: the *equal verified tokens* comparison
   (accepted draft tokens per verified token).
 - ``auto``: T per round from the machine's verify-cost curve (slope) and the rounds' measured time
-  (level), over ``--auto-cap`` candidates per request at ``--auto-depth``; ``auto+cal`` also weighs the path probabilities
+  (level), over ``--auto-cap`` candidates per request at ``--auto-depth``, drafting only the nodes worth
+  their verify (``draft_prune``, the engine's default); ``auto+cal`` also weighs the path probabilities
   by the per-depth correction learned online, whose calibration curve is printed at the end.
 
 Two throughputs: *full-batch* tok/s counts the rounds while every request of a batch is still running
@@ -79,7 +80,9 @@ def run(engine, prompts, spec, bs, max_new, budget=None, calibrate=False):
 
 
 def depth_of(n):
-    return max(2, min(8, n // 2))
+    """EAGLE-2 depth for a fixed N: N // 2 (N=2 -> depth 1, the root's best child: a second draft step
+    could never beat its own parent, so drafting it would only cost time)."""
+    return max(1, min(8, n // 2))
 
 
 def _curve(sums):

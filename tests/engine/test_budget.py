@@ -42,9 +42,11 @@ def test_auto_budget_probes_scale_the_chosen_total():
         AutoBudget(torch.ones(4), probe=0.0)
     with pytest.raises(ValueError, match=r"ms must be \[T_max \+ 1\]"):
         AutoBudget(torch.ones(1))
+    with pytest.raises(ValueError, match=r"min_prob must be in \[0, 1\]"):
+        AutoBudget(torch.ones(4), min_prob=1.5)
 
 
 def test_round_cost_prior_comes_from_the_startup_curve():
     curve = CostCurve((16, 64), (40.0, 88.0), (4,), (2.0,))
     rc = RoundCost.from_curve(curve)
-    assert rc.slope == pytest.approx(1.0) and rc.level == pytest.approx(48.0)
+    assert rc.slope == pytest.approx(1.0) and rc.level == pytest.approx(48.0) and rc.step == pytest.approx(2.0)

@@ -88,6 +88,29 @@ def test_round_cost_learns_the_line_from_probed_rounds(slope, level):
     assert ms.shape == (65,) and float(ms[32]) == pytest.approx(rc.level + 32 * rc.slope, rel=1e-5)
 
 
+def test_round_cost_separates_draft_steps_from_verified_tokens():
+    """Rounds whose draft steps grow with the tokens they verify (draft pruning: a confident batch drafts
+    deeper and verifies more): the fit charges each to its own term; a fit on T alone would put the draft
+    steps' time on the tokens (the slope measured 4-6 ms per token at bs 32 against a real ~0.5)."""
+    import random
+
+    from treespec_sglang.engine.cost import RoundCost
+
+    rng = random.Random(3)
+    rc = RoundCost(prior_slope=1.0, prior_level=50.0, prior_step=1.0)
+    naive = RoundCost(prior_slope=1.0, prior_level=50.0)  # steps never reported: the old single-variable line
+    for _ in range(80):
+        d = rng.randint(1, 5)
+        t = round((32 + 8 * d + rng.randint(-4, 4)) * rc.probe())
+        ms = 100 + 0.5 * t + 6.0 * d + rng.gauss(0, 1.0)
+        rc.observe(t, ms, bs=32, committed=40, steps=d)
+        naive.observe(t, ms, bs=32, committed=40)
+    assert rc.slope == pytest.approx(0.5, abs=0.1) and rc.step == pytest.approx(6.0, abs=1.0)
+    assert naive.slope > 0.8  # confounded
+    tokens, ms = rc._rate  # decayed sums: 40 tokens per round over the rounds' ms
+    assert rc.marginal_value() == pytest.approx(rc.slope * tokens / ms, rel=1e-9) and 0 < rc.marginal_value() < 0.5
+
+
 def test_round_cost_keeps_its_slope_and_refits_the_level_when_the_batch_shrinks():
     from treespec_sglang.engine.cost import RoundCost
 
@@ -97,7 +120,7 @@ def test_round_cost_keeps_its_slope_and_refits_the_level_when_the_batch_shrinks(
     s = rc.slope
     rc.observe(20, 40 + 0.5 * 20, bs=4)  # a request finished: a new level, the slope carried over as the prior
     assert rc.bs == 4 and rc.slope == pytest.approx(s, abs=1e-6) and rc.level == pytest.approx(40, abs=0.5)
-    with pytest.raises(ValueError, match="prior_slope, prior_level >= 0"):
+    with pytest.raises(ValueError, match="prior_slope, prior_level, prior_step >= 0"):
         RoundCost(prior_slope=-1.0, prior_level=0.0)
     with pytest.raises(ValueError, match="probes must be positive"):
         RoundCost(1.0, 1.0, probes=(1.0, 0.0))

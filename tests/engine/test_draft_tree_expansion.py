@@ -27,9 +27,12 @@ def chain_draft(e, tokens, feats):
     return out[0]
 
 
+@pytest.mark.parametrize("prune", [False, True])
 @pytest.mark.parametrize("spec", [{"policy": "eagle2", "budget": 12, "topk": 3, "depth": 4},
                                   {"policy": "talon", "budget": 12, "topk": 3, "mu": 0.01}])
-def test_expansion_equals_branch_chain(tmp_path, spec):
+def test_expansion_equals_branch_chain(tmp_path, spec, prune):
+    """prune: draft pruning (grow_tree min_logprob) with the ragged expander, which runs the draft on the
+    live frontier nodes only: every live node's output still equals the chain oracle, pruned rows are -inf."""
     make_tiny_llama(tmp_path, vocab=40, hidden=32, layers=2, heads=4, kv_heads=2)
     e = SpecEngine.from_pretrained(str(tmp_path), draft=None, seed=5, dtype="float32")
     ids = [[3, 7, 1, 9, 4], [5, 2]]
@@ -41,16 +44,25 @@ def test_expansion_equals_branch_chain(tmp_path, spec):
         toks = torch.cat([inp[:, 1:], torch.zeros_like(inp[:, :1])], dim=1)
         toks.scatter_(1, (lens - 1)[:, None], root[:, None])
         f_root, root_lp = e._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
-        exp = TreeExpander(e, dcache, lens, f_root, max(len(x) for x in ids))
+        exp = TreeExpander(e, dcache, lens, f_root, max(len(x) for x in ids), ragged=prune)
         seen = []
 
-        def recording(tree, frontier):
-            out = exp(tree, frontier)
-            seen.append((tree, frontier.clone(), out.clone()))
-            return out
+        class Recording:
+            ragged = exp.ragged
 
-        grow_tree([spec, spec], root, root_lp, recording)
+            def __call__(self, tree, frontier, n_live=None):
+                out = exp(tree, frontier, n_live)
+                seen.append((tree, frontier.clone(), out.clone()))
+                return out
+
+        # pruning: each request expands only what is at least as likely as its root's second child
+        min_lp = root_lp.topk(2, -1).values[:, 1] - 1e-6 if prune else None
+        grow_tree([spec, spec], root, root_lp, Recording(), min_logprob=min_lp)
         assert seen, "the policy expanded nothing"
+        if prune:
+            assert any(bool((f < 0).any()) for _, f, _ in seen), "nothing was pruned: the ragged path is untested"
+            for _, f, out in seen:
+                assert torch.isneginf(out[f < 0]).all()
         for b, x in enumerate(ids):
             L = len(x)
             committed_tok = x[1:] + [int(root[b])]
@@ -79,7 +91,7 @@ def test_expansion_equals_branch_chain(tmp_path, spec):
                     ref = torch.log_softmax(e.target.lm_head(feature(tree, u)), -1)
                     torch.testing.assert_close(out[b, w], ref, rtol=1e-4, atol=1e-4)
                     checked += 1
-            assert checked >= 3
+            assert checked >= (2 if prune else 3)
 
 
 def test_draft_extend_after_verify_equals_chain_over_committed_tokens(tmp_path, monkeypatch):

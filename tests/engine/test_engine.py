@@ -356,3 +356,38 @@ def test_a_request_can_opt_out_of_the_batch_budget(aligned_engine):
     bad = aligned_engine.generate(ps[:2], max_new_tokens=4, policy=[dict(own, batch_budget="no"), own],
                                   verify_budget=8)
     assert "batch_budget must be true" in bad[0].error and bad[1].error is None and bad[1].token_ids
+
+
+def test_auto_draft_pruning_is_lossless_and_drafts_less(aligned_engine, monkeypatch):
+    """verify_budget="auto" with draft pruning: a pinned marginal value of 0.3 (no node below it could be
+    worth verifying) drafts fewer forwards than no pruning, every expanded node at depth >= 2 hangs off a
+    parent at or above the threshold, opted-out requests are never pruned, and greedy output == plain."""
+    from treespec_sglang.engine import engine as E
+    from treespec_sglang.engine.cost import RoundCost
+
+    ps = prompts(4, seed=23)
+    deep = {"policy": "eagle2", "budget": 10, "topk": 3, "depth": 4}
+    mix = [deep, deep, deep, dict(deep, batch_budget=False)]
+    plain = aligned_engine.generate(ps, max_new_tokens=12, policy=None)
+    monkeypatch.setattr(RoundCost, "marginal_value", lambda self: 0.6)
+    monkeypatch.setattr(E.SpecEngine, "_round_cost", lambda self: RoundCost(0.0, 10.0, strength=1e30, probes=(1.0,)))
+    trees = []
+    real = E.plan_round
+    monkeypatch.setattr(E, "plan_round", lambda tree, *a, **k: trees.append(tree) or real(tree, *a, **k))
+    runs = {p: aligned_engine.generate(ps, max_new_tokens=12, policy=mix, verify_budget="auto", draft_prune=p)
+            for p in (0.0, 0.5)}
+    for res in runs.values():
+        assert [r.token_ids for r in res] == [r.token_ids for r in plain]
+    n0 = max(len(r.stats.tree_sizes) for r in runs[0.0])  # rounds of the first call
+    full, pruned = trees[:n0], trees[n0:]  # the draft_prune=0.5 call's candidate trees (threshold 0.5 x 0.6 = 0.3)
+    mean = [sum(int(t.size[:3].sum()) for t in ts) / len(ts) for ts in (full, pruned)]  # sharing requests' candidates
+    assert mean[1] < 0.8 * mean[0], mean
+    for t in pruned:
+        deep_nodes = t.valid & (t.depth >= 2)
+        parent_lp = torch.gather(t.logprob, 1, t.parents.clamp(min=0))
+        assert (parent_lp[:3][deep_nodes[:3]] >= torch.tensor(0.3).log() - 1e-6).all()
+    # the opted-out request (row 3 while all four run) keeps its whole tree: the same sizes as unpruned
+    k = min(len(runs[0.0][3].stats.tree_sizes), len(runs[0.5][3].stats.tree_sizes))
+    assert runs[0.5][3].stats.tree_sizes[:k] == runs[0.0][3].stats.tree_sizes[:k]
+    with pytest.raises(ValueError, match=r"draft_prune must be a number in \[0, 1\]"):
+        aligned_engine.generate(ps, max_new_tokens=4, policy=mix, verify_budget="auto", draft_prune=1.5)

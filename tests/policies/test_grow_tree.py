@@ -169,3 +169,84 @@ def test_input_validation_costs_exactly_one_sync():
     with count_host_syncs() as c:
         grow_tree(spec, torch.arange(2), lp, expand, sync_free=True)  # sync_free skips the check
     assert c.count == 0
+
+
+# ---- draft pruning (min_logprob): the batch verify budget's frontier threshold
+@pytest.mark.parametrize("spec", MIXED)
+@pytest.mark.parametrize("theta", [0.02, 0.1, 0.3])
+def test_pruned_growth_never_expands_a_node_below_the_threshold(spec, theta):
+    """Every node below depth 1 hangs off a parent at or above theta; the tree is valid; expand only ever
+    sees live nodes at or above theta (the pruned rows are -1)."""
+    draft = PathDraft(32, seed=5, sharpness=2.5)
+    bs = 6
+    roots = torch.arange(bs) + 1
+    seen = []
+
+    def expand(tree, frontier):
+        lp = torch.gather(tree.logprob, 1, frontier.clamp(min=0))
+        seen.append(((frontier >= 0) & (lp < torch.log(torch.tensor(theta)))).any())
+        return draft.expand(tree, frontier)
+
+    tree = grow_tree([spec] * bs, roots, draft.root(roots), expand,
+                     min_logprob=torch.full((bs,), float(torch.log(torch.tensor(theta)))))
+    tree.check()
+    assert not any(bool(x) for x in seen)
+    deep = tree.valid & (tree.depth >= 2)
+    parent_lp = torch.gather(tree.logprob, 1, tree.parents.clamp(min=0))
+    assert (parent_lp[deep] >= torch.log(torch.tensor(theta)) - 1e-6).all()
+
+
+@pytest.mark.parametrize("theta", [0.05, 0.2, 0.5])
+def test_pruned_eagle2_keeps_every_node_above_the_threshold(theta):
+    """EAGLE-2 (monotone path values): the nodes with path probability >= theta are exactly the unpruned
+    tree's, so a batch budget that verifies only such nodes loses nothing to the pruning."""
+    spec = {"policy": "eagle2", "budget": 40, "topk": 4, "depth": 5}
+    draft = PathDraft(24, seed=9, sharpness=3.0)
+    bs = 5
+    roots = torch.arange(bs) + 2
+    full = grow_tree([spec] * bs, roots, draft.root(roots), draft.expand)
+    cut = grow_tree([spec] * bs, roots, draft.root(roots), draft.expand,
+                    min_logprob=torch.full((bs,), float(torch.log(torch.tensor(theta)))))
+
+    def paths_above(t, b):
+        out = set()
+        for i in range(int(t.size[b])):
+            if float(t.logprob[b, i]) >= float(torch.log(torch.tensor(theta))):
+                path, j = [], i
+                while j >= 0:
+                    path.append(int(t.tokens[b, j]))
+                    j = int(t.parents[b, j])
+                out.add(tuple(reversed(path)))
+        return out
+
+    for b in range(bs):
+        assert paths_above(full, b) == paths_above(cut, b)
+    assert int(cut.size.sum()) <= int(full.size.sum())
+
+
+def test_pruning_per_request_and_the_ragged_hand_off():
+    """-inf leaves a request unpruned; an expand with ragged = True gets the live count; a threshold above
+    every node stops before the first expand."""
+    draft = PathDraft(32, seed=3)
+    spec = {"policy": "eagle2", "budget": 12, "topk": 3, "depth": 3}
+    roots = torch.tensor([4, 5])
+    lp = draft.root(roots)
+    counts = []
+
+    class Ragged:
+        ragged = True
+
+        def __call__(self, tree, frontier, n_live):
+            counts.append((n_live, int((frontier >= 0).sum())))
+            return draft.expand(tree, frontier)
+
+    mixed = grow_tree([spec] * 2, roots, lp, Ragged(), min_logprob=torch.tensor([float("-inf"), 0.5]))
+    ref = grow_tree([spec], roots[:1], lp[:1], draft.expand)
+    assert torch.equal(mixed.tokens[0, :int(ref.size[0])], ref.tokens[0])  # row 0 unpruned
+    assert int(mixed.size[1]) == 1 + 3  # log p <= 0 < 0.5: row 1 keeps its root's children, expands none
+    assert counts and all(n == m for n, m in counts)
+    draft.calls = 0
+    grow_tree([spec] * 2, roots, lp, draft.expand, min_logprob=torch.tensor(0.5))
+    assert draft.calls == 0
+    with pytest.raises(ValueError, match="not with sync_free"):
+        grow_tree([spec] * 2, roots, lp, draft.expand, min_logprob=torch.tensor(0.5), sync_free=True)

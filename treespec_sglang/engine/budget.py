@@ -26,16 +26,21 @@ __all__ = ["AutoBudget", "plan_round"]
 @dataclass(frozen=True)
 class AutoBudget:
     """``verify_budget="auto"`` for one round: ``ms`` ``[T_max + 1]`` float32 round cost per verified
-    tokens (:meth:`~treespec_sglang.engine.cost.RoundCost.costs`) and the probe factor on the chosen T."""
+    tokens (:meth:`~treespec_sglang.engine.cost.RoundCost.costs`), the probe factor on the chosen T, and
+    ``min_prob``: the draft-pruning threshold (a frontier node whose path probability is below it is not
+    expanded: :func:`~treespec_sglang.policies.grow.grow_tree` ``min_logprob``); 0 = no pruning."""
 
     ms: torch.Tensor
     probe: float = 1.0
+    min_prob: float = 0.0
 
     def __post_init__(self):
         if self.ms.dim() != 1 or self.ms.shape[0] < 2:
             raise ValueError(f"AutoBudget.ms must be [T_max + 1] with T_max >= 1, got {tuple(self.ms.shape)}")
         if not self.probe > 0:
             raise ValueError(f"AutoBudget.probe must be > 0, got {self.probe!r}")
+        if not 0.0 <= self.min_prob <= 1.0:
+            raise ValueError(f"AutoBudget.min_prob must be in [0, 1], got {self.min_prob!r}")
 
 
 def plan_round(tree: DraftTree, budget: Union[int, AutoBudget], calibration: Optional[DepthCalibration] = None,

@@ -15,6 +15,7 @@ the pair (target hidden at p - 1, x_p) for p = 1..L_b; a tree node of depth d si
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import time
 from dataclasses import dataclass, field
@@ -166,7 +167,7 @@ class SpecEngine:
     def generate(self, prompts, *, max_new_tokens: int, policy=None, temperature: float = 0.0, top_k: int = -1,
                  top_p: float = 1.0, seed: Optional[int] = None, chat: bool = True,
                  progress=None, verify_budget: Optional[int] = None,
-                 calibrate: bool = False) -> List[GenerationResult]:
+                 calibrate: bool = False, draft_prune: float = 0.5) -> List[GenerationResult]:
         """Generate for a batch of prompts; ``policy`` is one dict, a list (one per prompt), or None.
 
         ``prompts``: a list of texts / token-id lists (a single text is one prompt). A request whose
@@ -186,6 +187,10 @@ class SpecEngine:
         ``calibrate`` (with ``verify_budget``): weigh the path probabilities by a per-depth acceptance
         correction learned online during the call (:class:`~treespec_sglang.policies.calibration.
         DepthCalibration`; left in ``self.calibration`` for its curve).
+        ``draft_prune`` (with ``"auto"``): a sharing request's draft expands only the frontier nodes whose path
+        probability is at least ``draft_prune`` x the round's marginal value (the last round's tokens per ms
+        x the line's ms per verified token: a node below it is not worth verifying, nor is anything under
+        it), and the draft runs on those nodes only; 0 drafts every policy's whole tree.
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -195,6 +200,8 @@ class SpecEngine:
                 isinstance(verify_budget, bool) or not isinstance(verify_budget, numbers.Integral) or verify_budget < 1):
             raise ValueError(f"verify_budget must be an integer >= 1 (tokens per round for the batch), 'auto' or None, "
                              f"got {verify_budget!r}")
+        if isinstance(draft_prune, bool) or not isinstance(draft_prune, numbers.Real) or not 0 <= draft_prune <= 1:
+            raise ValueError(f"draft_prune must be a number in [0, 1] (0 = no draft pruning), got {draft_prune!r}")
         if calibrate and verify_budget is None:
             raise ValueError("calibrate=True needs verify_budget (it weighs the batch allocation)")
         if isinstance(prompts, str):
@@ -247,7 +254,8 @@ class SpecEngine:
                 self.measured_cost_curve()  # measured (or cached) before the timed loop starts
             else:
                 budget = None if verify_budget is None else int(verify_budget)
-            extra = {} if plain else {"budget": budget, "calibration": self.calibration, "shares": shares}
+            extra = {} if plain else {"budget": budget, "calibration": self.calibration, "shares": shares,
+                                      "prune": draft_prune if budget == "auto" else 0.0}
             outs = run([ids[i] for i in ok], [parsed[j] for j in range(len(ok))],
                        [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress, **extra)
             dt = time.perf_counter() - t0
@@ -333,7 +341,7 @@ class SpecEngine:
 
     # ------------------------------------------------------------------ speculative decoding
     def _speculative(self, ids, params, stats, max_new, sampling, gen, progress, budget=None, calibration=None,
-                     shares=None):
+                     shares=None, prune: float = 0.0):
         bs, dev = len(ids), self.device
         shares = [True] * bs if shares is None else shares
         cost = self._round_cost() if budget == "auto" else None  # "auto": learned from this call's rounds
@@ -366,14 +374,16 @@ class SpecEngine:
                 lens_h = [lens_h[i] for i in keep]
             t0 = time.perf_counter()
             if cost is not None:  # a probing round scales the chosen T (the slope fit needs a spread of T)
-                this = AutoBudget(cost.costs(len(rows) * max_nodes), cost.probe())
+                this = AutoBudget(cost.costs(len(rows) * max_nodes), cost.probe(),
+                                  min(prune * cost.marginal_value(), 1.0))
             else:
                 this = None if budget is None else -(-budget * len(rows) // bs)
             pending, root, lens, f_root, root_lp = self._round(
                 cache, dcache, [params[r] for r in rows], [stats[r] for r in rows], root, lens, f_root, root_lp,
                 sampling, gen, max(lens_h), this, calibration, [shares[r] for r in rows])
             if cost is not None:  # the round ended with its host read: its wall time is complete
-                cost.observe(sum(stats[r].tree_sizes[-1] for r in rows), 1e3 * (time.perf_counter() - t0), len(rows))
+                cost.observe(sum(stats[r].tree_sizes[-1] for r in rows), 1e3 * (time.perf_counter() - t0), len(rows),
+                             committed=sum(len(p) for p in pending), steps=self._last_draft_calls)
             lens_h = [x + len(p) for x, p in zip(lens_h, pending)]
 
     def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen, lmax: int,
@@ -382,9 +392,14 @@ class SpecEngine:
         """One draft -> verify -> commit round. ``lmax`` (host int) = max(lens): sizes attention
         without a sync; the only syncs are grow_tree's per-step check and one transfer at the end."""
         bs, dev = root.shape[0], self.device
-        expand = TreeExpander(self, dcache, lens, f_root, lmax)
+        min_lp = None  # [bs] draft pruning ("auto"): nodes below the marginal value are not expanded
+        if isinstance(budget, AutoBudget) and budget.min_prob > 0:
+            share = torch.tensor([True] * bs if shares is None else shares, device=dev)
+            min_lp = torch.where(share, math.log(budget.min_prob), float("-inf"))  # opted out: never pruned
+        expand = TreeExpander(self, dcache, lens, f_root, lmax, ragged=min_lp is not None)
         recorder = EntropyRecorder(expand, root_lp) if self.observer is not None else None
-        tree = grow_tree(params, root, root_lp, recorder or expand, validate=False)  # log_softmax inputs
+        tree = grow_tree(params, root, root_lp, recorder or expand, validate=False,  # log_softmax inputs
+                         min_logprob=min_lp)
         rows = None  # [T] flat rows of the real nodes when the verify is ragged
         if budget is not None:  # one budget for the batch: the best nodes across requests, ragged verify
             tree, rows = plan_round(tree, budget, calibration, shares)
@@ -427,6 +442,7 @@ class SpecEngine:
         new_lens = lens + 1 + n_acc
         host = torch.cat([em, n_acc[:, None], tree.size[:, None]], dim=1).tolist()  # the round's one sync
         pending = []
+        self._last_draft_calls = expand.calls + 1  # the round's draft forwards (RoundCost's second regressor)
         for s, row in zip(stats, host):
             k, size = row[-2], row[-1]
             s.rounds += 1

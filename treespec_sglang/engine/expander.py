@@ -7,6 +7,8 @@ entropy for C2T training data.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..tree import DraftTree, ancestor_mask
@@ -23,10 +25,14 @@ class TreeExpander:
     ancestors, kept in a per-round buffer indexed by working-tree node.
     """
 
-    def __init__(self, engine, dcache: KVCache, lens: torch.Tensor, f_root: torch.Tensor, lmax: int):
+    def __init__(self, engine, dcache: KVCache, lens: torch.Tensor, f_root: torch.Tensor, lmax: int,
+                 ragged: bool = False):
         self.e, self.dcache, self.lens, self.f_root, self.lmax = engine, dcache, lens, f_root, lmax
         self.calls = 0
         self.C = None
+        # ragged: grow_tree (draft pruning) hands over the live count; the draft's linears and LM head then
+        # run on the live frontier nodes only
+        self.ragged = ragged
 
     def _alloc(self, C: int):
         bs, H = self.f_root.shape
@@ -37,8 +43,9 @@ class TreeExpander:
         self.feat = torch.zeros(bs, C, H, dtype=self.e.dtype, device=self.e.device)
         self.feat[:, 0] = self.f_root
 
-    def __call__(self, tree: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
+    def __call__(self, tree: DraftTree, frontier: torch.Tensor, n_live: Optional[int] = None) -> torch.Tensor:
         # tree [bs, C] working tree, frontier [bs, width] -> [bs, width, vocab] child log-probs
+        # n_live (host int, ragged): the live frontier entries; -1 rows then come back -inf
         if self.C is None:
             self._alloc(tree.n_nodes)
         self.calls += 1
@@ -65,11 +72,29 @@ class TreeExpander:
             self.tv.scatter_(2, idx, v)
             return torch.cat([dk[:, :, :Lk], self.tk], dim=2), torch.cat([dv[:, :, :Lk], self.tv], dim=2)
 
+        if n_live is not None and n_live < bs * W:
+            return self._ragged(tok, pfeat, pos, store, mask, frontier, n_live)
         out = self.e.draft(tok, pfeat, pos, store, mask)  # [bs, width, hidden]
         valid = (frontier >= 0)[:, :, None]
         cur_feat = torch.gather(self.feat, 1, fr[:, :, None].expand_as(out))
         self.feat.scatter_(1, fr[:, :, None].expand_as(out), torch.where(valid, out, cur_feat))
         return self.e._draft_logprobs(out)
+
+    def _ragged(self, tok, pfeat, pos, store, mask, frontier, n_live: int) -> torch.Tensor:
+        """The draft on the ``n_live`` live frontier entries only; their features go to their nodes and
+        their log-probs to their grid rows (the others -inf: no children).
+
+        Example: frontier [[3, -1], [-1, 5]] (bs 2, width 2), n_live 2 -> rows [0, 3] of the flat grid;
+        feature slots b * C + node = [3, C + 5]."""
+        bs, W = frontier.shape
+        flat = frontier.reshape(-1)  # [bs * width]
+        rows = torch.sort((flat < 0).to(torch.uint8), stable=True).indices[:n_live]  # [T] live rows first
+        out = self.e.draft(tok, pfeat, pos, store, mask, rows=rows)  # [T, hidden]
+        slot = torch.div(rows, W, rounding_mode="floor") * self.C + flat.index_select(0, rows)  # [T]
+        self.feat.view(bs * self.C, -1).index_copy_(0, slot, out)
+        lp = self.e._draft_logprobs(out)  # [T, vocab]
+        grid = lp.new_full((bs * W, lp.shape[-1]), float("-inf")).index_copy_(0, rows, lp)
+        return grid.view(bs, W, -1)
 
 
 class EntropyRecorder:

@@ -43,11 +43,17 @@ class EagleDraftHead(nn.Module):
         object.__setattr__(self, "embed", embed)  # shared with the target, kept out of state_dict
         return self
 
-    def forward(self, tokens, features, positions, store, mask):
+    def forward(self, tokens, features, positions, store, mask, rows=None):
         # tokens [bs, q] int64, features [bs, q, hidden], positions [bs, q], mask [bs, q, kv]
+        # rows: optional [T] int64, the live tokens' rows in the flattened [bs * q] grid (ragged: fc and
+        # the layer's linears run on those T only; attention on the grid) -> [T, hidden] in rows order
+        if rows is not None:
+            tokens = tokens.reshape(-1).index_select(0, rows)[None]  # [1, T]
+            features = features.reshape(-1, features.shape[-1]).index_select(0, rows)[None]  # [1, T, hidden]
         x = self.fc(torch.cat([self.embed(tokens).to(features.dtype), features], dim=-1))
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
-        return self.layers[0](x, cos, sin, store, mask)
+        out = self.layers[0](x, cos, sin, store, mask, rows)
+        return out[0] if rows is not None else out
 
     # ------------------------------------------------------------------ construction / IO
     @classmethod

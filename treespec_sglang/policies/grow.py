@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -47,7 +47,8 @@ def _check_logprobs(root_logprobs: torch.Tensor) -> None:
 
 
 def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.Tensor,
-              expand: ExpandFn, *, sync_free: bool = False, validate: bool = True) -> DraftTree:
+              expand: ExpandFn, *, sync_free: bool = False, validate: bool = True,
+              min_logprob: Optional[torch.Tensor] = None) -> DraftTree:
     """Build one draft tree per request, each with its own policy, in one batched loop.
 
     Parameters
@@ -73,6 +74,14 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
         (raw logits would silently mis-rank the tree; one host read per call; skipped with
         ``sync_free``). Engines whose inputs come from ``log_softmax`` pass False (no sync). NaN / +inf
         entries are not an error: policies never choose them. ``expand``'s output shape is always checked.
+    min_logprob : torch.Tensor, optional
+        ``[bs]`` float: a request expands only frontier nodes whose path log-probability is at least
+        this (-inf: no pruning). A pruned node gets no children (its policy sees an all ``-inf`` child
+        row), and ``expand`` never sees it: the batch verify budget's draft pruning, since a child's path
+        probability never exceeds its parent's, so nothing under a pruned node could be worth verifying.
+        Every step then costs one host read of the live count (instead of the early-exit check), and an
+        ``expand`` with ``ragged = True`` is called as ``expand(tree, frontier, n_live=count)`` so it can
+        run only the live rows. Not with ``sync_free``.
 
     Returns
     -------
@@ -115,12 +124,16 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
         sub_lp = root_logprobs if len(rows) == bs else root_logprobs[rows_t]
         groups.append([rows_t, pol, pol.start(sub_tok, sub_lp)])
 
+    if min_logprob is not None:
+        if sync_free:
+            raise ValueError("min_logprob (draft pruning) reads the live count every step: not with sync_free")
+        min_logprob = torch.as_tensor(min_logprob, dtype=torch.float32, device=dev).expand(bs)
     n_steps = max(g[1].max_steps for g in groups)
     for step in range(n_steps):
         live = [g for g in groups if step < g[1].max_steps]
         if not live:
             break
-        if not sync_free and not bool(torch.stack([(g[2] >= 0).any() for g in live]).any()):
+        if min_logprob is None and not sync_free and not bool(torch.stack([(g[2] >= 0).any() for g in live]).any()):
             break  # the one host sync per step: nobody has anything left to expand
         tree = stack_rows([(g[0], g[1].tree) for g in groups], bs)
         width = max(g[2].shape[1] for g in live)
@@ -130,10 +143,23 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
             frontier = torch.full((bs, width), -1, dtype=torch.int64, device=dev)
             for rows, _, fr in live:
                 frontier[rows, :fr.shape[1]] = fr
-        child = expand(tree, frontier)  # [bs, width, vocab]
+        pruned = None
+        if min_logprob is not None:  # [bs, width] nodes below their request's threshold are not expanded
+            lp = torch.gather(tree.logprob, 1, frontier.clamp(min=0))
+            pruned = (frontier >= 0) & ~(lp >= min_logprob[:, None])
+            frontier = torch.where(pruned, -1, frontier)
+            n_live = int((frontier >= 0).sum())  # the one host read of this step
+            if n_live == 0:
+                break
+        if pruned is not None and getattr(expand, "ragged", False):
+            child = expand(tree, frontier, n_live=n_live)
+        else:
+            child = expand(tree, frontier)  # [bs, width, vocab]
         if child.dim() != 3 or child.shape != (*frontier.shape, vocab):
             raise ValueError(f"expand must return [bs, width, vocab] = [{bs}, {frontier.shape[1]}, {vocab}] "
                              f"(vocab as root_logprobs), got {tuple(child.shape)}")
+        if pruned is not None:  # a pruned node has no children: an all -inf row for its policy
+            child = child.masked_fill(pruned[:, :, None], float("-inf"))
         for g in live:
             rows, pol, fr = g
             sub = child if len(groups) == 1 else child[rows, :fr.shape[1]]
