@@ -15,9 +15,12 @@ median of ``--iters`` CUDA-graph replays (eager launches of
 
 import argparse
 import json
-import statistics
+import os
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0)
@@ -38,18 +41,10 @@ def graphed(fn):
 
 
 def timed(fn, iters):
-    fn = graphed(fn)
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    """Median ms of ``iters`` CUDA-graph replays of ``fn`` (CUDA events)."""
+    from flashinfer_ragged_verify import timed as median_ms  # beside this script
+
+    return median_ms(graphed(fn), iters)
 
 
 @torch.inference_mode()
