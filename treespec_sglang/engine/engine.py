@@ -27,7 +27,7 @@ from ..policies import grow_tree, parse_spec
 from ..policies.batch_budget import split_batch_option
 from ..policies.calibration import DepthCalibration
 from ..tree import dense_mask
-from ..verify import emitted_tokens, sample, verify_tree
+from ..verify import emitted_tokens, sample, verify_tree, walk_greedy
 from ..verify.sampling import check_sampling
 from ..models.packing import PackedLinear, pack_linears_, packing_available
 from .budget import AutoBudget, plan_round
@@ -415,15 +415,20 @@ class SpecEngine:
         in_tree = torch.gather(dense, 2, rel.clamp(0, n - 1).expand(bs, n, kv)) & (rel >= 0) & (rel < n)
         mask = (rel < 0) | in_tree
         positions = lens[:, None] + tree.depth.clamp(min=0)
+        greedy = not isinstance(sampling["temperature"], torch.Tensor) and sampling["temperature"] == 0
         if rows is None:
             hidden = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask)
-            logits = self._logits(hidden)
+            result = verify_tree(tree, self._logits(hidden), generator=gen, validate=False, **sampling)
         else:  # [T, hidden] -> the [bs, n] grid (padding rows zero: never on an accepted path)
             flat = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask, rows=rows)
             lf = self._logits(flat)  # [T, vocab]
             hidden = flat.new_zeros(bs * n, flat.shape[-1]).index_copy_(0, rows, flat).view(bs, n, -1)
-            logits = lf.new_zeros(bs * n, lf.shape[-1]).index_copy_(0, rows, lf).view(bs, n, -1)
-        result = verify_tree(tree, logits, generator=gen, validate=False, **sampling)
+            if greedy:  # the greedy walk reads argmaxes only: no [bs, n, vocab] grid (padding rows: 0, never read)
+                am = torch.zeros(bs * n, dtype=torch.int64, device=dev).index_copy_(0, rows, lf.argmax(-1))
+                result = walk_greedy(tree, am.view(bs, n))
+            else:
+                logits = lf.new_zeros(bs * n, lf.shape[-1]).index_copy_(0, rows, lf).view(bs, n, -1)
+                result = verify_tree(tree, logits, generator=gen, validate=False, **sampling)
         if calibration is not None:
             calibration.update(tree, result.path)
         if recorder is not None:

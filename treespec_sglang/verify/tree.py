@@ -20,7 +20,7 @@ import torch
 from ..tree import DraftTree
 from .sampling import Num, sample_probs, target_probs, uniform
 
-__all__ = ["VerifyResult", "verify_tree", "walk_tree", "emitted_tokens", "first_sibling_mask"]
+__all__ = ["VerifyResult", "verify_tree", "walk_tree", "walk_greedy", "emitted_tokens", "first_sibling_mask"]
 
 
 @dataclass(frozen=True)
