@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from treespec_sglang.tree import DraftTree, TreeBuffer, compact, pack_left
+from treespec_sglang.tree import DraftTree, TreeBuffer, compact, kept_rows, pack_left
 
 
 def test_from_lists_depth_and_padding():
@@ -31,6 +31,13 @@ def test_constructor_rejects_bad_dtypes():
         DraftTree(t.tokens, t.parents, t.depth, t.logprob.double(), t.size)
     with pytest.raises(ValueError, match="tokens must be"):
         DraftTree(t.tokens[0], t.parents, t.depth, t.logprob, t.size)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kept_rows_equal_the_boolean_mask_oracle(seed):
+    keep = torch.rand(5, 7, generator=torch.Generator().manual_seed(seed)) < 0.4
+    want = keep.reshape(-1).nonzero().squeeze(1)  # the oracle (a boolean-mask read)
+    assert torch.equal(kept_rows(keep, int(keep.sum())), want)
 
 
 def test_pack_left():

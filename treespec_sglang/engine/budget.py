@@ -18,7 +18,7 @@ import torch
 
 from ..policies.batch_budget import allocate_batch, best_total
 from ..policies.calibration import DepthCalibration
-from ..tree import DraftTree, compact
+from ..tree import DraftTree, compact, kept_rows
 
 __all__ = ["AutoBudget", "plan_round"]
 
@@ -79,6 +79,5 @@ def plan_round(tree: DraftTree, budget: Union[int, AutoBudget], calibration: Opt
     keep = allocate_batch(tree, total, floor=floor, weight=weight)  # [bs, n_nodes]
     width, count = torch.stack([keep.sum(1).max(), keep.sum()]).tolist()  # the round's one extra read
     out = compact(tree, keep, width)
-    # kept nodes are a prefix of each compacted row; a stable sort of "not kept" puts their rows first
-    rows = torch.sort((~out.valid).reshape(-1).to(torch.uint8), stable=True).indices[:count]
+    rows = kept_rows(out.valid, count)  # kept nodes are a prefix of each compacted row
     return out, rows

@@ -378,12 +378,13 @@ class SpecEngine:
                                   min(prune * cost.marginal_value(), 1.0))
             else:
                 this = None if budget is None else -(-budget * len(rows) // bs)
+            drafted = stats[rows[0]].draft_forwards  # every running request counts the round's draft forwards
             pending, root, lens, f_root, root_lp = self._round(
                 cache, dcache, [params[r] for r in rows], [stats[r] for r in rows], root, lens, f_root, root_lp,
                 sampling, gen, max(lens_h), this, calibration, [shares[r] for r in rows])
             if cost is not None:  # the round ended with its host read: its wall time is complete
                 cost.observe(sum(stats[r].tree_sizes[-1] for r in rows), 1e3 * (time.perf_counter() - t0), len(rows),
-                             committed=sum(len(p) for p in pending), steps=self._last_draft_calls)
+                             committed=sum(len(p) for p in pending), steps=stats[rows[0]].draft_forwards - drafted)
             lens_h = [x + len(p) for x, p in zip(lens_h, pending)]
 
     def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen, lmax: int,
@@ -415,20 +416,23 @@ class SpecEngine:
         in_tree = torch.gather(dense, 2, rel.clamp(0, n - 1).expand(bs, n, kv)) & (rel >= 0) & (rel < n)
         mask = (rel < 0) | in_tree
         positions = lens[:, None] + tree.depth.clamp(min=0)
-        greedy = not isinstance(sampling["temperature"], torch.Tensor) and sampling["temperature"] == 0
         if rows is None:
             hidden = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask)
             result = verify_tree(tree, self._logits(hidden), generator=gen, validate=False, **sampling)
         else:  # [T, hidden] -> the [bs, n] grid (padding rows zero: never on an accepted path)
             flat = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask, rows=rows)
             lf = self._logits(flat)  # [T, vocab]
-            hidden = flat.new_zeros(bs * n, flat.shape[-1]).index_copy_(0, rows, flat).view(bs, n, -1)
-            if greedy:  # the greedy walk reads argmaxes only: no [bs, n, vocab] grid (padding rows: 0, never read)
-                am = torch.zeros(bs * n, dtype=torch.int64, device=dev).index_copy_(0, rows, lf.argmax(-1))
-                result = walk_greedy(tree, am.view(bs, n))
+
+            def grid(x):  # [T, ...] rows -> [bs, n, ...], padding rows zero
+                return x.new_zeros(bs * n, *x.shape[1:]).index_copy_(0, rows, x).view(bs, n, *x.shape[1:])
+
+            hidden = grid(flat)
+            temp = sampling["temperature"]
+            if not isinstance(temp, torch.Tensor) and temp == 0:
+                # the greedy walk reads argmaxes only: no [bs, n, vocab] grid (padding rows: 0, never read)
+                result = walk_greedy(tree, grid(lf.argmax(-1)))
             else:
-                logits = lf.new_zeros(bs * n, lf.shape[-1]).index_copy_(0, rows, lf).view(bs, n, -1)
-                result = verify_tree(tree, logits, generator=gen, validate=False, **sampling)
+                result = verify_tree(tree, grid(lf), generator=gen, validate=False, **sampling)
         if calibration is not None:
             calibration.update(tree, result.path)
         if recorder is not None:
@@ -447,7 +451,6 @@ class SpecEngine:
         new_lens = lens + 1 + n_acc
         host = torch.cat([em, n_acc[:, None], tree.size[:, None]], dim=1).tolist()  # the round's one sync
         pending = []
-        self._last_draft_calls = expand.calls + 1  # the round's draft forwards (RoundCost's second regressor)
         for s, row in zip(stats, host):
             k, size = row[-2], row[-1]
             s.rounds += 1

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..tree import DraftTree, ancestor_mask
+from ..tree import DraftTree, ancestor_mask, kept_rows
 from .kv_cache import KVCache
 
 __all__ = ["TreeExpander", "EntropyRecorder"]
@@ -88,7 +88,7 @@ class TreeExpander:
         feature slots b * C + node = [3, C + 5]."""
         bs, W = frontier.shape
         flat = frontier.reshape(-1)  # [bs * width]
-        rows = torch.sort((flat < 0).to(torch.uint8), stable=True).indices[:n_live]  # [T] live rows first
+        rows = kept_rows(frontier >= 0, n_live)  # [T]
         out = self.e.draft(tok, pfeat, pos, store, mask, rows=rows)  # [T, hidden]
         slot = torch.div(rows, W, rounding_mode="floor") * self.C + flat.index_select(0, rows)  # [T]
         self.feat.view(bs * self.C, -1).index_copy_(0, slot, out)
