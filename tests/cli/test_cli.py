@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from treespec_sglang.cli import main
+from treespec_sglang.cli import build_parser, main
 
 
 def test_policies_lists_every_policy_with_defaults(capsys):
@@ -48,6 +48,45 @@ def test_bad_cli_input_is_one_line_and_exit_code_2(argv, message):
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert message in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def _command_paths(parser, prefix=()):
+    """Every subcommand path of ``parser`` (``("train", "draft")``, ...), walked through argparse's tree."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield prefix + (name,)
+                yield from _command_paths(child, prefix + (name,))
+
+
+def test_the_command_walk_finds_nested_subcommands():
+    paths = set(_command_paths(build_parser()))
+    assert {("demo",), ("bench",), ("train",), ("train", "draft"), ("train", "c2t")} <= paths
+
+
+@pytest.mark.parametrize("path", sorted(_command_paths(build_parser())), ids="-".join)
+def test_every_subcommand_help_prints(path, capsys):
+    """``--help`` of every subcommand renders (an unescaped ``%`` in a help string makes argparse raise)."""
+    with pytest.raises(SystemExit) as e:
+        main([*path, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: treespec " + " ".join(path)) and "--" in out
+
+
+def test_informational_lines_go_to_stdout(tmp_path, capsys, monkeypatch):
+    """The dtype line (printed before any error can happen) is on stdout, so stderr holds only the error."""
+    from tests.models.tiny import make_tiny_llama
+
+    make_tiny_llama(tmp_path)
+    capsys.readouterr()  # transformers' own save progress
+    rc = main(["train", "c2t", "--target", str(tmp_path), "--draft", "random", "--dtype", "float32",
+               "--samples", str(tmp_path / "missing.pt"), "--prompts", "no-such-set", "--out", str(tmp_path / "c.pt")])
+    cap = capsys.readouterr()
+    assert rc == 2 and "dtype float32 (asked for)" in cap.out
+    assert len(cap.err.strip().splitlines()) == 1 and "dtype" not in cap.err, cap.err
 
 
 def test_debug_shows_the_traceback():

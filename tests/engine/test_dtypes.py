@@ -21,12 +21,25 @@ def test_bad_names_name_the_choices(bad):
 
 @pytest.mark.parametrize("native,want", [((True, "AMX"), torch.bfloat16), ((False, "no AMX / AVX512-BF16"), torch.float32)])
 def test_auto_follows_the_cpu(monkeypatch, capsys, native, want):
+    """Both branches of the CPU check on any machine; resolving prints nothing (the CLI prints the reason
+    on stdout), and the explanation names the feature or why bf16 is not native."""
     monkeypatch.setattr(D, "cpu_bf16", lambda: native)
-    monkeypatch.setattr(D, "_warned", set())
     assert D.resolve_dtype("auto") is want
     assert D.resolve_dtype(None) is want
-    err = capsys.readouterr().err
-    assert ("-> float32" in err) == (want is torch.float32) and err.count("\n") <= 1  # one message, once
+    note = D.explain_dtype("auto")
+    assert note.startswith(D.dtype_name(want) + " (auto") and native[1] in note
+    assert ("emulated" in note) == (not native[0])
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err == ""
+
+
+@pytest.mark.parametrize("native", [(True, "AVX512-BF16"), (False, "no AMX / AVX512-BF16 on this CPU")])
+def test_explicit_bf16_is_honoured_on_every_cpu(monkeypatch, native):
+    monkeypatch.setattr(D, "cpu_bf16", lambda: native)
+    assert D.resolve_dtype("bfloat16") is torch.bfloat16
+    note = D.explain_dtype("bf16")
+    assert note.startswith("bfloat16 (asked for") and ("emulated" in note) == (not native[0])
+    assert D.explain_dtype("float32") == "float32 (asked for)"
 
 
 def test_cpu_probe_reports_a_feature_or_why_not():

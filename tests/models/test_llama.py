@@ -140,42 +140,6 @@ def test_shipped_draft_does_not_tie_embeddings():
     assert json.load(open(path))["tie_word_embeddings"] is False
 
 
-@pytest.mark.skipif(not __import__("treespec_sglang.models.packing", fromlist=["x"]).packing_available(
-    torch.bfloat16, "cpu"), reason="no oneDNN weight prepacking in this torch build")
-@pytest.mark.parametrize("bias", [False, True])
-def test_packed_linear_is_bit_identical_to_nn_linear(bias):
-    from treespec_sglang.models.packing import PackedLinear
-
-    lin = torch.nn.Linear(48, 80, bias=bias).to(torch.bfloat16)
-    p = PackedLinear(lin)
-    with torch.inference_mode():
-        for shape in [(1, 48), (3, 1, 48), (2, 17, 48), (130, 48)]:
-            x = torch.randn(shape).to(torch.bfloat16)
-            assert torch.equal(p(x), lin(x)), shape
-
-
-def test_packed_model_forward_is_bit_identical(tmp_path):
-    """The engine's bf16 target (fused + prepacked) == the plain bf16 model, bit for bit."""
-    from treespec_sglang.models.packing import pack_linears_, packing_available
-
-    make_tiny_llama(tmp_path)
-    plain = LlamaModel.from_pretrained(str(tmp_path), dtype=torch.bfloat16)
-    packed = LlamaModel.from_pretrained(str(tmp_path), dtype=torch.bfloat16)
-    n = pack_linears_(packed)
-    assert n == (2 * 7 + 1 if packing_available(torch.bfloat16, "cpu") else 0)
-    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(2))
-    bs, T = ids.shape
-    pos = torch.arange(T).expand(bs, T)
-    mask = torch.ones(T, T, dtype=torch.bool).tril().expand(bs, T, T)
-    with torch.inference_mode():
-        outs = []
-        for m in (plain, packed):
-            cfg = m.config
-            cache = KVCache(cfg.num_hidden_layers, bs, cfg.num_key_value_heads, T, cfg.head_dim, torch.bfloat16, "cpu")
-            outs.append(m.lm_head(m(ids, pos, cache.stores(pos, T), mask)))
-    assert torch.equal(outs[0], outs[1])
-
-
 @pytest.mark.parametrize("fuse", [False, True])
 def test_ragged_rows_equal_the_padded_forward(tmp_path, fuse):
     """The ragged verify (linear layers on the real tokens only, attention on the padded grid) gives the

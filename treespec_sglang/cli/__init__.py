@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
 def _policies(args) -> int:
@@ -33,9 +33,8 @@ def _policies(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """Run a subcommand. Bad input (a missing path, bad JSON, an out-of-range value) is one line on stderr
-    and exit code 2; ``--debug`` (or ``TREESPEC_DEBUG=1``) shows the traceback instead."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``treespec`` parser with every subcommand (``main`` parses with it; tests walk it)."""
     ap = argparse.ArgumentParser(prog="treespec", description="treespec-sglang: per-request draft-tree policies")
     ap.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -49,7 +48,14 @@ def main(argv=None) -> int:
     bench_server.add_parser(sub)
     patch.add_parser(sub)
     train.add_parser(sub)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    """Run a subcommand. Bad input (a missing path, bad JSON, an out-of-range value) is one line on stderr
+    and exit code 2; ``--debug`` (or ``TREESPEC_DEBUG=1``) shows the traceback instead. Informational
+    lines (the dtype chosen, budgets) go to stdout."""
+    args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except (ValueError, OSError, ImportError) as e:  # JSONDecodeError is a ValueError

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts", default="humaneval,mtbench", help="comma-separated prompt sets")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each set")
     p.add_argument("--every", type=int, default=1,
-                   help="only prompts whose index % N == 0 (e.g. 10: the split `train draft` holds out)")
+                   help="only prompts whose index %% N == 0 (e.g. 10: the split `train draft` holds out)")
     p.add_argument("--policies", default="eagle2,talon,salf,c2t,chain")
     p.add_argument("--policy-json", default=None)
     p.add_argument("--budget", type=int, default=None)
@@ -48,6 +48,7 @@ def run(a: argparse.Namespace) -> int:
     sets = [load_prompt_set(n.strip()).every(a.every).take(a.limit) for n in a.prompts.split(",") if n.strip()]
     engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed,
                                         dtype=a.dtype)
+    print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
     if a.auto_budgets:
         picked, notes = pick_budgets(engine, specs[1:], draft_dir_of(a.draft), a.budget, bs=a.batch_size)
         specs = [None] + picked

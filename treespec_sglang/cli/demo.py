@@ -51,6 +51,7 @@ def run(a: argparse.Namespace) -> int:
     print(f"loading {a.target} + draft {a.draft} ...", flush=True)
     engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed,
                                         dtype=a.dtype)
+    print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
     engine.generate(prompts[:1], max_new_tokens=2)  # warm-up (allocator, threads)
     specs, notes = pick_budgets(engine, specs, draft_dir_of(a.draft), a.budget, bs=a.batch_size)
     print("\n".join(notes), flush=True)

@@ -58,7 +58,7 @@ def add_parser(sub) -> None:
     t.add_argument("--eta", type=float, default=3.0)
     t.add_argument("--max-len", type=int, default=384)
     t.add_argument("--heldout-every", type=int, default=10,
-                   help="hold out every N-th sequence (index % N == 0) for evaluation")
+                   help="hold out every N-th sequence (index %% N == 0) for evaluation")
     t.add_argument("--eval-every", type=int, default=50)
     t.add_argument("--eval-policy", default='{"policy": "eagle2", "budget": 16, "topk": 4, "depth": 4}',
                    help="policy (JSON) for the periodic held-out tau measured through the engine")
@@ -75,8 +75,8 @@ def add_parser(sub) -> None:
     c.add_argument("--target", default="smollm2-135m")
     c.add_argument("--draft", default="demo")
     c.add_argument("--prompts", default="humaneval,mtbench")
-    c.add_argument("--every", type=int, default=1, help="use prompts whose index % N == 0")
-    c.add_argument("--offset", type=int, default=0, help="... or (index + offset) % N == 0")
+    c.add_argument("--every", type=int, default=1, help="use prompts whose index %% N == 0")
+    c.add_argument("--offset", type=int, default=0, help="... or (index + offset) %% N == 0")
     c.add_argument("--limit", type=int, default=None)
     c.add_argument("--topk", type=int, default=4)
     c.add_argument("--depth", type=int, default=4)
@@ -99,6 +99,7 @@ def run_data(a: argparse.Namespace) -> int:
 
     set_threads(a.threads)
     engine = SpecEngine.from_pretrained(a.target, draft=None, dtype=a.dtype)
+    print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
     ids, prompts = [], []
     for name in [x.strip() for x in a.prompts.split(",") if x.strip()]:
         ps = load_prompt_set(name).take(a.limit)
@@ -164,6 +165,7 @@ def run_draft(a: argparse.Namespace) -> int:
     set_threads(a.threads)
     torch.manual_seed(a.seed)
     engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed, dtype=a.dtype, fuse=False)
+    print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
     if a.token_map:
         engine.set_token_map(read_token_map(a.token_map))
     d2t = engine.token_map  # from --token-map, or the --init draft's own token_map.pt
@@ -215,6 +217,7 @@ def run_c2t(a: argparse.Namespace) -> int:
 
     set_threads(a.threads)
     engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, dtype=a.dtype)
+    print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
     if a.samples and os.path.isfile(a.samples):
         blob = torch.load(a.samples)
         feats, labels = blob["features"], blob["labels"]

@@ -3,7 +3,10 @@
 On this project's CPUs (Xeon with AVX512-BF16 / AMX) a bf16 linear at M=16 costs about what M=1
 costs, while float32 grows with M (``shared/notes/measurements.md``), so bf16 is what makes a
 tree verify cheap. ``"auto"`` picks it when the CPU has AMX or AVX512-BF16 (or on a CUDA device
-that supports bf16) and falls back to float32 with a one-line message otherwise.
+that supports bf16) and float32 otherwise: on an AVX2-only CPU bf16 is emulated and slower than
+float32 past one token per forward. An explicit ``"bfloat16"`` is honoured on every CPU (emulated
+where it is not native). :func:`explain_dtype` says why a dtype was chosen; this module prints
+nothing (the command line prints that reason on stdout, so an error stays one line on stderr).
 
 Losslessness is defined against plain decoding *at the same dtype*. float32 is the bit-exact
 mode: in bf16 a batched (tree) forward and a one-token forward round differently, so greedy
@@ -13,16 +16,14 @@ outputs may differ from plain greedy where the target's top two logits are withi
 
 from __future__ import annotations
 
-import sys
 from typing import Tuple, Union
 
 import torch
 
-__all__ = ["DTYPES", "resolve_dtype", "cpu_bf16", "dtype_name"]
+__all__ = ["DTYPES", "resolve_dtype", "explain_dtype", "cpu_bf16", "dtype_name"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
-_warned = set()
 
 
 def cpu_bf16() -> Tuple[bool, str]:
@@ -70,13 +71,28 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None] = "auto", device="cpu") -
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     if dev.type != "cpu":
         return torch.float32
+    return torch.bfloat16 if cpu_bf16()[0] else torch.float32
+
+
+def explain_dtype(dtype: Union[str, torch.dtype, None] = "auto", device="cpu") -> str:
+    """One line: the dtype ``dtype`` resolves to on ``device``, and why.
+
+    Examples
+    --------
+    >>> explain_dtype("float32")
+    'float32 (asked for)'
+    """
+    got = dtype_name(resolve_dtype(dtype, device))
+    auto = not isinstance(dtype, torch.dtype) and str(dtype or "auto").lower() == "auto"
+    how = "auto" if auto else "asked for"
+    if torch.device(device).type != "cpu" or not (auto or got == "bfloat16"):
+        return f"{got} ({how})"
     ok, why = cpu_bf16()
     if ok:
-        return torch.bfloat16
-    if why not in _warned:
-        _warned.add(why)
-        print(f"treespec: dtype auto -> float32 ({why}; bf16 would be slower here)", file=sys.stderr)
-    return torch.float32
+        return f"{got} ({how}: this CPU has {why})"
+    if auto:
+        return f"{got} (auto: {why}, so bf16 would be emulated and slower)"
+    return f"{got} (asked for: {why}, so bf16 is emulated and slower than float32 here)"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

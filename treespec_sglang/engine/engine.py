@@ -31,7 +31,7 @@ from ..verify import emitted_tokens, sample, verify_tree, walk_greedy
 from ..verify.sampling import check_sampling
 from ..models.packing import PackedLinear, pack_linears_, packing_available
 from .budget import AutoBudget, plan_round
-from .dtypes import resolve_dtype
+from .dtypes import explain_dtype, resolve_dtype
 from .expander import EntropyRecorder, TreeExpander
 from .kv_cache import KVCache, prefill
 from .loading import load_models
@@ -81,8 +81,9 @@ class SpecEngine:
         if fuse:  # the engine only runs the target forward: fused q/k/v and gate/up matmuls
             self.target.fuse_()
         self.draft = draft.to(device=device, dtype=dtype).eval().attach(self.target.model.embed_tokens)
-        # bf16 on a CPU: oneDNN-prepacked weights (bit-identical outputs, ~2x faster small-M linears);
-        # inference only, so not with fuse=False (the training entry points keep plain modules)
+        # bf16 on a CPU whose oneDNN has the bf16 kernel: prepacked weights (bit-identical outputs, ~2x
+        # faster small-M linears); elsewhere plain nn.Linear. Inference only, so not with fuse=False
+        # (the training entry points keep plain modules)
         self.packed = fuse and packing_available(dtype, device)
         if self.packed:
             pack_linears_(self.target)
@@ -95,6 +96,7 @@ class SpecEngine:
         self._cost_from_disk = False
         self.device = torch.device(device)
         self.dtype = dtype
+        self.dtype_note = explain_dtype(dtype, device)  # "<dtype> (<why>)"; the CLI prints it on stdout
         cfg = target.config
         self.eos = set(cfg.eos_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
@@ -133,9 +135,12 @@ class SpecEngine:
         :func:`~treespec_sglang.engine.dtypes.resolve_dtype`), a name or a ``torch.dtype``; float32 is
         the bit-exact mode. ``fuse=False`` keeps plain trainable modules (no fused / prepacked
         weights): what ``treespec train draft`` needs, since it trains ``engine.draft``."""
+        note = explain_dtype(dtype, device)
         dtype = resolve_dtype(dtype, device)
         t, d, tok, tmap = load_models(target, draft, dtype=dtype, seed=seed)
-        return cls(t, d, tok, device=device, dtype=dtype, token_map=tmap, fuse=fuse)
+        engine = cls(t, d, tok, device=device, dtype=dtype, token_map=tmap, fuse=fuse)
+        engine.dtype_note = note
+        return engine
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompts: Sequence[Union[str, Sequence[int]]], chat: bool = True) -> List[List[int]]:

@@ -54,7 +54,10 @@ def load_token_map(draft_dir: str) -> Optional[torch.Tensor]:
 
 
 def load_models(target: str, draft: Optional[str], dtype=torch.float32, seed: int = 0):
-    """-> (LlamaModel, EagleDraftHead, tokenizer or None, token map or None)."""
+    """-> (LlamaModel, EagleDraftHead, tokenizer or None, token map or None). A draft directory is checked
+    before the target loads (a typo fails at once, not after the demo target's first-run conversion)."""
+    if draft not in (None, "demo"):
+        EagleDraftHead.files(draft)
     path = resolve_target(target)
     model = LlamaModel.from_pretrained(path, dtype=dtype)
     d = None

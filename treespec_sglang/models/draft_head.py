@@ -88,15 +88,22 @@ class EagleDraftHead(nn.Module):
         sd = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
         save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
 
-    @classmethod
-    def load(cls, path: str, dtype=torch.float32) -> "EagleDraftHead":
-        from safetensors.torch import load_file
-
+    @staticmethod
+    def files(path: str):
+        """``(config.json, model.safetensors)`` paths of the draft directory ``path``; raises
+        ``FileNotFoundError`` naming the missing one (cheap: callers check before loading a target)."""
         cfg_path, w_path = os.path.join(path, "config.json"), os.path.join(path, "model.safetensors")
         for p in (cfg_path, w_path):
             if not os.path.isfile(p):
                 raise FileNotFoundError(f"draft head: {p} is missing (an EAGLE draft directory needs config.json "
                                         f"and model.safetensors; write one with EagleDraftHead.save)")
+        return cfg_path, w_path
+
+    @classmethod
+    def load(cls, path: str, dtype=torch.float32) -> "EagleDraftHead":
+        from safetensors.torch import load_file
+
+        cfg_path, w_path = cls.files(path)
         with open(cfg_path) as f:
             raw = json.load(f)
         if DRAFT_ARCH not in (raw.get("architectures") or []):
