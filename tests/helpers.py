@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
+import math
 import random
 
 import torch
@@ -65,3 +67,99 @@ def random_tree_lists(rng: random.Random, n: int, vocab: int, max_children: int 
 def random_batch(rng: random.Random, sizes, vocab: int = 20, max_children: int = 3) -> DraftTree:
     lists = [random_tree_lists(rng, n, vocab, max_children) for n in sizes]
     return DraftTree.from_lists([t for t, _ in lists], [p for _, p in lists])
+
+
+# ------------------------------------------------------------------ batch verify budget oracles
+def calibration_weights(tree: DraftTree, accepted, predicted, prior: float, max_depth: int):
+    """``[bs][n_nodes]`` per-node multipliers of a per-depth calibration, restated from its definition
+    (``policies/calibration.py``): depth d's ratio is ``(accepted[d] + prior) / (predicted[d] + prior)``,
+    the root's (depth 0) is 1, a node deeper than ``max_depth`` shares ``max_depth``'s ratio.
+    ``accepted`` / ``predicted``: plain lists of ``max_depth + 1`` floats."""
+    def ratio(d):
+        if d <= 0:
+            return 1.0
+        d = min(d, max_depth)
+        return (accepted[d] + prior) / (predicted[d] + prior)
+
+    return [[ratio(d) for d in row] for row in tree.depth.tolist()]
+
+
+def oracle_node_values(tree: DraftTree, weight=None):
+    """``[bs][n_nodes]`` node values from the definition (``policies/batch_budget.py``), one node at a time:
+    the path probability ``exp(logprob)`` (0 when not finite) times the weight (per request ``[bs]`` or
+    per node ``[bs][n_nodes]``, lists or tensors), capped by the parent's value; root +inf, padding -inf."""
+    if isinstance(weight, torch.Tensor):
+        weight = weight.tolist()
+    out = []
+    for b, (par, dep, lp) in enumerate(zip(tree.parents.tolist(), tree.depth.tolist(), tree.logprob.tolist())):
+        vals = []
+        for i in range(len(par)):
+            if dep[i] < 0:
+                vals.append(-math.inf)
+            elif par[i] < 0:
+                vals.append(math.inf)
+            else:
+                p = math.exp(lp[i]) if math.isfinite(lp[i]) else 0.0  # a NaN / inf draft value is worth nothing
+                if weight is not None:
+                    p *= weight[b][i] if isinstance(weight[b], list) else weight[b]
+                vals.append(min(p, vals[par[i]]))  # parents precede children
+        out.append(vals)
+    return out
+
+
+def closed_subsets(parents, size):
+    """Every ancestor-closed node set of one tree (its first ``size`` nodes) that contains the root."""
+    nodes = list(range(1, size))
+    for r in range(len(nodes) + 1):
+        for sub in itertools.combinations(nodes, r):
+            s = {0, *sub}
+            if all(parents[i] in s for i in sub):
+                yield s
+
+
+def best_allocation(tree: DraftTree, values, total: int, cap=None, floor=None):
+    """Brute force of the batch allocation: ``(best value, [kept set per request])`` maximising the sum of
+    ``values[b][i]`` (non-root nodes) over per-request closed sets with ``floor_b <= |S_b| <= cap_b``
+    (``floor_b`` clipped to the tree's size) and ``sum_b |S_b| <= total``. None when nothing is feasible."""
+    bs = tree.bs
+    best = {0: (0.0, [])}  # tokens used -> (value, sets so far)
+    for b in range(bs):
+        size = int(tree.size[b])
+        par = tree.parents[b].tolist()
+        lo = 1 if floor is None else min(int(floor[b]), size)
+        hi = size if cap is None else int(cap[b])
+        by_size = {}  # the best closed set of each size
+        for s in closed_subsets(par, size):
+            if lo <= len(s) <= hi:
+                v = sum(float(values[b][i]) for i in s if i != 0)
+                if len(s) not in by_size or v > by_size[len(s)][0]:
+                    by_size[len(s)] = (v, s)
+        nxt = {}
+        for used, (v0, sets) in best.items():
+            for k, (v, s) in by_size.items():
+                if used + k <= total and (used + k not in nxt or v0 + v > nxt[used + k][0]):
+                    nxt[used + k] = (v0 + v, sets + [s])
+        best = nxt
+    if not best:
+        return None
+    return max(best.values(), key=lambda x: x[0])
+
+
+def kept_indices(tree: DraftTree, out: DraftTree):
+    """``[bs]`` lists of the source nodes a compacted tree kept (in order), matched by (token, depth, exact
+    path log-prob) as a subsequence; asserts the compacted parents are the kept nodes' parents."""
+    kept = []
+    for b in range(tree.bs):
+        src = list(zip(tree.tokens[b].tolist(), tree.depth[b].tolist(), tree.logprob[b].tolist()))
+        n_out = int(out.size[b])
+        dst = list(zip(out.tokens[b].tolist(), out.depth[b].tolist(), out.logprob[b].tolist()))[:n_out]
+        idx, j = [], 0
+        for i, node in enumerate(src[:int(tree.size[b])]):
+            if j < n_out and node == dst[j]:
+                idx.append(i)
+                j += 1
+        assert j == n_out, f"request {b}: the compacted tree is not a subsequence of its candidates"
+        par = tree.parents[b].tolist()
+        assert [idx.index(par[i]) if par[i] >= 0 else -1 for i in idx] == out.parents[b, :n_out].tolist()
+        kept.append(idx)
+    return kept

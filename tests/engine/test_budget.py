@@ -1,21 +1,26 @@
-"""The reference engine's round plan under a batch verify budget: kept trees, ragged rows, opt-out, auto T."""
+"""The reference engine's round plan under a batch verify budget: kept trees, ragged rows, opt-out, auto T,
+and the calibration's weights reaching the allocation (against a brute force over closed subsets of values
+restated from their definition)."""
 
 import random
 
 import pytest
 import torch
 
-from tests.helpers import random_batch
+from tests.helpers import best_allocation, calibration_weights, kept_indices, oracle_node_values, random_batch
 from treespec_sglang.engine.budget import AutoBudget, plan_round
 from treespec_sglang.engine.cost import CostCurve, RoundCost
 from treespec_sglang.policies.batch_budget import allocate_batch
+from treespec_sglang.policies.calibration import DepthCalibration
+from treespec_sglang.tree import DraftTree
 
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("total", [4, 9, 30])
 def test_plan_round_keeps_the_allocation_and_its_rows_are_the_kept_nodes(seed, total):
     tree = random_batch(random.Random(seed), [7, 3, 9, 5], vocab=30)
-    tree = tree.__class__(**{**tree.__dict__, "logprob": torch.cumsum(-torch.rand(tree.tokens.shape), 1)})
+    g = torch.Generator().manual_seed(seed)
+    tree = tree.__class__(**{**tree.__dict__, "logprob": torch.cumsum(-torch.rand(tree.tokens.shape, generator=g), 1)})
     keep = allocate_batch(tree, total)
     out, rows = plan_round(tree, total)
     sizes = keep.sum(1)
@@ -50,3 +55,57 @@ def test_round_cost_prior_comes_from_the_startup_curve():
     curve = CostCurve((16, 64), (40.0, 88.0), (4,), (2.0,))
     rc = RoundCost.from_curve(curve)
     assert rc.slope == pytest.approx(1.0) and rc.level == pytest.approx(48.0) and rc.step == pytest.approx(2.0)
+
+
+def frozen_calibration(accepted, predicted, max_depth):
+    """A DepthCalibration holding the given per-depth counts (``[max_depth + 1]`` lists)."""
+    cal = DepthCalibration(max_depth=max_depth)
+    cal.accepted = torch.tensor(accepted, dtype=torch.float64)
+    cal.predicted = torch.tensor(predicted, dtype=torch.float64)
+    return cal
+
+
+def path_logprobs(tree, g):
+    """The tree with random path log-probs: each node its parent's + log U(0.05, 1)."""
+    bs, n = tree.tokens.shape
+    lp = torch.full((bs, n), float("-inf"))
+    for b in range(bs):
+        lp[b, 0] = 0.0
+        for i in range(1, int(tree.size[b])):
+            lp[b, i] = lp[b, int(tree.parents[b, i])] + (torch.rand((), generator=g) * 0.95 + 0.05).log()
+    return type(tree)(tree.tokens, tree.parents, tree.depth, lp, tree.size, tree.depth_bound)
+
+
+def test_plan_round_keeps_the_calibrated_best_nodes_on_a_known_tree():
+    """Chain .9 -> .85 -> .8 beside .5 and .45 (root children), T = 3: uncalibrated, the chain's first two
+    nodes; with depth 1 x2 ((2 + 2) / (0 + 2)), depth 2 x0.05 ((0 + 2) / (38 + 2)) and depth 3 x4, the .9
+    node and its .5 sibling (values 1.8, 1.0, .9 at depth 1 against .0425 at depth 2)."""
+    t = DraftTree.from_lists([[9, 1, 2, 3, 4, 5]], [[-1, 0, 1, 2, 0, 0]])
+    t = type(t)(t.tokens, t.parents, t.depth, torch.tensor([[1.0, 0.9, 0.85, 0.8, 0.5, 0.45]]).log(), t.size,
+                t.depth_bound)
+    assert plan_round(t, 3)[0].tokens.tolist() == [[9, 1, 2]]
+    cal = frozen_calibration([0.0, 2.0, 0.0, 6.0], [0.0, 0.0, 38.0, 0.0], max_depth=3)
+    assert plan_round(t, 3, cal)[0].tokens.tolist() == [[9, 1, 4]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("total", [5, 8, 12])
+def test_plan_round_keeps_the_best_nodes_under_the_calibration(seed, total):
+    """plan_round with a per-depth calibration keeps, per request, an ancestor-closed set whose calibrated
+    value (path probability x its depth's ratio, capped by the parent: a plain loop) is the brute-force
+    optimum over closed subsets under T; the calibration changes which nodes that is in some cases."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    tree = path_logprobs(random_batch(rng, [rng.randint(1, 8) for _ in range(3)], vocab=9, max_children=2), g)
+    max_depth = 3
+    # ratios per depth far from 1 and from each other: depth 1 x1.5, depth 2 x0.1, depth >= 3 x3
+    accepted, predicted = [0.0, 1.0, 0.0, 4.0], [0.0, 0.0, 18.0, 0.0]
+    cal = frozen_calibration(accepted, predicted, max_depth)
+    weights = calibration_weights(tree, accepted, predicted, cal.prior, max_depth)  # [bs][n_nodes]
+    values = oracle_node_values(tree, weights)
+    out, rows = plan_round(tree, total, cal)
+    kept = kept_indices(tree, out)  # [bs] source nodes kept
+    assert sum(len(k) for k in kept) <= max(total, tree.bs) and rows.shape == (sum(len(k) for k in kept),)
+    assert all(k[0] == 0 for k in kept)  # every root
+    best, _ = best_allocation(tree, values, max(total, tree.bs))
+    got = sum(values[b][i] for b, k in enumerate(kept) for i in k[1:])
+    assert got == pytest.approx(best, abs=1e-6)

@@ -6,6 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
+from tests.helpers import best_allocation, calibration_weights, kept_indices, oracle_node_values
 from tests.models.tiny import make_tiny_llama
 from tests.verify.test_sampling import tv_bound
 from treespec_sglang.models import LlamaModel
@@ -297,6 +298,56 @@ def test_calibrated_batch_budget_is_lossless_and_learns(aligned_engine):
     assert sum(cal.curve()["nodes"]) == sum(sum(s - 1 for s in r.stats.tree_sizes) for r in res)
     with pytest.raises(ValueError, match="calibrate=True needs verify_budget"):
         aligned_engine.generate(ps, max_new_tokens=4, policy=mix, calibrate=True)
+
+
+def test_each_round_allocates_under_the_calibration(aligned_engine, monkeypatch):
+    """calibrate=True: the round's calibration reaches its allocation. With a frozen per-depth calibration
+    (depth >= 2 x100: a child's value rises to its parent's cap, above the parent's weaker siblings), every
+    round keeps the nodes whose calibrated values (path probability x its depth's ratio, capped by the
+    parent: a plain loop) sum to the brute-force optimum over closed subsets under that round's T, and in
+    some rounds the uncalibrated optimum would have been worse."""
+    from treespec_sglang.engine import engine as E
+    from treespec_sglang.policies.calibration import DepthCalibration
+
+    accepted, predicted = [0.0, 0.0, 198.0, 198.0, 198.0], [0.0] * 5  # ratios (a + 2) / (p + 2): 1, 1, 100, 100, 100
+
+    class Frozen(DepthCalibration):
+        def update(self, tree, path):  # the weights stay the test's
+            pass
+
+    def frozen():
+        cal = Frozen(max_depth=4)
+        cal.accepted = torch.tensor(accepted, dtype=torch.float64)
+        cal.predicted = torch.tensor(predicted, dtype=torch.float64)
+        return cal
+
+    rounds = []  # (candidates, T, verified trees)
+    real = E.plan_round
+
+    def spy(tree, budget, *a, **k):
+        out = real(tree, budget, *a, **k)
+        rounds.append((tree, budget, out[0]))
+        return out
+
+    monkeypatch.setattr(E, "DepthCalibration", frozen)
+    monkeypatch.setattr(E, "plan_round", spy)
+    ps = prompts(4, seed=29)
+    mix = [{"policy": "eagle2", "budget": 10, "topk": 3, "depth": 3}, {"policy": "chain", "length": 4},
+           {"policy": "c2t", "budget": 8, "topk": 3, "beta": 0.2},
+           {"policy": "salf", "budget": 8, "batch": 3, "th": 0.3}]
+    aligned_engine.generate(ps, max_new_tokens=6, policy=mix, verify_budget=10, calibrate=True)
+    assert isinstance(aligned_engine.calibration, Frozen) and rounds
+    prior, worse = aligned_engine.calibration.prior, 0
+    for tree, total, out in rounds:
+        values = oracle_node_values(tree, calibration_weights(tree, accepted, predicted, prior, 4))  # [bs][n]
+        kept = kept_indices(tree, out)
+        total = max(total, tree.bs)
+        assert sum(len(k) for k in kept) <= total
+        best, _ = best_allocation(tree, values, total)
+        assert sum(values[b][i] for b, k in enumerate(kept) for i in k[1:]) == pytest.approx(best, abs=1e-6)
+        _, raw = best_allocation(tree, oracle_node_values(tree), total)  # the uncalibrated choice
+        worse += sum(values[b][i] for b, k in enumerate(raw) for i in k if i != 0) < best - 1e-6
+    assert worse > 0, "the calibration never changed a round's best allocation: the check is vacuous"
 
 
 @pytest.mark.parametrize("curve_kind", ["flat", "steep"])

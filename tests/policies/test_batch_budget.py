@@ -1,24 +1,17 @@
-"""Batch-level verify budget: the allocation against a brute-force optimum on small trees, its invariants,
-no host sync, and the budget choice from a cost curve against exhaustive search."""
+"""Batch-level verify budget: the allocation against a brute-force optimum on small trees (node values
+restated from their definition, calibration weights included), its invariants, no host sync, and the budget
+choice from a cost curve against exhaustive search."""
 
 import itertools
+import math
 
 import pytest
 import torch
 
-from tests.helpers import random_batch
+from tests.helpers import closed_subsets, oracle_node_values, random_batch
 from treespec_sglang.policies.batch_budget import allocate_batch, best_total, node_values
+from treespec_sglang.tree import DraftTree
 from treespec_sglang.utils import count_host_syncs
-
-
-def closed_subsets(parents, size):
-    """Every ancestor-closed node set of one tree that contains the root."""
-    nodes = list(range(1, size))
-    for r in range(len(nodes) + 1):
-        for sub in itertools.combinations(nodes, r):
-            s = {0, *sub}
-            if all(parents[i] in s for i in sub):
-                yield s
 
 
 def brute_force(tree, values, total, cap, floor):
@@ -32,7 +25,7 @@ def brute_force(tree, values, total, cap, floor):
         for s in closed_subsets(par, size):
             lo = min(int(floor[b]), size)
             if lo <= len(s) <= int(cap[b]):
-                opts.append((len(s), sum(float(values[b, i]) for i in s if i != 0)))
+                opts.append((len(s), sum(float(values[b][i]) for i in s if i != 0)))
         options.append(opts)
     best = None
     for combo in itertools.product(*options):
@@ -65,7 +58,7 @@ def test_allocation_is_optimal_and_feasible(rng, seed):
         rng.random()
     tree, cap, floor, weight = random_case(rng, seed)
     bs = tree.tokens.shape[0]
-    values = node_values(tree, weight)
+    values = oracle_node_values(tree, weight)  # [bs][n_nodes] from the definition, not node_values
     forced_min = sum(min(int(f), int(s)) for f, s in zip(floor, tree.size))
     for total in range(bs, int(tree.size.sum()) + 2):
         keep = allocate_batch(tree, total, cap, floor, weight)
@@ -76,14 +69,13 @@ def test_allocation_is_optimal_and_feasible(rng, seed):
         assert (sizes <= torch.maximum(cap, torch.ones_like(cap))).all()
         assert (sizes >= torch.minimum(floor, tree.size)).all()
         assert int(sizes.sum()) <= max(total, forced_min)
-        got = float(torch.where(keep & (tree.parents >= 0), values, 0.0).sum())
+        got = sum(values[b][i] for b in range(bs) for i in range(tree.n_nodes)
+                  if keep[b, i] and tree.parents[b, i] >= 0)
         if total >= forced_min:
             assert got == pytest.approx(brute_force(tree, values, total, cap, floor), abs=1e-5), total
 
 
 def test_values_are_monotone_along_paths():
-    from treespec_sglang.tree import DraftTree
-
     lp = torch.log(torch.tensor([[1.0, 0.6, 0.3, 0.5]]))  # node 3 (child of 2) claims more than its parent
     t = DraftTree.from_lists([[5, 1, 2, 3]], [[-1, 0, 0, 2]])
     t = type(t)(t.tokens, t.parents, t.depth, lp, t.size, t.depth_bound)
@@ -91,6 +83,42 @@ def test_values_are_monotone_along_paths():
     assert v[0, 0] == float("inf") and torch.allclose(v[0, 1:], torch.tensor([0.6, 0.3, 0.3]))
     keep = allocate_batch(t, 2)  # one node beyond the root: the 0.6 branch
     assert keep.tolist() == [[True, True, False, False]]
+
+
+@pytest.mark.parametrize("kind", ["none", "per_request", "per_node"])
+@pytest.mark.parametrize("seed", range(3))
+def test_node_values_are_weighted_path_probabilities_capped_by_the_parent(rng, seed, kind):
+    """node_values against a plain loop over the nodes: exp(logprob) x the calibration weight, capped by
+    the parent's value (per-node weights may rise with depth: the cap binds), root +inf, padding -inf."""
+    tree, _, _, _ = random_case(rng, seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    bs, n = tree.tokens.shape
+    weight = {"none": None, "per_request": torch.rand(bs, generator=g) * 3 + 0.1,  # [bs]
+              "per_node": torch.rand(bs, n, generator=g) * 3 + 0.1}[kind]  # [bs, n_nodes]
+    got = node_values(tree, weight).tolist()  # [bs, n_nodes]
+    want = oracle_node_values(tree, weight)
+    for b in range(bs):
+        for i in range(n):
+            if math.isinf(want[b][i]):
+                assert got[b][i] == want[b][i], (b, i)
+            else:
+                assert got[b][i] == pytest.approx(want[b][i], rel=1e-5, abs=1e-7), (b, i)
+
+
+def test_a_depth_weight_moves_the_allocation():
+    """A calibration that discounts depth 2 (x0.1) and boosts depth 3 (x4, capped by its parent): with two
+    nodes beyond the root, the unweighted pick is the .9 -> .85 chain, the weighted one the .9 node and the
+    .5 sibling (.85 x 0.1 = .085 < .5)."""
+    t = DraftTree.from_lists([[9, 1, 2, 3, 4, 5]], [[-1, 0, 1, 2, 0, 0]])
+    p = torch.tensor([[1.0, 0.9, 0.85, 0.8, 0.5, 0.45]])  # path probabilities
+    t = type(t)(t.tokens, t.parents, t.depth, p.log(), t.size, t.depth_bound)
+    by_depth = torch.tensor([1.0, 1.0, 0.1, 4.0])
+    weight = by_depth[t.depth]  # [1, n_nodes]
+    assert allocate_batch(t, 3).tolist() == [[True, True, True, False, False, False]]
+    assert allocate_batch(t, 3, weight=weight).tolist() == [[True, True, False, False, True, False]]
+    # with room for everything but one: the boosted depth-3 node is worth no more than its parent (.085)
+    assert allocate_batch(t, 5, weight=weight).tolist() == [[True, True, True, False, True, True]]
+    assert node_values(t, weight)[0, 3].item() == pytest.approx(0.085)
 
 
 def test_allocation_makes_no_host_sync(rng):

@@ -1,9 +1,12 @@
 """Online per-depth calibration: it learns a known over-confidence, the corrected curve tracks the empirical
 acceptance, updates make no host sync, and the accepted-node mask matches a loop."""
 
+import random
+
 import pytest
 import torch
 
+from tests.helpers import calibration_weights, random_batch
 from treespec_sglang.policies.calibration import DepthCalibration, accepted_nodes
 from treespec_sglang.tree import DraftTree
 from treespec_sglang.utils import count_host_syncs
@@ -72,3 +75,53 @@ def test_accepted_nodes_and_no_sync():
     assert c.count == 0, c.ops
     with pytest.raises(ValueError, match="max_depth must be an integer >= 1"):
         DepthCalibration(max_depth=0)
+
+
+def random_verify(rng, g, sizes, max_children=3):
+    """A verified batch with path-monotone log-probs and an accepted path per request (root -> a random
+    node): (tree, path ``[bs, depth_bound + 1]`` -1 padded)."""
+    tree = random_batch(rng, sizes, vocab=9, max_children=max_children)
+    bs, n = tree.tokens.shape
+    lp = torch.full((bs, n), float("-inf"))
+    for b, size in enumerate(sizes):
+        lp[b, 0] = 0.0
+        for i in range(1, size):
+            lp[b, i] = lp[b, int(tree.parents[b, i])] + (torch.rand((), generator=g) * 0.9 + 0.1).log()
+    tree = type(tree)(tree.tokens, tree.parents, tree.depth, lp, tree.size, tree.depth_bound)
+    path = torch.full((bs, tree.depth_bound + 1), -1)
+    for b, size in enumerate(sizes):
+        chain, i = [], rng.randrange(size)
+        while i >= 0:
+            chain.append(i)
+            i = int(tree.parents[b, i])
+        path[b, :len(chain)] = torch.tensor(chain[::-1])
+    return tree, path
+
+
+@pytest.mark.parametrize("max_depth", [1, 2, 3, 6])
+def test_weight_is_the_learned_ratio_of_each_nodes_depth(max_depth):
+    """After a few verifies, every node's weight is (accepted + prior) / (predicted + prior) of its own
+    depth (deeper than max_depth: max_depth's; the root: 1), with the counts kept by a plain loop: predicted
+    sums the path probabilities of the verified non-root nodes of a depth, accepted counts those on the path."""
+    rng, g = random.Random(max_depth), torch.Generator().manual_seed(max_depth)
+    cal = DepthCalibration(max_depth=max_depth)
+    predicted, accepted = [0.0] * (max_depth + 1), [0.0] * (max_depth + 1)
+    for k in range(6):  # bushy trees and chains (deep nodes)
+        tree, path = random_verify(rng, g, [rng.randint(1, 9) for _ in range(4)], max_children=1 + 2 * (k % 2))
+        cal.update(tree, path)
+        for b in range(tree.bs):
+            on_path = set(path[b].tolist())
+            for i in range(1, int(tree.size[b])):
+                d = min(int(tree.depth[b, i]), max_depth)
+                predicted[d] += float(tree.logprob[b, i].double().exp())
+                accepted[d] += float(i in on_path)
+    assert cal.predicted.tolist() == pytest.approx(predicted, rel=1e-6)
+    assert cal.accepted.tolist() == accepted
+    tree, _ = random_verify(rng, g, [9, 4, 1, 7], max_children=1)  # chains: depths 0..8
+    assert int(tree.depth.max()) > max_depth  # the shared deepest bucket is exercised
+    want = calibration_weights(tree, accepted, predicted, cal.prior, max_depth)  # [bs][n_nodes]
+    got = cal.weight(tree)  # [bs, n_nodes]
+    assert len({round(w, 6) for row in want for w in row}) == max_depth + 1  # every bucket its own ratio
+    for b in range(tree.bs):
+        for i in range(int(tree.size[b])):
+            assert float(got[b, i]) == pytest.approx(want[b][i], rel=1e-5), (b, i, int(tree.depth[b, i]))

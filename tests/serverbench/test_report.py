@@ -86,10 +86,39 @@ def test_same_output_against_plain_else_native(with_plain):
     assert rows[1 if with_plain else 0]["same_output_reference"] == cells[0].label
 
 
+def test_table_rows_are_the_cells_values_in_their_columns():
+    """Each table row, cell by cell, from the records: a talon cell (2 of 3 requests ok, 12 tokens over 5
+    rounds, 5 of the rounds' accepted drafts, ITL gaps .1 .4 .3 s) and a native cell at T = 1."""
+    talon = summarize(Cell(EAGLE, "talon", 8, 4, 0.0, '{"policy": "talon"}'),
+                      [rec(0, 7, rounds=3, correct=4, accepts=[2, 0, 1], verify=[5, 8, 3], times=(0.1, 0.2, 0.6)),
+                       rec(1, 5, rounds=2, correct=2, accepts=[1, 1], verify=[6, 6], times=(0.2, 0.5)),
+                       rec(2, 0, ok=False)], wall=2.0)
+    talon["same_output"] = 0.5
+    native = summarize(Cell(EAGLE, None, None, 2, 1.0), [rec(0, 9, rounds=4, correct=3, times=(0.2, 0.5))], wall=3.0)
+    table = format_table([talon, native]).splitlines()
+    assert table[0] == ("| server | policy | conc | T | tok/s | req/s | accept len | tau | verified/round | TTFT p50 ms | "
+                        "ITL p50 ms | ITL p99 ms | same output | errors |")
+    assert table[1] == "|" + "---|" * 14
+    # tok/s 12 / 2 s, req/s 2 ok / 2 s, accept len 12 / 5, tau 1 + 5 / 5, verified 28 / 5, TTFT median of .1 .2,
+    # ITL median and p99 (linear) of .1 .3 .4 s
+    assert table[2] == ("| eagle(k4,s3,N8) | talon(b8) | 4 | 0 | 6.0 | 1.00 | 2.40 | 2.00 | 5.6 | 150 | 300 | 398 | "
+                        "50% | 1 |")
+    # tok/s 9 / 3 s, req/s 1 / 3 s, accept len 9 / 4, tau 1 + 3 / 4, verified N = 8, one gap of .3 s
+    assert table[3] == ("| eagle(k4,s3,N8) | native | 2 | 1 | 3.0 | 0.33 | 2.25 | 1.75 | 8.0 | 200 | 300 | 300 | "
+                        "- | 0 |")
+    assert len(table) == 4
+
+
 def test_table_and_plots(tmp_path):
     _, rows = _rows()
     table = format_table(rows).splitlines()
-    assert len(table) == 2 + len(rows) and table[0].count("|") == table[1].count("|") == table[2].count("|")
+    # every cell: 6 tokens in 1 s from 2 requests, 1 round with 1 accepted draft verifying 8, TTFT .1 .1 s,
+    # ITL gaps .2 .3 .2 .3 s; plain rows: accept length 1 and 1 verified token per round
+    body = "| 6.0 | 2.00 | {} | 2.00 | {} | 100 | 250 | 300 | - | 0 |"
+    assert table[2:] == ["| plain | plain | 1 | 0 " + body.format("1.00", "1.0"),
+                         "| eagle(k4,s3,N8) | native | 1 | 0 " + body.format("6.00", "8.0"),
+                         "| eagle(k4,s3,N8) | talon(b8) | 1 | 0 " + body.format("6.00", "8.0"),
+                         "| eagle(k4,s3,N8) | talon(b8) | 1 | 1 " + body.format("6.00", "8.0")]
     paths = plot(rows, str(tmp_path))
     assert [p.rsplit("/", 1)[1] for p in paths] == ["policies_vs_concurrency.png", "accept_hist.png"]
     assert all((tmp_path / p.rsplit("/", 1)[1]).stat().st_size > 5000 for p in paths)

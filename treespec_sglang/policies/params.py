@@ -12,7 +12,7 @@ import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-__all__ = ["PolicyParams", "Eagle2Params", "TalonParams", "SalfParams", "C2TParams", "ChainParams",
+__all__ = ["PolicyParams", "Eagle2Params", "TalonParams", "SalfParams", "C2TParams", "ChainParams", "NoneParams",
            "MAX_BUDGET", "MAX_TOPK", "MAX_DEPTH"]
 
 MAX_BUDGET = 1024
@@ -157,3 +157,12 @@ class ChainParams(PolicyParams):
     @property
     def max_nodes(self) -> int:
         return self.length + 1
+
+
+@dataclass(frozen=True)
+class NoneParams(PolicyParams):
+    """Speculation off for this request: the tree is the root alone (plain decoding), no parameters."""
+
+    @property
+    def max_nodes(self) -> int:
+        return 1

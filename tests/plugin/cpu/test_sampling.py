@@ -88,3 +88,49 @@ def test_top_p_renorm_matches_plain_sampling(p):
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3)) * 2
     torch.testing.assert_close(top_p_renorm_prob(torch.softmax(logits, -1), torch.full((4,), p)),
                                target_probs(logits, 1.0, top_p=p))
+
+
+def top_k_loop(row, k):
+    """One row's top-k renormalisation from its definition: the k largest kept (ties at the k-th kept), the
+    rest 0, divided by the kept mass; k <= 0 or >= vocab keeps the row."""
+    kth = sorted(row, reverse=True)[k - 1] if 0 < k < len(row) else min(row)
+    kept = [x if x >= kth else 0.0 for x in row]
+    return [x / sum(kept) for x in kept]
+
+
+def top_p_loop(row, p):
+    """One row's top-p renormalisation from its definition: walking the tokens by decreasing probability, a
+    token is kept while the mass strictly before it is below p."""
+    kept, before = [0.0] * len(row), 0.0
+    for i in sorted(range(len(row)), key=lambda i: -row[i]):
+        if before < p:
+            kept[i] = row[i]
+        before += row[i]
+    return [x / sum(kept) for x in kept]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_top_k_renorm_uses_each_rows_own_k(seed):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.tensor([1, 7, 0, 50, 3, 49, 2, 20])  # [rows]: one, a few, off (0 and >= vocab), near vocab
+    k = k[torch.randperm(len(k), generator=g)]
+    probs = torch.softmax(torch.randn(len(k), 50, generator=g, dtype=torch.float64) * 2, -1).float()  # [rows, vocab]
+    got = top_k_renorm_prob(probs, k)
+    for r in range(len(k)):
+        assert got[r].tolist() == pytest.approx(top_k_loop(probs[r].tolist(), int(k[r])), abs=1e-6), r
+        assert int((got[r] > 0).sum()) == (int(k[r]) if 0 < k[r] < 50 else 50)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_top_p_renorm_uses_each_rows_own_p(seed):
+    g = torch.Generator().manual_seed(10 + seed)
+    p = torch.tensor([0.05, 0.5, 0.9, 1.0, 0.3, 0.75, 0.2, 0.97])  # [rows]
+    p = p[torch.randperm(len(p), generator=g)]
+    probs = torch.softmax(torch.randn(len(p), 50, generator=g, dtype=torch.float64) * 2, -1).float()  # [rows, vocab]
+    got = top_p_renorm_prob(probs, p)
+    sizes = []
+    for r in range(len(p)):
+        want = top_p_loop(probs[r].tolist(), float(p[r]))
+        assert got[r].tolist() == pytest.approx(want, abs=1e-6), r
+        sizes.append(sum(x > 0 for x in want))
+    assert len(set(sizes)) > 4  # the rows keep different numbers of tokens

@@ -1,0 +1,126 @@
+"""Prometheus series of the plugin, beside SGLang's own on ``/metrics`` (no sglang import).
+
+With ``--enable-metrics`` SGLang runs ``prometheus_client`` in multiprocess mode (every process writes
+to ``PROMETHEUS_MULTIPROC_DIR``; the HTTP server aggregates). The plugin's hooks turn these series on
+in the processes where SGLang creates its own collectors, with SGLang's labels (``model_name``,
+``tp_rank``, ``pp_rank``, ``dp_rank`` where set, ...) plus ``policy``:
+
+| series | type | meaning |
+|---|---|---|
+| ``treespec:requests_total`` | counter | requests that drafted at least one round with a treespec policy |
+| ``treespec:rounds_total`` | counter | verify rounds committed for them (one per accept length) |
+| ``treespec:accepted_draft_tokens_total`` | counter | accepted draft tokens (bonus excluded) |
+| ``treespec:verified_tokens_total`` | counter | tokens the target's verify forward ran for them |
+| ``treespec:tree_size`` | histogram | verified nodes per round, root included |
+| ``treespec:accept_length`` | histogram | accepted draft tokens per round |
+| ``treespec:refused_requests_total`` | counter | requests refused for a bad ``custom_params["treespec"]``, by ``field`` |
+
+The counters are the sums of the responses' ``meta_info`` lists (``treespec_accept_lengths``,
+``treespec_verify_tokens``, ``treespec_tree_sizes``): both are recorded by the same hooks, at the same
+moment. Only SGLang's stats-logging rank of each group (``attn_tp_rank`` 0) has a collector, so a
+round is counted once per group, as SGLang counts its ``sglang:spec_accept_length``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Mapping, Optional
+
+__all__ = ["SchedulerSeries", "refused_field", "enable_scheduler", "enable_tokenizer", "scheduler_series",
+           "count_refused", "TREE_SIZE_BUCKETS", "ACCEPT_LENGTH_BUCKETS"]
+
+TREE_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ACCEPT_LENGTH_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
+
+_scheduler: Optional["SchedulerSeries"] = None
+_refused = None  # (Counter, labels) in a tokenizer process with metrics on
+
+
+def _labels(labels: Mapping) -> Dict[str, str]:
+    return {str(k): "" if v is None else str(v) for k, v in dict(labels or {}).items()}
+
+
+class SchedulerSeries:
+    """The per-round series of one scheduler process, labelled with SGLang's labels + ``policy``."""
+
+    def __init__(self, labels: Mapping):
+        from prometheus_client import Counter, Histogram
+
+        self.labels = _labels(labels)
+        names = [*self.labels, "policy"]
+        self.requests = Counter("treespec:requests", "Requests drafted with a treespec policy", names)
+        self.rounds = Counter("treespec:rounds", "Verify rounds committed for treespec requests", names)
+        self.accepted = Counter("treespec:accepted_draft_tokens", "Accepted draft tokens (bonus excluded)", names)
+        self.verified = Counter("treespec:verified_tokens", "Tokens the target's verify forward ran", names)
+        self.tree_size = Histogram("treespec:tree_size", "Verified nodes per round (root included)", names,
+                                   buckets=TREE_SIZE_BUCKETS)
+        self.accept_length = Histogram("treespec:accept_length", "Accepted draft tokens per round", names,
+                                       buckets=ACCEPT_LENGTH_BUCKETS)
+
+    def _l(self, policy: str) -> dict:
+        return {**self.labels, "policy": policy}
+
+    def new_request(self, policy: str) -> None:
+        self.requests.labels(**self._l(policy)).inc()
+
+    def drafted(self, policy: str, tree_size: int) -> None:
+        self.tree_size.labels(**self._l(policy)).observe(tree_size)
+
+    def verified_tokens(self, policy: str, n: int) -> None:
+        self.verified.labels(**self._l(policy)).inc(n)
+
+    def accepted_round(self, policy: str, accept_length: int) -> None:
+        l = self._l(policy)
+        self.rounds.labels(**l).inc()
+        self.accepted.labels(**l).inc(accept_length)
+        self.accept_length.labels(**l).observe(accept_length)
+
+
+def enable_scheduler(labels: Mapping) -> SchedulerSeries:
+    """Create this process's series (once; SGLang's scheduler calls its collector init once)."""
+    global _scheduler
+    if _scheduler is None:
+        _scheduler = SchedulerSeries(labels)
+    return _scheduler
+
+
+def scheduler_series() -> Optional[SchedulerSeries]:
+    """This process's series, or None where metrics are off (or on a non-logging rank)."""
+    return _scheduler
+
+
+def enable_tokenizer(labels: Mapping) -> None:
+    global _refused
+    if _refused is None:
+        from prometheus_client import Counter
+
+        lab = _labels(labels)
+        _refused = (Counter("treespec:refused_requests", "Requests refused for a bad custom_params['treespec']",
+                            [*lab, "field"]), lab)
+
+
+_FIELD = re.compile(r"^(?:custom_params\['treespec'\]: )?(?:request \d+: )?([a-z0-9_]+)(\.[a-z_]+)?(:? )")
+
+
+def refused_field(message: str) -> str:
+    """The field a refusal names: ``salf.budget``, ``c2t.classifier``, ``policy``, ``batch_budget``, or the
+    policy alone for an unknown parameter (``salf``); ``other`` when no field can be read.
+
+    Examples
+    --------
+    >>> refused_field("custom_params['treespec']: salf.budget must be in [1, 1024], got 0")
+    'salf.budget'
+    >>> refused_field("custom_params['treespec']: policy must be one of ['c2t', ...], got 'nope'")
+    'policy'
+    """
+    m = _FIELD.match(str(message))
+    if m is None:
+        return "other"
+    return m.group(1) + (m.group(2) or "")
+
+
+def count_refused(message: str) -> None:
+    """Count one refused request in this (tokenizer) process, if metrics are on here."""
+    if _refused is not None:
+        counter, lab = _refused
+        counter.labels(**lab, field=refused_field(message)).inc()
