@@ -14,3 +14,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tmp_path_factory):
+    """A float32 ``SpecEngine`` on a tiny random Llama (vocab 96) with a seeded random draft head."""
+    pytest.importorskip("transformers")
+    from tests.models.tiny import make_tiny_llama
+    from treespec_sglang.engine import SpecEngine
+
+    path = tmp_path_factory.mktemp("tiny-engine")
+    make_tiny_llama(path)
+    return SpecEngine.from_pretrained(str(path), draft=None, dtype="float32")

@@ -10,7 +10,7 @@ from treespec_sglang.cli import build_parser, main
 def test_policies_lists_every_policy_with_defaults(capsys):
     assert main(["policies", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert set(rows) == {"eagle2", "talon", "salf", "c2t", "chain"}
+    assert set(rows) == {"eagle2", "talon", "salf", "c2t", "chain", "none"} and rows["none"] == {}
     assert rows["talon"] == {"budget": 60, "topk": 10, "mu": 0.03}
     assert rows["salf"]["th"] == 0.6
 

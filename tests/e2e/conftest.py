@@ -3,7 +3,15 @@ own host process (:mod:`treespec_sglang.plugin.cpu.host`), one per test module, 
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -103,3 +111,84 @@ def resaved_draft(out_dir: str, dtype) -> str:
     EagleDraftHead.load(src).save(out_dir, dtype=dtype)
     shutil.copy(os.path.join(src, "token_map.pt"), os.path.join(out_dir, "token_map.pt"))
     return out_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url, body, timeout=300):
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def get(url, timeout=60) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def stop(proc):
+    """Stop the server's whole process group (the launcher and the scheduler / detokenizer it spawned)."""
+    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # already gone
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture(scope="session")
+def classifier_file(tmp_path_factory) -> str:
+    """A C2T classifier file the server registers as ``fast`` (the hand-set default's weights)."""
+    from treespec_sglang.policies.classifier import C2TClassifier
+
+    path = str(tmp_path_factory.mktemp("c2t") / "fast.pt")
+    C2TClassifier.default().save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def server(demo_target_dir, tmp_path_factory, classifier_file):
+    """One ``python -m sglang.launch_server`` for the session's HTTP tests: EAGLE topk 4 / steps 3 / N 8,
+    the draft written by our checkpoint writer in bfloat16, ``--enable-metrics`` and a registered
+    classifier ``fast``; stopped in teardown."""
+    import torch
+
+    from treespec_sglang.plugin.cpu.host import CPU_ENV
+
+    draft = resaved_draft(str(tmp_path_factory.mktemp("draft-bf16")), torch.bfloat16)
+    port = free_port()
+    args = [sys.executable, "-m", "sglang.launch_server", "--model-path", demo_target_dir, "--device", "cpu",
+            "--attention-backend", "intel_amx", "--dtype", "float32", "--disable-cuda-graph",
+            "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            "--enable-metrics", "--treespec-classifier", f"fast={classifier_file}"]
+    for k, v in eagle_kwargs(draft).items():
+        args += ["--" + k.replace("_", "-"), str(v)]
+    env = {**os.environ, **CPU_ENV, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.time()
+    try:
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"server exited ({proc.returncode}):\n{log.read()[-4000:]}")
+            try:
+                urllib.request.urlopen(base + "/health", timeout=5)
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.time() - t0 > 600:
+                    pytest.fail("server did not become healthy in 600 s")
+                time.sleep(2)
+        yield base
+    finally:
+        stop(proc)
+        log.close()

@@ -41,3 +41,17 @@ def test_c2t_early_stop_equals_plain_greedy_and_cuts_rows_independently(chain, p
             sizes += s
     assert len(set(sizes)) > 1, "the classifier never cut a chain: sizes all equal"
     assert min(sizes) < STEPS + 1
+
+
+def test_none_and_a_shorter_chain_are_honoured_in_chain_mode(chain, prompt_ids, plain_greedy):
+    """Chain mode without any early stop: ``none`` verifies its root alone, ``length 1`` one draft token,
+    native rows the captured chain; all equal plain greedy."""
+    specs = [{"policy": "none"}, {"policy": "chain", "length": 1}, None]
+    ids = [prompt_ids[0]] * len(specs)
+    outs = chain.generate(input_ids=ids, sampling_params=[greedy_params(s) for s in specs])
+    for o in outs:
+        assert same_tokens(o["output_ids"], plain_greedy[0])
+    off, short, native = (o["meta_info"] for o in outs)
+    assert set(off["treespec_tree_sizes"]) == {1} and set(off["treespec_accept_lengths"]) == {0}
+    assert set(short["treespec_tree_sizes"]) == {2} and max(short["treespec_accept_lengths"]) <= 1
+    assert "treespec_tree_sizes" not in native and native["spec_verify_ct"] < off["spec_verify_ct"]

@@ -1,84 +1,18 @@
-"""``python -m sglang.launch_server`` on the CPU with the plugin (EAGLE topk 4 / steps 3 / N 8, the draft
-written by our checkpoint writer in bfloat16), over HTTP: /generate with custom_params, the OpenAI
-client with ``extra_body``, a streaming request, a refused bad request; stopped by the test."""
+"""``python -m sglang.launch_server`` on the CPU with the plugin (the session's ``server`` fixture), over
+HTTP: /generate with custom_params, the OpenAI client with ``extra_body``, a streaming request, a
+refused bad request."""
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
-import torch
 
-from tests.e2e.conftest import ROOT, eagle_kwargs, greedy_params, resaved_draft, same_tokens
-from treespec_sglang.plugin.cpu.host import CPU_ENV
+from tests.e2e.conftest import greedy_params, post, same_tokens
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 
 POLICY = {"policy": "salf", "budget": 8, "batch": 4, "th": 0.1}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(url, body, timeout=300):
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.read().decode()
-
-
-@pytest.fixture(scope="module")
-def server(demo_target_dir, tmp_path_factory):
-    draft = resaved_draft(str(tmp_path_factory.mktemp("draft-bf16")), torch.bfloat16)
-    port = free_port()
-    args = [sys.executable, "-m", "sglang.launch_server", "--model-path", demo_target_dir, "--device", "cpu",
-            "--attention-backend", "intel_amx", "--dtype", "float32", "--disable-cuda-graph",
-            "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    for k, v in eagle_kwargs(draft).items():
-        args += ["--" + k.replace("_", "-"), str(v)]
-    env = {**os.environ, **CPU_ENV, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    t0 = time.time()
-    try:
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"server exited ({proc.returncode}):\n{log.read()[-4000:]}")
-            try:
-                urllib.request.urlopen(base + "/health", timeout=5)
-                break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                if time.time() - t0 > 600:
-                    pytest.fail("server did not become healthy in 600 s")
-                time.sleep(2)
-        yield base
-    finally:
-        stop(proc)
-        log.close()
-
-
-def stop(proc):
-    """Stop the server's whole process group (the launcher and the scheduler / detokenizer it spawned)."""
-    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:  # already gone
-            pass
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def test_generate_with_custom_params(server, prompt_ids, plain_greedy):

@@ -17,9 +17,11 @@ SGLANG_VERSION = "0.5.23"
 
 def register() -> None:
     """Entry point (group ``sglang.srt.plugins``): CPU stand-ins where needed, then the hooks."""
+    from .classifiers import registered
     from .cpu import install
     from .hooks import register_hooks
 
     install()  # only with SGLANG_USE_CPU_ENGINE and no real sgl_kernel (see plugin.cpu)
 
     register_hooks()
+    registered()  # the operator's classifiers, loaded once per process (hashes logged); a bad file fails here

@@ -21,7 +21,7 @@ import torch
 
 from ..policies.c2t import classifier_scores, group_classifiers
 from ..policies.classifier import c2t_features, entropy_topm
-from ..policies.params import ChainParams
+from ..policies.params import ChainParams, NoneParams
 
 __all__ = ["ChainStopper", "broadcast_from_rank0"]
 
@@ -37,12 +37,14 @@ class ChainStopper:
 
     def __init__(self, params: List, num_steps: int, device):
         stops = [isinstance(p, ChainParams) and p.beta is not None for p in params]
-        self.active = any(stops)
         bs = len(params)
         self.device = torch.device(device)
         beta = [p.beta if isinstance(p, ChainParams) and p.beta is not None else 0.0 for p in params]
         self.beta = torch.tensor(beta, dtype=torch.float32, device=self.device)  # 0 = never stops
-        length = [min(p.length, num_steps) if isinstance(p, ChainParams) else num_steps for p in params]
+        # a chain's own length, 0 for speculation off ({"policy": "none"}), else the captured S
+        length = [min(p.length, num_steps) if isinstance(p, ChainParams) else 0 if isinstance(p, NoneParams)
+                  else num_steps for p in params]
+        self.active = any(stops) or any(n < num_steps for n in length)
         self.max_len = torch.tensor(length, dtype=torch.int64, device=self.device)
         # rows without an early stop are scored by the default classifier against beta 0: never stop
         self.classifiers = group_classifiers([p.classifier if s else None for p, s in zip(params, stops)],

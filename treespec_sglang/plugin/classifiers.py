@@ -51,7 +51,7 @@ def parse_classifier_flags(flags) -> Dict[str, str]:
     out: Dict[str, str] = {}
     for flag in flags or []:
         name, sep, path = str(flag).partition("=")
-        if not sep or not path:
+        if not sep or not path or not name:
             raise ValueError(f"--treespec-classifier must be NAME=PATH, got {flag!r}")
         _check_name(name)
         if name in out:
@@ -126,7 +126,10 @@ def resolve_request_classifier(spec, modules: Optional[Mapping[str, object]] = N
     name = spec["classifier"]
     if not isinstance(name, str) or name not in modules:
         policy = spec.get("policy") if isinstance(spec.get("policy"), str) else "policy"
-        shown = repr(name) if isinstance(name, str) and len(name) <= 80 else f"a {type(name).__name__}"
+        # a name-like value is echoed (a typo is then obvious); anything else, a path included, is not:
+        # the answer never depends on the server's files, nor repeats a path back
+        plausible = isinstance(name, str) and 0 < len(name) <= 64 and set(name) <= _NAME_CHARS
+        shown = repr(name) if plausible else "a value that is not a classifier name (paths are never opened)"
         raise ValueError(f"{policy}.classifier must be one of the server's registered classifiers "
                          f"{sorted(modules)}, got {shown}")
     return {**spec, "classifier": modules[name]}

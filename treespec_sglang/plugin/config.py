@@ -11,6 +11,10 @@ verify budget for the whole batch (issue 13): the treespec requests of a round v
 *on average* (roots included), spent where the draft's path probabilities are highest across them
 (:func:`~treespec_sglang.plugin.pool.share_batch_budget`). A request opts out with
 ``{"batch_budget": false}`` in its ``custom_params["treespec"]``: its own policy tree is kept whole.
+
+``--treespec-classifier NAME=PATH`` (repeatable; ``configure(..., classifiers={NAME: PATH})``,
+``TREESPEC_CLASSIFIERS``) registers C2T classifiers that requests pick by name
+(:mod:`~treespec_sglang.plugin.classifiers`); a request never names a file.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..policies import parse_spec
+from .classifiers import ENV_CLASSIFIERS, parse_classifier_flags, registered, resolve_request_classifier
 
 __all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_BATCH_BUDGET", "ServerDefaults", "configure", "server_defaults"]
 
@@ -50,7 +55,7 @@ class ServerDefaults:
             return
         if not isinstance(self.config, dict):
             raise ValueError(f"--treespec-config must be a JSON object, got {type(self.config).__name__}")
-        parse_spec(self.spec)  # raises ValueError naming the field and its range
+        parse_spec(resolve_request_classifier(self.spec))  # raises ValueError naming the field and its range
 
     @property
     def active(self) -> bool:
@@ -62,9 +67,11 @@ class ServerDefaults:
 
 
 def configure(policy: Optional[str] = None, config: Optional[dict] = None,
-              batch_budget: Optional[int] = None) -> ServerDefaults:
+              batch_budget: Optional[int] = None, classifiers: Optional[dict] = None) -> ServerDefaults:
     """Set (or with ``policy=None`` clear) the server-wide default; call before ``sgl.Engine``.
     ``batch_budget``: one verify budget for the batch, in mean tokens per request (None: off).
+    ``classifiers``: ``{name: path}`` of C2T classifiers requests may pick by name (``default``, the
+    shipped one, is always there; files are checked and loaded here).
 
     Examples
     --------
@@ -73,6 +80,12 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None,
     >>> configure(None).active
     False
     """
+    files = parse_classifier_flags(f"{k}={v}" for k, v in dict(classifiers or {}).items())
+    if files:
+        os.environ[ENV_CLASSIFIERS] = json.dumps(files)
+    else:
+        os.environ.pop(ENV_CLASSIFIERS, None)
+    registered()  # load (and log the hash of) every registered file now: a bad one fails the start
     d = ServerDefaults(policy, dict(config or {}), batch_budget)
     if d.policy is None:
         os.environ.pop(ENV_POLICY, None)

@@ -22,9 +22,13 @@
 | ``EAGLEWorkerV2.forward_batch_generation`` | AROUND | the round's requests, for the per-round verify-token stats |
 | ``SchedulerBatchResultProcessor._resolve_spec_v2_tokens`` | AFTER | records each round's accepted drafts |
 | ``eagle_utils._verify_uses_greedy`` | AROUND | on CPU, T > 0 takes the exact sampling verify (:mod:`.cpu.sampling`) |
+| ``Scheduler.init_metrics_collector`` | AFTER | the plugin's Prometheus series beside SGLang's (:mod:`.metrics`) |
+| ``TokenizerManager.init_metric_collector_watchdog`` | AFTER | the refused-requests counter |
+| ``utils.common.build_server_info`` | AFTER | ``/server_info`` gains a ``treespec`` section (:mod:`.info`) |
 
 Per-request stats go to ``req.customized_info`` (-> the response's ``meta_info``):
-``treespec_policy``, ``treespec_tree_sizes`` (verified nodes per round, root included),
+``treespec_policy``, ``treespec_summary`` (totals over every round, :mod:`.stats`),
+``treespec_tree_sizes`` (verified nodes per round, root included),
 ``treespec_verify_tokens`` (tokens the target's verify forward processed for the request per round:
 the tree size with ragged verify, N when padded) and ``treespec_accept_lengths`` (accepted draft
 tokens per round, bonus excluded: tau = 1 + mean). The accept lengths are read where the scheduler
@@ -47,12 +51,16 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from ..policies.params import NoneParams
 from .chain_stop import ChainStopper
+from .classifiers import parse_classifier_flags
 from .config import ServerDefaults, configure, server_defaults
+from .info import server_info
+from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .pool import select_from_pool, share_batch_budget, unlink_filler
 from .ragged import amx_extend_metadata, eager_while_ragged, flashinfer_verify_args, ragged_verify_forward
-from .stats import stream_accept
 from .request import ERROR_KEY, flag_invalid_items, request_params, request_shares, validate_custom_params
+from .stats import record_round, stream_accept
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
@@ -95,6 +103,9 @@ def _add_cli_args(result, parser, *args, **kwargs):
                    help="one verify budget for the batch: the treespec requests of a round verify this many tokens "
                         "each on average (roots included), spent where the draft's path probabilities are highest; "
                         'a request opts out with {"batch_budget": false} in custom_params["treespec"]')
+    g.add_argument("--treespec-classifier", action="append", default=None, metavar="NAME=PATH",
+                   help="register a C2T classifier file under NAME (repeatable); requests pick one with "
+                        '{"classifier": "NAME"} and never name a file; "default" (the shipped one) is always there')
     return result
 
 
@@ -102,13 +113,14 @@ def _from_cli_args(result, cls, args, *a, **k):
     policy = getattr(args, "treespec_policy", None)
     raw = getattr(args, "treespec_config", None)
     batch = getattr(args, "treespec_batch_budget", None)
-    if policy is None and raw is None and batch is None:
+    classifiers = parse_classifier_flags(getattr(args, "treespec_classifier", None))
+    if policy is None and raw is None and batch is None and not classifiers:
         return result
     try:
         config = json.loads(raw) if raw else {}
     except json.JSONDecodeError as e:
         raise ValueError(f"--treespec-config must be a JSON object: {e}") from None
-    configure(policy, config, batch)  # validates (ValueError naming field and range), exports to the env
+    configure(policy, config, batch, classifiers)  # validates (ValueError naming field and range), exports to the env
     thresholds = [getattr(args, n, 1.0) for n in ("speculative_accept_threshold_single",
                                                     "speculative_accept_threshold_acc")]
     if any(t is not None and t != 1.0 for t in thresholds):
@@ -119,7 +131,11 @@ def _from_cli_args(result, cls, args, *a, **k):
 
 # ---------------------------------------------------------------------------- request validation
 def _verify_sampling_params(result, self, *args, **kwargs):
-    validate_custom_params(getattr(self, "custom_params", None))
+    try:
+        validate_custom_params(getattr(self, "custom_params", None))
+    except ValueError as e:
+        count_refused(str(e))
+        raise
     return result
 
 
@@ -127,6 +143,11 @@ def _handle_batch_request(self, obj, *args, **kwargs):
     if not hasattr(obj, "sampling_params"):  # embedding requests carry none
         return
     obj.sampling_params = flag_invalid_items(obj.sampling_params)
+    if isinstance(obj.sampling_params, list):
+        for sp in obj.sampling_params:
+            cp = sp.get("custom_params") if isinstance(sp, dict) else None
+            if isinstance(cp, dict) and ERROR_KEY in cp:
+                count_refused(str(cp[ERROR_KEY]))
     # GenerateReqInput caches the per-item objects obj[i] it already handed out: point them at the copies
     for i, sub in (obj.__dict__.get("_sub_obj_cache") or {}).items():
         if isinstance(obj.sampling_params, list) and hasattr(sub, "sampling_params"):
@@ -158,15 +179,16 @@ def _req_params(req, defaults: ServerDefaults):
     return p
 
 
+def _policy_name(p) -> str:
+    return type(p).__name__.replace("Params", "").lower()
+
+
 def _record_stats(reqs, params, step: "DraftStep") -> None:
     sizes = step.sizes.tolist() if step.sizes is not None else [None] * len(reqs)  # one transfer per step
     for req, p, n in zip(reqs, params, sizes):
         if p is None or n is None:
             continue
-        info = req.customized_info if getattr(req, "customized_info", None) is not None else {}
-        info["treespec_policy"] = [type(p).__name__.replace("Params", "").lower()]
-        info.setdefault("treespec_tree_sizes", []).append(int(n))
-        req.customized_info = info
+        record_round(req, _policy_name(p), "treespec_tree_sizes", n)
 
 
 def _draft(original, self, batch, *args, **kwargs):
@@ -175,7 +197,9 @@ def _draft(original, self, batch, *args, **kwargs):
     params = [_req_params(r, defaults) for r in reqs]
     if not any(p is not None for p in params):
         return original(self, batch, *args, **kwargs)  # native SGLang
-    shares = [p is not None and request_shares(r.sampling_params) for r, p in zip(reqs, params)]
+    # a request with speculation off ({"policy": "none"}) verifies its root alone and shares nothing
+    shares = [p is not None and not isinstance(p, NoneParams) and request_shares(r.sampling_params)
+              for r, p in zip(reqs, params)]
     step = DraftStep(params, self.topk, shares, defaults.batch_budget)
     if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)
         stopper = ChainStopper(params, self.speculative_num_steps, getattr(self, "device", "cpu"))
@@ -234,8 +258,9 @@ def _record_verify_tokens(per_request) -> None:
     if reqs is None:
         return
     for req, n in zip(reqs, per_request):
-        if getattr(req, "_treespec_params", None) is not None and req.customized_info is not None:
-            req.customized_info.setdefault("treespec_verify_tokens", []).append(int(n))
+        p = getattr(req, "_treespec_params", None)
+        if p is not None and req.customized_info is not None:
+            record_round(req, _policy_name(p), "treespec_verify_tokens", n)
 
 
 def _eagle_round(original, self, batch, *args, **kwargs):
@@ -279,11 +304,32 @@ def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
     if per is None:
         return result
     for req, n in zip(batch.reqs, per):
-        if getattr(req, "_treespec_params", None) is None or req.customized_info is None:
+        p = getattr(req, "_treespec_params", None)
+        if p is None or req.customized_info is None:
             continue  # native request (or one never drafted with a policy)
         if req.is_retracted or req.finished():
             continue  # SGLang commits nothing for these either
-        req.customized_info.setdefault("treespec_accept_lengths", []).append(int(n))
+        record_round(req, _policy_name(p), "treespec_accept_lengths", n)
+    return result
+
+
+def _scheduler_metrics(result, self, *args, **kwargs):
+    # SGLang made its scheduler collector (stats-logging ranks with --enable-metrics): ours beside it
+    collector = getattr(self, "metrics_collector", None)
+    if collector is not None:
+        enable_scheduler(getattr(collector, "labels", {}))
+    return result
+
+
+def _tokenizer_metrics(result, self, *args, **kwargs):
+    if getattr(self, "enable_metrics", False):
+        enable_tokenizer(getattr(getattr(self, "metrics_collector", None), "labels", {}) or {})
+    return result
+
+
+def _server_info(result, *args, **kwargs):
+    if isinstance(result, dict):
+        result["treespec"] = server_info()
     return result
 
 
@@ -333,6 +379,10 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
     "._resolve_spec_v2_tokens": ("AFTER", _record_accepts),
     "sglang.srt.speculative.eagle_utils._verify_uses_greedy": ("AROUND", _verify_uses_greedy),
+    "sglang.srt.managers.scheduler.Scheduler.init_metrics_collector": ("AFTER", _scheduler_metrics),
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.init_metric_collector_watchdog":
+        ("AFTER", _tokenizer_metrics),
+    "sglang.srt.utils.common.build_server_info": ("AFTER", _server_info),
 }
 
 
@@ -374,6 +424,9 @@ SIGNATURES: Dict[str, List[str]] = {
         ["self", "forward_batch"],
     "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph":
         ["self", "forward_batch"],
+    "sglang.srt.managers.scheduler.Scheduler.init_metrics_collector": ["self"],
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.init_metric_collector_watchdog": ["self"],
+    "sglang.srt.utils.common.build_server_info": ["server_args", "scheduler_info"],
 }
 
 

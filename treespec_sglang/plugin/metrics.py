@@ -99,7 +99,7 @@ def enable_tokenizer(labels: Mapping) -> None:
                             [*lab, "field"]), lab)
 
 
-_FIELD = re.compile(r"^(?:custom_params\['treespec'\]: )?(?:request \d+: )?([a-z0-9_]+)(\.[a-z_]+)?(:? )")
+_FIELD = re.compile(r"^custom_params\['treespec'\]: (?:request \d+: )?([a-z0-9_]+)(\.[a-z_]+)?(:? )")
 
 
 def refused_field(message: str) -> str:

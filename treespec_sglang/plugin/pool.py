@@ -5,6 +5,7 @@ k + (S-1)k^2 candidates with cumulative scores (``select_top_k_tokens``); ``orga
 then keeps the N-1 best. Here each request's policy chooses its own subset of that pool instead:
 
 * no policy (None): SGLang's own top N-1 (native behaviour);
+* ``none``: the root alone (speculation off for the request: plain decoding);
 * ``eagle2``: the top ``min(budget, N) - 1`` by score;
 * ``talon`` / ``salf`` / ``c2t`` / ``chain``: the real policy run by :func:`grow_tree` over a
   *pool-restricted draft* whose vocabulary is a node's k child slots: a pool node's children
@@ -25,7 +26,7 @@ import torch
 
 from ..policies import grow_tree
 from ..policies.batch_budget import select_best
-from ..policies.params import Eagle2Params, PolicyParams
+from ..policies.params import Eagle2Params, NoneParams, PolicyParams
 
 __all__ = ["PoolView", "select_from_pool", "share_batch_budget", "unlink_filler"]
 
@@ -125,6 +126,16 @@ def _policy_keep(pool: PoolView, specs: List[PolicyParams], N: int) -> torch.Ten
     return keep[:, :P]
 
 
+def _top_limit(p: Optional[PolicyParams], N: int) -> int:
+    """How many of SGLang's top-ranked pool nodes a row keeps: N-1 native, ``min(budget, N) - 1``
+    eagle2, 0 for ``none``; -1 for the policies run over the pool (:func:`_policy_keep`)."""
+    if p is None:
+        return N - 1
+    if isinstance(p, Eagle2Params):
+        return min(p.budget, N) - 1
+    return 0 if isinstance(p, NoneParams) else -1
+
+
 def select_from_pool(score_list, token_list, parents_list, num_draft_token: int, topk: int,
                      params: List[Optional[PolicyParams]], native=None):
     """``organize_draft_results`` with per-request policies.
@@ -149,12 +160,11 @@ def select_from_pool(score_list, token_list, parents_list, num_draft_token: int,
     dev = pool.scores.device
     # SGLang's ranking, ties toward the earlier (shallower) candidate; sorted position j < limit <=> rank < limit
     order = torch.sort(pool.scores, dim=-1, descending=True, stable=True).indices  # [bs, P]
-    limit = torch.tensor([N - 1 if p is None else min(p.budget, N) - 1 if isinstance(p, Eagle2Params) else -1
-                          for p in params], device=dev)
+    limit = torch.tensor([_top_limit(p, N) for p in params], device=dev)
     ar = torch.arange(P, device=dev)
     # [bs, P]: native and eagle2 rows keep their top `limit`; policy rows are set below
     keep = torch.zeros_like(pool.scores, dtype=torch.bool).scatter(1, order, ar[None, :] < limit[:, None])
-    others = [i for i, p in enumerate(params) if p is not None and not isinstance(p, Eagle2Params)]
+    others = [i for i, p in enumerate(params) if _top_limit(p, N) < 0]
     if others:
         rows = torch.tensor(others, device=dev)
         keep[rows] = _policy_keep(pool.rows(rows), [params[i] for i in others], N)

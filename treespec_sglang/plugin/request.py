@@ -18,6 +18,7 @@ from typing import Optional
 
 from ..policies import PolicyParams, parse_spec
 from ..policies.batch_budget import split_batch_option
+from .classifiers import resolve_request_classifier
 from .config import ServerDefaults
 
 __all__ = ["CUSTOM_KEY", "ERROR_KEY", "validate_custom_params", "request_params", "request_shares", "diagnose",
@@ -33,13 +34,19 @@ def _raw(custom_params):
     return custom_params.get(CUSTOM_KEY)
 
 
+def _parse(raw) -> PolicyParams:
+    """A request's ``custom_params['treespec']`` -> its parameters; a classifier is a registered name
+    (never a path: :mod:`.classifiers`). Raises ``ValueError`` naming the field and its range."""
+    return parse_spec(resolve_request_classifier(split_batch_option(raw)[0]))
+
+
 def diagnose(custom_params) -> Optional[str]:
     """The message a malformed ``custom_params['treespec']`` fails with (names field and range), else None."""
     raw = _raw(custom_params)
     if raw is None:
         return None
     try:
-        parse_spec(split_batch_option(raw)[0])
+        _parse(raw)
     except ValueError as e:
         return f"custom_params['{CUSTOM_KEY}']: {e}"
     return None
@@ -81,10 +88,10 @@ def request_params(sampling_params, defaults: ServerDefaults) -> Optional[Policy
     raw = _raw(getattr(sampling_params, "custom_params", None))
     if raw is not None:
         try:
-            return parse_spec(split_batch_option(raw)[0])
+            return _parse(raw)
         except ValueError:
             pass
-    return parse_spec(defaults.spec) if defaults.active else None
+    return _parse(defaults.spec) if defaults.active else None
 
 
 def request_shares(sampling_params) -> bool:

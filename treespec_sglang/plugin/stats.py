@@ -11,14 +11,70 @@ exactly what a non-streamed response carries.
 Worked example: rounds recorded 3, 1 | 4, 2, 2 | 5 across three chunks -> the chunks carry
 ``[3, 1]``, ``[4, 2, 2]``, ``[5]``; the tokenizer manager accumulates ``[3, 1, 4, 2, 2, 5]``.
 Non-streamed requests are left to SGLang (request-level keys go out once, when the request finishes).
+
+Bounded: the per-round lists keep their first ``TREESPEC_STATS_MAX_ROUNDS`` values (default 4096); the
+``treespec_summary`` (one dict: rounds, tree nodes, verified tokens, accepted draft tokens, and whether
+the lists were cut) always covers every round. A stream carries the summary with its last chunk only.
+The Prometheus series (:mod:`.metrics`) are fed by the same call, so they equal these sums.
 """
 
 from __future__ import annotations
 
-__all__ = ["PREFIX", "stream_accept"]
+import os
+
+from .metrics import scheduler_series
+
+__all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "max_rounds"]
 
 PREFIX = "treespec_"
+SUMMARY = "treespec_summary"
+# per-round list key -> the summary total it adds to
+ROUND_KEYS = {"treespec_tree_sizes": "tree_nodes", "treespec_verify_tokens": "verified_tokens",
+              "treespec_accept_lengths": "accepted_tokens"}
+ENV_MAX_ROUNDS = "TREESPEC_STATS_MAX_ROUNDS"
 _SENT = "_treespec_sent"  # on the Req: {key: how many values earlier chunks carried}
+
+
+def max_rounds() -> int:
+    """The per-round lists' cap (``TREESPEC_STATS_MAX_ROUNDS``, default 4096; 0 keeps summaries only)."""
+    raw = os.environ.get(ENV_MAX_ROUNDS, "").strip()
+    try:
+        n = int(raw) if raw else 4096
+    except ValueError:
+        raise ValueError(f"{ENV_MAX_ROUNDS} must be an integer >= 0, got {raw!r}") from None
+    if n < 0:
+        raise ValueError(f"{ENV_MAX_ROUNDS} must be an integer >= 0, got {n}")
+    return n
+
+
+def record_round(req, policy: str, key: str, value: int) -> None:
+    """Add one round's ``value`` under ``key`` (one of :data:`ROUND_KEYS`) to the request's stats.
+
+    The first value of a request also sets ``treespec_policy`` and counts the request in the metrics.
+    Example: tree sizes 4, 6 then accept lengths 2, 3 -> ``treespec_tree_sizes [4, 6]``,
+    ``treespec_accept_lengths [2, 3]``, summary ``{"rounds": 2, "tree_nodes": 10, "accepted_tokens": 5, ...}``.
+    """
+    info = req.customized_info if getattr(req, "customized_info", None) is not None else {}
+    series = scheduler_series()
+    if SUMMARY not in info:
+        info["treespec_policy"] = [policy]
+        info[SUMMARY] = [{"rounds": 0, "tree_nodes": 0, "verified_tokens": 0, "accepted_tokens": 0,
+                          "lists_truncated": False}]
+        if series is not None:
+            series.new_request(policy)
+    summary = info[SUMMARY][0]
+    values = info.setdefault(key, [])
+    if len(values) < max_rounds():
+        values.append(int(value))
+    else:
+        summary["lists_truncated"] = True
+    summary[ROUND_KEYS[key]] += int(value)
+    if key == "treespec_accept_lengths":
+        summary["rounds"] += 1
+    req.customized_info = info
+    if series is not None:
+        {"treespec_tree_sizes": series.drafted, "treespec_verify_tokens": series.verified_tokens,
+         "treespec_accept_lengths": series.accepted_round}[key](policy, int(value))
 
 
 def stream_accept(original, self, *args, **kwargs):
@@ -42,7 +98,10 @@ def stream_accept(original, self, *args, **kwargs):
     row = len(self.rids) - 1  # the chunk the original just appended for this request
     for key, values in ours.items():
         values = list(values or [])
-        delta = values[min(sent.get(key, 0), len(values)):]  # treespec_policy (one value) goes once
+        if key == SUMMARY:  # totals, not a list of rounds: the last chunk carries them, once
+            delta = [dict(v) for v in values] if req.finished() else []
+        else:
+            delta = values[min(sent.get(key, 0), len(values)):]  # treespec_policy (one value) goes once
         column = self.customized_info.setdefault(key, [[] for _ in range(row)])
         while len(column) <= row:
             column.append([])

@@ -1,0 +1,102 @@
+"""The server's classifier registry: names from the operator, never paths from a client."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import treespec_sglang.plugin.classifiers as C
+from treespec_sglang.plugin.request import diagnose, request_params
+from treespec_sglang.plugin.config import ServerDefaults, configure
+from treespec_sglang.policies.classifier import C2TClassifier
+
+
+@pytest.fixture
+def fast(tmp_path):
+    path = tmp_path / "fast.pt"
+    m = C2TClassifier(hidden=8)
+    m.save(str(path))
+    return str(path), m
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for k in (C.ENV_CLASSIFIERS, "TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_BATCH_BUDGET"):
+        monkeypatch.delenv(k, raising=False)
+    yield
+    configure(None)
+
+
+def test_flags_parse_to_absolute_files(fast, tmp_path, monkeypatch):
+    path, _ = fast
+    monkeypatch.chdir(tmp_path)
+    assert C.parse_classifier_flags(["fast=fast.pt"]) == {"fast": path}
+    for bad, msg in [(["fast"], "must be NAME=PATH"), (["=x.pt"], "must be NAME=PATH"),
+                     (["a/b=fast.pt"], "a name is 1-64 characters"), (["f=missing.pt"], "is not a file"),
+                     (["f=fast.pt", "f=fast.pt"], "given twice")]:
+        with pytest.raises(ValueError, match=msg):
+            C.parse_classifier_flags(bad)
+
+
+def test_registry_loads_each_file_once_and_hashes_it(fast, monkeypatch):
+    import hashlib
+
+    path, m = fast
+    monkeypatch.setenv(C.ENV_CLASSIFIERS, json.dumps({"fast": path}))
+    reg = C.registered()
+    assert set(reg) == {"default", "fast"} and C.registered()["fast"] is reg["fast"]
+    x = torch.rand(5, 3)
+    assert torch.equal(reg["fast"](x), m(x))
+    assert C.classifier_digests()["fast"] == hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+@pytest.mark.parametrize("value", ["/etc/hostname", "/proc/self/environ", "/nonexistent/x.pt", "../fast.pt", 3, ""])
+def test_a_request_never_names_a_file(fast, monkeypatch, value):
+    """Whatever the value (an existing file, a missing one, not a string), the message is the same and no
+    file is opened."""
+    path, _ = fast
+    monkeypatch.setenv(C.ENV_CLASSIFIERS, json.dumps({"fast": path}))
+    C.registered()
+    opened = []
+    real_open = open
+
+    def spy(f, *a, **k):
+        opened.append(f)
+        return real_open(f, *a, **k)
+
+    monkeypatch.setattr("builtins.open", spy)
+    monkeypatch.setattr(torch, "load", lambda *a, **k: opened.append(a) or {})
+    msg = diagnose({"treespec": {"policy": "c2t", "classifier": value}})
+    assert msg == ("custom_params['treespec']: c2t.classifier must be one of the server's registered classifiers "
+                   "['default', 'fast'], got a value that is not a classifier name (paths are never opened)")
+    assert opened == []
+
+
+def test_a_registered_name_resolves_to_the_loaded_module(fast, monkeypatch):
+    path, _ = fast
+    monkeypatch.setenv(C.ENV_CLASSIFIERS, json.dumps({"fast": path}))
+    sp = type("SP", (), {"custom_params": {"treespec": {"policy": "chain", "length": 3, "beta": 0.4,
+                                                        "classifier": "fast"}}})()
+    p = request_params(sp, ServerDefaults())
+    assert p.classifier is C.registered()["fast"]
+    assert "got 'fsat'" in diagnose({"treespec": {"policy": "c2t", "classifier": "fsat"}})
+
+
+def test_the_server_default_may_name_a_registered_classifier(fast):
+    path, _ = fast
+    d = configure("c2t", {"budget": 8, "classifier": "fast"}, classifiers={"fast": path})
+    assert json.loads(os.environ[C.ENV_CLASSIFIERS]) == {"fast": path}
+    p = request_params(type("SP", (), {"custom_params": None})(), d)
+    assert p.classifier is C.registered()["fast"]
+    with pytest.raises(ValueError, match="registered classifiers"):
+        configure("c2t", {"classifier": path})  # a path, even the operator's, is not a name
+    with pytest.raises(ValueError, match="is not a file"):
+        configure(None, classifiers={"x": path + ".missing"})
+
+
+def test_a_damaged_registered_file_fails_the_start(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a classifier")
+    with pytest.raises(ValueError, match="--treespec-classifier bad: .*not a treespec C2T classifier"):
+        configure(None, classifiers={"bad": str(bad)})

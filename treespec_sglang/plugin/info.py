@@ -1,0 +1,41 @@
+"""The ``treespec`` section of SGLang's ``/server_info`` (no sglang import).
+
+What an operator needs to check a running server: the plugin and SGLang versions, the server default
+policy, the batch budget, the registered classifiers with their content hashes, the ragged-verify
+setting, the per-round stats cap and the policies a request may pick.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["server_info"]
+
+
+def server_info() -> dict:
+    """JSON-ready facts of this process's plugin configuration (read from the environment it inherited).
+
+    Examples
+    --------
+    >>> sorted(server_info())[:3]
+    ['batch_budget', 'classifiers', 'default_policy']
+    """
+    from .. import __version__
+    from ..policies import POLICIES
+    from . import SGLANG_VERSION
+    from .classifiers import classifier_digests
+    from .config import server_defaults
+    from .ragged import ENV_RAGGED
+    from .stats import max_rounds
+
+    d = server_defaults()
+    return {
+        "batch_budget": d.batch_budget,
+        "classifiers": classifier_digests(),
+        "default_policy": d.spec,
+        "policies": sorted(POLICIES),
+        "ragged_verify": os.environ.get(ENV_RAGGED, "auto").strip().lower() or "auto",
+        "sglang": SGLANG_VERSION,
+        "stats_max_rounds": max_rounds(),
+        "version": __version__,
+    }
