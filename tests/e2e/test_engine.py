@@ -174,24 +174,59 @@ def chi2_threshold(df: int) -> float:
 
 @pytest.fixture(scope="module")
 def sample_law(spec_engine):
-    """Exact law of the first two tokens at T = 1 from the float32 target: {(t1, t2): p}."""
+    """Exact law of the first two tokens at T = 1 from the float32 target: ``(ids, {(t1, t2): p}, cond)``,
+    ``cond[t1]`` the ``[vocab]`` float64 log-probs of the second token after each of the 24 likeliest t1."""
     ids = spec_engine.encode([SAMPLE_PROMPT])[0]
     with torch.inference_mode():
         from treespec_sglang.engine.engine import prefill
 
-        def next_probs(seqs):
+        def next_logprobs(seqs):
             cache, inp, hidden, lens = prefill(spec_engine.target, seqs, max(len(s) for s in seqs) + 1)
             last = torch.gather(hidden, 1, (lens - 1)[:, None, None].expand(len(seqs), 1, hidden.shape[-1]))[:, 0]
-            return torch.softmax(spec_engine._logits(last).double(), -1)
+            return torch.log_softmax(spec_engine._logits(last).double(), -1)
 
-        p1 = next_probs([ids])[0]
+        p1 = next_logprobs([ids])[0].exp()
         top1 = torch.topk(p1, 24).indices.tolist()
-        p2 = next_probs([ids + [t] for t in top1])
+        lp2 = next_logprobs([ids + [t] for t in top1])
     law = {}
     for row, t1 in enumerate(top1):
-        for t2 in torch.topk(p2[row], 24).indices.tolist():
-            law[(t1, t2)] = float(p1[t1] * p2[row, t2])
-    return ids, law
+        for t2 in torch.topk(lp2[row], 24).indices.tolist():
+            law[(t1, t2)] = float(p1[t1] * lp2[row, t2].exp())
+    cond = {t1: lp2[row] for row, t1 in enumerate(top1)}
+    return ids, law, cond, {t1: float(p1[t1]) for t1 in top1}
+
+
+Z2 = 3.891  # two-sided normal quantile at 1e-4
+
+
+def temperature_z(samples, cond) -> float:
+    """z of the second token's target log-prob, given the first: the sum over draws (first token among
+    ``cond``) of ``log p(t2 | t1) - E[log p | t1]`` over its standard deviation under T = 1. A verify that
+    samples at T' < 1 picks likelier tokens (z > 0), T' > 1 less likely ones (z < 0)."""
+    num = var = 0.0
+    for t1, t2 in samples:
+        if t1 in cond:
+            lp = cond[t1]
+            mean = float((lp.exp() * lp).sum())
+            num += float(lp[t2]) - mean
+            var += float((lp.exp() * lp * lp).sum()) - mean * mean
+    return num / math.sqrt(var)
+
+
+def temperature_power(cond, p1, wrong_t: float, draws: int) -> float:
+    """Probability that :func:`temperature_z` rejects (|z| > Z2) when the second token is drawn at
+    ``wrong_t``: the expected shift of z for ``draws`` draws against its unit standard deviation."""
+    covered = sum(p1.values())
+    shift = var = 0.0
+    for t1, lp in cond.items():
+        w = p1[t1] / covered
+        p, q = lp.exp(), torch.softmax(lp / wrong_t, -1)  # T = 1, T = wrong_t
+        mean = float((p * lp).sum())
+        shift += w * (float((q * lp).sum()) - mean)
+        var += w * (float((p * lp * lp).sum()) - mean * mean)
+    n = draws * covered
+    z = abs(n * shift / math.sqrt(n * var))
+    return 0.5 * (1 + math.erf((z - Z2) / math.sqrt(2)))
 
 
 def chi2_stat(samples, law):
@@ -216,18 +251,32 @@ def draw_pairs(host, ids, temperature, custom=None):
 @pytest.mark.parametrize("who", ["plain", "eagle", "eagle+talon"])
 def test_sampled_tokens_follow_the_target_law(request, sample_law, who):
     """T = 1: the joint law of the first two tokens (the second comes from the first verify round in
-    the speculative engines) matches the target's exact law (Pearson chi-square at level 1e-4)."""
-    ids, law = sample_law
+    the speculative engines) matches the target's exact law (Pearson chi-square at level 1e-4), and the
+    second token's log-prob given the first shows no temperature error (|z| < Z2, two-sided 1e-4)."""
+    ids, law, cond, _ = sample_law
     host = request.getfixturevalue("plain" if who == "plain" else "eagle")
     custom = {"policy": "talon", "budget": N, "topk": TOPK, "mu": 0.03} if who == "eagle+talon" else None
-    stat, bins = chi2_stat(draw_pairs(host, ids, 1.0, custom), law)
+    samples = draw_pairs(host, ids, 1.0, custom)
+    stat, bins = chi2_stat(samples, law)
     assert bins >= 8, "the prompt's law is too concentrated for a meaningful test"
     assert stat < chi2_threshold(bins), (stat, chi2_threshold(bins))
+    z = temperature_z(samples, cond)
+    assert abs(z) < Z2, z
 
 
-def test_the_law_test_rejects_a_wrong_sampler(plain, sample_law):
-    """Control: samples at T = 0.6 fail the T = 1 test."""
-    ids, law = sample_law
-    stat, bins = chi2_stat(draw_pairs(plain, ids, 0.6), law)
-    assert stat > chi2_threshold(bins), (stat, chi2_threshold(bins))
+@pytest.mark.parametrize("wrong_t", [0.9, 1.1])
+def test_the_law_test_has_power_against_a_temperature_off_by_ten_percent(sample_law, wrong_t):
+    """From the exact law (no draws): with DRAWS samples, a second token drawn at T = 0.9 or 1.1 fails
+    the z test with probability >= 0.99."""
+    _, _, cond, p1 = sample_law
+    assert temperature_power(cond, p1, wrong_t, DRAWS) >= 0.99
 
+
+def test_the_law_test_rejects_a_slightly_wrong_sampler(plain, sample_law):
+    """Control: samples at T = 0.9 (a 10% error) fail the T = 1 test."""
+    ids, law, cond, _ = sample_law
+    samples = draw_pairs(plain, ids, 0.9)
+    stat, bins = chi2_stat(samples, law)
+    z = temperature_z(samples, cond)
+    assert z > Z2 or stat > chi2_threshold(bins), (z, stat, chi2_threshold(bins))
+    assert z > Z2, z  # likelier tokens at T < 1
