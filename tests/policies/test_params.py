@@ -4,7 +4,7 @@ from treespec_sglang.policies import parse_spec, parse_specs
 
 
 @pytest.mark.parametrize("spec,match", [
-    ({"policy": "medusa"}, r"policy must be one of \['c2t', 'chain', 'eagle2', 'salf', 'talon'\]"),
+    ({"policy": "medusa"}, r"policy must be one of \['c2t', 'chain', 'eagle2', 'none', 'salf', 'talon'\]"),
     ({"budget": 60}, "policy must be one of"),
     ({"policy": ["talon"]}, "policy must be one of"),  # found by the fuzzer: was a TypeError (unhashable)
     ("talon", "policy spec must be a dict"),
