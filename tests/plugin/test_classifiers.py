@@ -25,7 +25,7 @@ def clean_env(monkeypatch):
     for k in (C.ENV_CLASSIFIERS, "TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_BATCH_BUDGET"):
         monkeypatch.delenv(k, raising=False)
     yield
-    configure(None)
+    configure(None, classifiers={})
 
 
 def test_flags_parse_to_absolute_files(fast, tmp_path, monkeypatch):
@@ -93,6 +93,11 @@ def test_the_server_default_may_name_a_registered_classifier(fast):
         configure("c2t", {"classifier": path})  # a path, even the operator's, is not a name
     with pytest.raises(ValueError, match="is not a file"):
         configure(None, classifiers={"x": path + ".missing"})
+    configure(None, classifiers={"fast": path})
+    configure("talon")  # classifiers=None: the registry stays
+    assert set(C.registered()) == {"default", "fast"}
+    configure(None, classifiers={})  # {}: cleared
+    assert set(C.registered()) == {"default"}
 
 
 def test_a_damaged_registered_file_fails_the_start(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ import os
 from typing import Dict, Mapping, Optional, Tuple
 
 __all__ = ["ENV_CLASSIFIERS", "DEFAULT_NAME", "parse_classifier_flags", "registered", "resolve_request_classifier",
-           "classifier_digests"]
+           "classifier_digests", "load_registry"]
 
 ENV_CLASSIFIERS = "TREESPEC_CLASSIFIERS"
 DEFAULT_NAME = "default"
@@ -68,7 +68,7 @@ def _env_files() -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(raw: str) -> Tuple[Dict[str, object], Dict[str, str]]:
+def load_registry(raw: str) -> Tuple[Dict[str, object], Dict[str, str]]:
     """``TREESPEC_CLASSIFIERS`` -> ({name: C2TClassifier}, {name: sha256 of the file or 'builtin'})."""
     from ..policies.classifier import DEFAULT_FILE, C2TClassifier, load_classifier
 
@@ -101,12 +101,12 @@ def _sha256(path: str) -> str:
 
 def registered() -> Dict[str, object]:
     """``{name: C2TClassifier}`` of this server (``default`` always included); loaded once per process."""
-    return _load(_env_files())[0]
+    return load_registry(_env_files())[0]
 
 
 def classifier_digests() -> Dict[str, str]:
     """``{name: sha256}`` of the registered classifier files (``builtin`` for the hand-set default)."""
-    return dict(_load(_env_files())[1])
+    return dict(load_registry(_env_files())[1])
 
 
 def resolve_request_classifier(spec, modules: Optional[Mapping[str, object]] = None):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..policies import parse_spec
-from .classifiers import ENV_CLASSIFIERS, parse_classifier_flags, registered, resolve_request_classifier
+from .classifiers import ENV_CLASSIFIERS, load_registry, parse_classifier_flags, resolve_request_classifier
 
 __all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_BATCH_BUDGET", "ServerDefaults", "configure", "server_defaults"]
 
@@ -71,7 +71,7 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None,
     """Set (or with ``policy=None`` clear) the server-wide default; call before ``sgl.Engine``.
     ``batch_budget``: one verify budget for the batch, in mean tokens per request (None: off).
     ``classifiers``: ``{name: path}`` of C2T classifiers requests may pick by name (``default``, the
-    shipped one, is always there; files are checked and loaded here).
+    shipped one, is always there; files are checked and loaded here); ``{}`` clears them, None keeps them.
 
     Examples
     --------
@@ -80,12 +80,13 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None,
     >>> configure(None).active
     False
     """
-    files = parse_classifier_flags(f"{k}={v}" for k, v in dict(classifiers or {}).items())
-    if files:
-        os.environ[ENV_CLASSIFIERS] = json.dumps(files)
-    else:
-        os.environ.pop(ENV_CLASSIFIERS, None)
-    registered()  # load (and log the hash of) every registered file now: a bad one fails the start
+    if classifiers is not None:  # None leaves the registry as it is (e.g. TREESPEC_CLASSIFIERS set by hand)
+        files = parse_classifier_flags(f"{k}={v}" for k, v in dict(classifiers).items())
+        load_registry(json.dumps(files))  # every file loads (hash logged) before it is exported; a bad one fails here
+        if files:
+            os.environ[ENV_CLASSIFIERS] = json.dumps(files)
+        else:
+            os.environ.pop(ENV_CLASSIFIERS, None)  # load (and log the hash of) every registered file now: a bad one fails the start
     d = ServerDefaults(policy, dict(config or {}), batch_budget)
     if d.policy is None:
         os.environ.pop(ENV_POLICY, None)

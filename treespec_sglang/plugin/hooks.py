@@ -120,7 +120,7 @@ def _from_cli_args(result, cls, args, *a, **k):
         config = json.loads(raw) if raw else {}
     except json.JSONDecodeError as e:
         raise ValueError(f"--treespec-config must be a JSON object: {e}") from None
-    configure(policy, config, batch, classifiers)  # validates (ValueError naming field and range), exports to the env
+    configure(policy, config, batch, classifiers or None)  # validates (ValueError naming field and range), exports to the env
     thresholds = [getattr(args, n, 1.0) for n in ("speculative_accept_threshold_single",
                                                     "speculative_accept_threshold_acc")]
     if any(t is not None and t != 1.0 for t in thresholds):
