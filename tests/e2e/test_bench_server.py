@@ -13,7 +13,7 @@ from tests.e2e.conftest import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 
-N_PROMPTS = 2  # per source: 2 HumanEval + 2 MT-bench (held-out split)
+N_PROMPTS = 1  # per source: 1 HumanEval + 1 MT-bench (held-out split)
 
 
 @pytest.fixture(scope="module")
