@@ -76,7 +76,7 @@ class SpecEngine:
     """Reference engine. Build with :meth:`from_pretrained`; run with :meth:`generate`."""
 
     def __init__(self, target, draft, tokenizer=None, device="cpu", dtype=torch.float32,
-                 token_map: Optional[torch.Tensor] = None, fuse: bool = True):
+                 token_map: Optional[torch.Tensor] = None, fuse: bool = True, dtype_note: Optional[str] = None):
         self.target = target.to(device=device, dtype=dtype).eval()
         if fuse:  # the engine only runs the target forward: fused q/k/v and gate/up matmuls
             self.target.fuse_()
@@ -96,7 +96,8 @@ class SpecEngine:
         self._cost_from_disk = False
         self.device = torch.device(device)
         self.dtype = dtype
-        self.dtype_note = explain_dtype(dtype, device)  # "<dtype> (<why>)"; the CLI prints it on stdout
+        # "<dtype> (<why>)", e.g. from_pretrained's "float32 (auto: ...)"; the CLI prints it on stdout
+        self.dtype_note = dtype_note or explain_dtype(dtype, device)
         cfg = target.config
         self.eos = set(cfg.eos_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
@@ -138,9 +139,7 @@ class SpecEngine:
         note = explain_dtype(dtype, device)
         dtype = resolve_dtype(dtype, device)
         t, d, tok, tmap = load_models(target, draft, dtype=dtype, seed=seed)
-        engine = cls(t, d, tok, device=device, dtype=dtype, token_map=tmap, fuse=fuse)
-        engine.dtype_note = note
-        return engine
+        return cls(t, d, tok, device=device, dtype=dtype, token_map=tmap, fuse=fuse, dtype_note=note)
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompts: Sequence[Union[str, Sequence[int]]], chat: bool = True) -> List[List[int]]:

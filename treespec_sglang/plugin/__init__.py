@@ -20,8 +20,10 @@ def register() -> None:
     from .classifiers import registered
     from .cpu import install
     from .hooks import register_hooks
+    from .stats import max_rounds
 
     install()  # only with SGLANG_USE_CPU_ENGINE and no real sgl_kernel (see plugin.cpu)
 
     register_hooks()
     registered()  # the operator's classifiers, loaded once per process (hashes logged); a bad file fails here
+    max_rounds()  # a bad TREESPEC_STATS_MAX_ROUNDS fails at start, not in a round

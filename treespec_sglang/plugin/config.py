@@ -86,7 +86,7 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None,
         if files:
             os.environ[ENV_CLASSIFIERS] = json.dumps(files)
         else:
-            os.environ.pop(ENV_CLASSIFIERS, None)  # load (and log the hash of) every registered file now: a bad one fails the start
+            os.environ.pop(ENV_CLASSIFIERS, None)
     d = ServerDefaults(policy, dict(config or {}), batch_budget)
     if d.policy is None:
         os.environ.pop(ENV_POLICY, None)

@@ -20,6 +20,7 @@ The Prometheus series (:mod:`.metrics`) are fed by the same call, so they equal 
 
 from __future__ import annotations
 
+import functools
 import os
 
 from .metrics import scheduler_series
@@ -28,16 +29,21 @@ __all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "
 
 PREFIX = "treespec_"
 SUMMARY = "treespec_summary"
-# per-round list key -> the summary total it adds to
-ROUND_KEYS = {"treespec_tree_sizes": "tree_nodes", "treespec_verify_tokens": "verified_tokens",
-              "treespec_accept_lengths": "accepted_tokens"}
+# per-round list key -> (the summary total it adds to, the metrics series method it feeds)
+ROUND_KEYS = {"treespec_tree_sizes": ("tree_nodes", "drafted"),
+              "treespec_verify_tokens": ("verified_tokens", "verified_tokens"),
+              "treespec_accept_lengths": ("accepted_tokens", "accepted_round")}
 ENV_MAX_ROUNDS = "TREESPEC_STATS_MAX_ROUNDS"
 _SENT = "_treespec_sent"  # on the Req: {key: how many values earlier chunks carried}
 
 
 def max_rounds() -> int:
     """The per-round lists' cap (``TREESPEC_STATS_MAX_ROUNDS``, default 4096; 0 keeps summaries only)."""
-    raw = os.environ.get(ENV_MAX_ROUNDS, "").strip()
+    return _parse_max_rounds(os.environ.get(ENV_MAX_ROUNDS, "").strip())
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_max_rounds(raw: str) -> int:  # parsed once per value: record_round runs every round
     try:
         n = int(raw) if raw else 4096
     except ValueError:
@@ -68,13 +74,13 @@ def record_round(req, policy: str, key: str, value: int) -> None:
         values.append(int(value))
     else:
         summary["lists_truncated"] = True
-    summary[ROUND_KEYS[key]] += int(value)
+    total, method = ROUND_KEYS[key]
+    summary[total] += int(value)
     if key == "treespec_accept_lengths":
         summary["rounds"] += 1
     req.customized_info = info
     if series is not None:
-        {"treespec_tree_sizes": series.drafted, "treespec_verify_tokens": series.verified_tokens,
-         "treespec_accept_lengths": series.accepted_round}[key](policy, int(value))
+        getattr(series, method)(policy, int(value))
 
 
 def stream_accept(original, self, *args, **kwargs):
