@@ -379,16 +379,30 @@ def test_auto_verify_budget_probes_and_learns_from_its_rounds(aligned_engine, mo
     """The default round cost: probing rounds scale T, every round is observed, output stays lossless."""
     from treespec_sglang.engine import engine as E
 
-    made = []
+    made, seen = [], []
     real = E.SpecEngine._round_cost
-    monkeypatch.setattr(E.SpecEngine, "_round_cost", lambda self: made.append(real(self)) or made[-1])
+
+    def round_cost(self):  # record every observation the engine feeds the fit (no timing asserted)
+        rc = real(self)
+        obs = rc.observe
+        rc.observe = lambda verified, ms, bs, **kw: seen.append((verified, ms, bs)) or obs(verified, ms, bs, **kw)
+        made.append(rc)
+        return rc
+
+    monkeypatch.setattr(E.SpecEngine, "_round_cost", round_cost)
     ps = prompts(4, seed=17)
     mix = [POLICIES[i % len(POLICIES)] for i in range(4)]
     plain = aligned_engine.generate(ps, max_new_tokens=16, policy=None)
     res = aligned_engine.generate(ps, max_new_tokens=16, policy=mix, verify_budget="auto", calibrate=True)
     assert [r.token_ids for r in res] == [r.token_ids for r in plain]
     (rc,) = made
-    assert rc.rounds == max(len(r.stats.tree_sizes) for r in res) and rc.level > 0
+    rounds = max(len(r.stats.tree_sizes) for r in res)
+    assert rc.rounds == len(seen) == rounds
+    # round i verified the trees of the requests still running then (the stats' i-th entries), in bs requests
+    expect = [(sum(r.stats.tree_sizes[i] for r in res if len(r.stats.tree_sizes) > i),
+               sum(len(r.stats.tree_sizes) > i for r in res)) for i in range(rounds)]
+    assert [(v, bs) for v, _, bs in seen] == expect
+    assert all(ms > 0 for _, ms, _ in seen) and rc.level >= 0 and rc.slope >= 0
 
 
 def test_a_request_can_opt_out_of_the_batch_budget(aligned_engine):
