@@ -163,3 +163,47 @@ def kept_indices(tree: DraftTree, out: DraftTree):
         assert [idx.index(par[i]) if par[i] >= 0 else -1 for i in idx] == out.parents[b, :n_out].tolist()
         kept.append(idx)
     return kept
+
+
+class GlooGroup:
+    """The part of SGLang's ``GroupCoordinator`` the plugin uses (``world_size``, ``rank_in_group``,
+    ``device_group``, ``broadcast``, ``all_gather``), over a plain ``torch.distributed`` gloo world, for
+    multi-process unit tests without SGLang's groups."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.device_group = dist.group.WORLD
+        self.world_size = dist.get_world_size()
+        self.rank_in_group = dist.get_rank()
+
+    def broadcast(self, t, src=0):
+        import torch.distributed as dist
+
+        dist.broadcast(t, src=src)
+        return t
+
+    def all_gather(self, t, dim=-1):
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(parts, t.contiguous())
+        return torch.cat(parts, dim=dim)
+
+
+def run_ranks(fn, world: int, tmp_path, *args):
+    """Run ``fn(rank, *args)`` in ``world`` spawned processes joined in one gloo group (file store)."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_rank_entry, args=(world, str(tmp_path / "store"), fn, args), nprocs=world, join=True,
+                       start_method="spawn")
+
+
+def _rank_entry(rank, world, store, fn, args):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        fn(rank, *args)
+    finally:
+        dist.destroy_process_group()

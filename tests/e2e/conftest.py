@@ -59,6 +59,14 @@ def host_factory(tmp_path_factory):
 
 
 N_NEW = 32  # new tokens per greedy request
+TOPK, STEPS, N = 4, 3, 8  # the EAGLE engines' pool: topk, draft steps, verified tokens
+POLICIES = {  # one spec of every tree policy, sized for that pool
+    "eagle2": {"policy": "eagle2", "budget": N, "topk": TOPK, "depth": STEPS},
+    "talon": {"policy": "talon", "budget": N, "topk": TOPK, "mu": 0.03},
+    "salf": {"policy": "salf", "budget": N, "th": 0.1},  # batch unset: min(10, budget)
+    "c2t": {"policy": "c2t", "budget": N, "topk": TOPK, "beta": 0.5},
+    "chain": {"policy": "chain", "length": STEPS},
+}
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +86,34 @@ def spec_engine(demo_target_dir):
     from treespec_sglang.engine import SpecEngine
 
     return SpecEngine.from_pretrained("smollm2-135m", draft="demo", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def sample_law(spec_engine):
+    """Exact law of the first two tokens at T = 1 from the float32 target: ``(ids, {(t1, t2): p}, cond)``,
+    ``cond[t1]`` the ``[vocab]`` float64 log-probs of the second token after each of the 24 likeliest t1."""
+    import torch
+
+    from tests.e2e.law import SAMPLE_PROMPT
+
+    ids = spec_engine.encode([SAMPLE_PROMPT])[0]
+    with torch.inference_mode():
+        from treespec_sglang.engine.engine import prefill
+
+        def next_logprobs(seqs):
+            cache, inp, hidden, lens = prefill(spec_engine.target, seqs, max(len(s) for s in seqs) + 1)
+            last = torch.gather(hidden, 1, (lens - 1)[:, None, None].expand(len(seqs), 1, hidden.shape[-1]))[:, 0]
+            return torch.log_softmax(spec_engine._logits(last).double(), -1)
+
+        p1 = next_logprobs([ids])[0].exp()
+        top1 = torch.topk(p1, 24).indices.tolist()
+        lp2 = next_logprobs([ids + [t] for t in top1])
+    law = {}
+    for row, t1 in enumerate(top1):
+        for t2 in torch.topk(lp2[row], 24).indices.tolist():
+            law[(t1, t2)] = float(p1[t1] * lp2[row, t2].exp())
+    cond = {t1: lp2[row] for row, t1 in enumerate(top1)}
+    return ids, law, cond, {t1: float(p1[t1]) for t1 in top1}
 
 
 @pytest.fixture(scope="session")
@@ -166,7 +202,7 @@ def server(demo_target_dir, tmp_path_factory, classifier_file):
     draft = resaved_draft(str(tmp_path_factory.mktemp("draft-bf16")), torch.bfloat16)
     port = free_port()
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", demo_target_dir, "--device", "cpu",
-            "--attention-backend", "intel_amx", "--dtype", "float32", "--disable-cuda-graph",
+            "--attention-backend", "intel_amx", "--dtype", "float32", "--disable-cuda-graph", "--sleep-on-idle",
             "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
             "--enable-metrics", "--treespec-classifier", f"fast={classifier_file}"]
     for k, v in eagle_kwargs(draft).items():

@@ -3,24 +3,14 @@ the shipped draft + token map, the plugin loaded; greedy equality, per-request p
 bad-parameter isolation, and the law of sampled tokens at T > 0."""
 
 import math
-from collections import Counter
 
 import pytest
-import torch
 
-from tests.e2e.conftest import (N_NEW, cpu_engine_kwargs, eagle_kwargs, greedy_params, same_tokens, shipped_draft)
+from tests.e2e.conftest import (N, POLICIES, STEPS, TOPK, cpu_engine_kwargs, eagle_kwargs, greedy_params,
+                                same_tokens, shipped_draft)
+from tests.e2e.law import DRAWS, Z2, chi2_stat, chi2_threshold, draw_pairs, temperature_power, temperature_z
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
-
-TOPK, STEPS, N = 4, 3, 8
-POLICIES = {
-    "eagle2": {"policy": "eagle2", "budget": N, "topk": TOPK, "depth": STEPS},
-    "talon": {"policy": "talon", "budget": N, "topk": TOPK, "mu": 0.03},
-    "salf": {"policy": "salf", "budget": N, "th": 0.1},  # batch unset: min(10, budget)
-    "c2t": {"policy": "c2t", "budget": N, "topk": TOPK, "beta": 0.5},
-    "chain": {"policy": "chain", "length": STEPS},
-}
-
 
 @pytest.fixture(scope="module")
 def plain(host_factory, demo_target_dir):
@@ -161,93 +151,6 @@ def test_a_single_bad_request_is_refused_with_the_field_and_range(eagle, prompt_
 
 
 # ------------------------------------------------------------------------------------------ sampling
-SAMPLE_PROMPT = "Name one animal."
-DRAWS = 1200
-Z = 3.719  # one-sided normal quantile at 1e-4
-
-
-def chi2_threshold(df: int) -> float:
-    """Upper 1e-4 quantile of chi-square(df), Wilson-Hilferty approximation."""
-    a = 2.0 / (9 * df)
-    return df * (1 - a + Z * math.sqrt(a)) ** 3
-
-
-@pytest.fixture(scope="module")
-def sample_law(spec_engine):
-    """Exact law of the first two tokens at T = 1 from the float32 target: ``(ids, {(t1, t2): p}, cond)``,
-    ``cond[t1]`` the ``[vocab]`` float64 log-probs of the second token after each of the 24 likeliest t1."""
-    ids = spec_engine.encode([SAMPLE_PROMPT])[0]
-    with torch.inference_mode():
-        from treespec_sglang.engine.engine import prefill
-
-        def next_logprobs(seqs):
-            cache, inp, hidden, lens = prefill(spec_engine.target, seqs, max(len(s) for s in seqs) + 1)
-            last = torch.gather(hidden, 1, (lens - 1)[:, None, None].expand(len(seqs), 1, hidden.shape[-1]))[:, 0]
-            return torch.log_softmax(spec_engine._logits(last).double(), -1)
-
-        p1 = next_logprobs([ids])[0].exp()
-        top1 = torch.topk(p1, 24).indices.tolist()
-        lp2 = next_logprobs([ids + [t] for t in top1])
-    law = {}
-    for row, t1 in enumerate(top1):
-        for t2 in torch.topk(lp2[row], 24).indices.tolist():
-            law[(t1, t2)] = float(p1[t1] * lp2[row, t2].exp())
-    cond = {t1: lp2[row] for row, t1 in enumerate(top1)}
-    return ids, law, cond, {t1: float(p1[t1]) for t1 in top1}
-
-
-Z2 = 3.891  # two-sided normal quantile at 1e-4
-
-
-def temperature_z(samples, cond) -> float:
-    """z of the second token's target log-prob, given the first: the sum over draws (first token among
-    ``cond``) of ``log p(t2 | t1) - E[log p | t1]`` over its standard deviation under T = 1. A verify that
-    samples at T' < 1 picks likelier tokens (z > 0), T' > 1 less likely ones (z < 0)."""
-    num = var = 0.0
-    for t1, t2 in samples:
-        if t1 in cond:
-            lp = cond[t1]
-            mean = float((lp.exp() * lp).sum())
-            num += float(lp[t2]) - mean
-            var += float((lp.exp() * lp * lp).sum()) - mean * mean
-    return num / math.sqrt(var)
-
-
-def temperature_power(cond, p1, wrong_t: float, draws: int) -> float:
-    """Probability that :func:`temperature_z` rejects (|z| > Z2) when the second token is drawn at
-    ``wrong_t``: the expected shift of z for ``draws`` draws against its unit standard deviation."""
-    covered = sum(p1.values())
-    shift = var = 0.0
-    for t1, lp in cond.items():
-        w = p1[t1] / covered
-        p, q = lp.exp(), torch.softmax(lp / wrong_t, -1)  # T = 1, T = wrong_t
-        mean = float((p * lp).sum())
-        shift += w * (float((q * lp).sum()) - mean)
-        var += w * (float((p * lp * lp).sum()) - mean * mean)
-    n = draws * covered
-    z = abs(n * shift / math.sqrt(n * var))
-    return 0.5 * (1 + math.erf((z - Z2) / math.sqrt(2)))
-
-
-def chi2_stat(samples, law):
-    """Pearson statistic over the pairs expected >= 5 times plus one bin for everything else."""
-    n = len(samples)
-    bins = [k for k, p in law.items() if n * p >= 5]
-    counts = Counter(s if s in bins else "other" for s in samples)
-    p_other = 1 - sum(law[k] for k in bins)
-    stat = sum((counts.get(k, 0) - n * law[k]) ** 2 / (n * law[k]) for k in bins)
-    stat += (counts.get("other", 0) - n * p_other) ** 2 / (n * p_other)
-    return stat, len(bins)
-
-
-def draw_pairs(host, ids, temperature, custom=None):
-    sp = {"max_new_tokens": 2, "temperature": temperature, "ignore_eos": True}
-    if custom:
-        sp["custom_params"] = {"treespec": custom}
-    outs = host.generate(input_ids=[ids] * DRAWS, sampling_params=[sp] * DRAWS)
-    return [tuple(o["output_ids"][:2]) for o in outs]
-
-
 def test_sampled_tokens_follow_the_target_law(eagle, sample_law):
     """T = 1 with a treespec policy (talon): the joint law of the first two tokens (the second comes from
     the first verify round: the plugin's exact CPU sampling walk, which native EAGLE requests use too) matches

@@ -5,13 +5,10 @@ import os
 
 import torch
 
-from treespec_sglang.policies.classifier import load_classifier
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
+from tests.helpers import GlooGroup, run_ranks
 from treespec_sglang.plugin.chain_stop import ChainStopper
 from treespec_sglang.policies import parse_spec
-from treespec_sglang.policies.classifier import entropy_topm
+from treespec_sglang.policies.classifier import entropy_topm, load_classifier
 
 S, V = 6, 40
 
@@ -50,25 +47,20 @@ def test_lengths_match_a_plain_loop():
     assert st.length.tolist() != [S] * 4  # some row stopped early
 
 
-def _rank_main(rank, world, path, out):
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
-    try:
-        params = [parse_spec(p) if p else None for p in PARAMS]
-        st = ChainStopper(params, S, "cpu")
-        for lg in step_logits(0):
-            if rank == 1:  # another rank's logits differ slightly (non-deterministic kernels)
-                lg = lg + 3.0 * torch.randn(lg.shape, generator=torch.Generator().manual_seed(9))
-            st.observe(lg)
-        local = torch.minimum(st.length, st.max_len)
-        agreed = st.keep_mask(S + 1).long().sum(-1) - 1
-        torch.save({"local": local, "agreed": agreed}, os.path.join(out, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _rank_main(rank, out):
+    params = [parse_spec(p) if p else None for p in PARAMS]
+    st = ChainStopper(params, S, "cpu")
+    for lg in step_logits(0):
+        if rank == 1:  # another rank's logits differ slightly (non-deterministic kernels)
+            lg = lg + 3.0 * torch.randn(lg.shape, generator=torch.Generator().manual_seed(9))
+        st.observe(lg)
+    local = torch.minimum(st.length, st.max_len)
+    agreed = st.keep_mask(S + 1, GlooGroup()).long().sum(-1) - 1
+    torch.save({"local": local, "agreed": agreed}, os.path.join(out, f"rank{rank}.pt"))
 
 
 def test_two_ranks_agree_on_rank0_decisions(tmp_path):
-    mp.start_processes(_rank_main, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
+    run_ranks(_rank_main, 2, tmp_path, str(tmp_path))
     r0, r1 = (torch.load(tmp_path / f"rank{i}.pt") for i in (0, 1))
     assert torch.equal(r0["agreed"], r1["agreed"]) and torch.equal(r0["agreed"], r0["local"])
     assert not torch.equal(r0["local"], r1["local"]), "the ranks' own decisions should differ in this case"

@@ -6,7 +6,7 @@ chain token it produced with the C2T classifier (joint probability so far, entro
 distribution over its top-1000, depth) and cut the row's chain at the first token scoring below
 beta. The cut is a *mask-only* change (the tail is unlinked from the verify traversal), so every
 TP rank runs the same kernels and collectives; the per-row lengths are broadcast from rank 0
-(as SGLang's ``spec_tp_sync`` does) so all ranks verify the same chains even if their draft
+(:mod:`.ranks`, as SGLang's ``spec_tp_sync`` does) so all ranks verify the same chains even if their draft
 logits differ in the last bit.
 
 The depth-1 token comes from the draft-extend step whose distribution the loop does not see,
@@ -22,8 +22,9 @@ import torch
 from ..policies.c2t import classifier_scores, group_classifiers
 from ..policies.classifier import c2t_features, entropy_topm
 from ..policies.params import ChainParams, NoneParams
+from .ranks import agree
 
-__all__ = ["ChainStopper", "broadcast_from_rank0"]
+__all__ = ["ChainStopper"]
 
 
 class ChainStopper:
@@ -66,19 +67,8 @@ class ChainStopper:
         self.length = self.length + self.alive.long()
 
     def keep_mask(self, n_nodes: int, group=None) -> torch.Tensor:
-        """``[bs, n_nodes]`` bool: chain node i (0 = root) is kept iff i <= length (rank-0 lengths)."""
-        length = broadcast_from_rank0(torch.minimum(self.length, self.max_len), group)
+        """``[bs, n_nodes]`` bool: chain node i (0 = root) is kept iff i <= length (rank 0's lengths on every
+        rank of ``group``, a ``GroupCoordinator``: :func:`~treespec_sglang.plugin.ranks.agree`)."""
+        (length,) = agree([torch.minimum(self.length, self.max_len)], group)
         return torch.arange(n_nodes, device=length.device)[None, :] <= length[:, None]
-
-
-def broadcast_from_rank0(t: torch.Tensor, group=None) -> torch.Tensor:
-    """Make every rank of ``group`` hold rank 0's ``t`` (no-op outside torch.distributed)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
-        return t
-    out = t.clone()
-    src = dist.get_global_rank(group, 0) if group is not None else 0
-    dist.broadcast(out, src=src, group=group)
-    return out
 

@@ -25,6 +25,11 @@
 | ``Scheduler.init_metrics_collector`` | AFTER | the plugin's Prometheus series beside SGLang's (:mod:`.metrics`) |
 | ``TokenizerManager.init_metric_collector_watchdog`` | AFTER | the refused-requests counter |
 | ``utils.common.build_server_info`` | AFTER | ``/server_info`` gains a ``treespec`` section (:mod:`.info`) |
+| ``parallel_state.init_model_parallel_group`` | AROUND | CPU (gloo) groups get no PyNccl (TP on the CPU) |
+| ``EagleDraftWorker.init_lm_head`` | AROUND | ranks' settings must agree; a token map under TP keeps each
+  rank's shard of the hot head rows (:mod:`.ranks`) |
+| ``dp_attn._spec_input_cuda_graph_compatible`` | AFTER | DP attention: a treespec batch votes for an eager draft
+  before the ranks' votes are reduced |
 
 Per-request stats go to ``req.customized_info`` (-> the response's ``meta_info``):
 ``treespec_policy``, ``treespec_summary`` (totals over every round, :mod:`.stats`),
@@ -37,6 +42,9 @@ already has them on the host (no extra sync).
 Ragged verify (:mod:`.ragged`, ``TREESPEC_RAGGED_VERIFY``) is on by default for the CPU ``intel_amx``
 backend, opt-in (``=1``) for SGLang's FlashInfer backend (not yet run on a GPU), off with ``=0``.
 Elsewhere every request verifies N tokens with its filler nodes unlinked.
+
+Several ranks (:mod:`.ranks`): every rank of the attention TP group takes rank 0's tree each round (one
+int64 broadcast), so their verifies agree by construction.
 
 With no server default and no request carrying ``custom_params["treespec"]`` every hook calls
 straight through, so SGLang behaves exactly as without the plugin.
@@ -58,6 +66,8 @@ from .config import ServerDefaults, configure, server_defaults
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .pool import select_from_pool, share_batch_budget, unlink_filler
+from .ranks import agree, check_settings_agree, cpu_parallel_group, perturbed, record_digest, shard_hot_head, \
+    verify_group
 from .ragged import amx_extend_metadata, eager_while_ragged, flashinfer_verify_args, ragged_verify_forward
 from .request import ERROR_KEY, flag_invalid_items, request_params, request_shares, validate_custom_params
 from .stats import record_round, stream_accept
@@ -156,10 +166,16 @@ def _handle_batch_request(self, obj, *args, **kwargs):
 
 def _create_generation_req(req, self, *args, **kwargs):
     cp = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-    if isinstance(cp, dict) and ERROR_KEY in cp:
+    msg = str(cp[ERROR_KEY]) if isinstance(cp, dict) and ERROR_KEY in cp else None
+    if msg is None:
+        try:  # parsed here, once: every rank sees the same request and (checked at start) the same settings
+            _req_params(req, server_defaults())
+        except ValueError as e:  # a value that skipped the tokenizer's validation: refused, never a fallback
+            msg = str(e)
+    if msg is not None:
         # finish this request alone, before any compute; no status code, so the batch's gather
         # returns it as an output (finish_reason abort + message) instead of raising for everyone
-        req.set_finish_with_abort(str(cp[ERROR_KEY]), status_code=None, err_type="BadRequestError")
+        req.set_finish_with_abort(msg, status_code=None, err_type="BadRequestError")
     return req
 
 
@@ -234,23 +250,20 @@ def _organize(original, score_list, token_list, parents_list, num_draft_token, *
     step = _STEP.get()
     if step is None:
         return native
+    group = verify_group()
+    score_list = perturbed(score_list, group)  # a no-op unless a test asks for a faulty rank
     parent_list, top_scores_index, draft_tokens, keep = select_from_pool(
         score_list, token_list, parents_list, num_draft_token, step.topk, step.params, native=native)
     if step.batch_budget is not None and any(step.shares):  # one verify budget for the sharing requests
         shares = torch.tensor(step.shares, device=keep.device)
         scores = torch.cat(score_list, dim=1).flatten(1).float()
         keep = share_batch_budget(scores, top_scores_index, keep, shares, step.batch_budget)
+    # every rank that verifies this batch takes rank 0's tree (one int64 broadcast; alone: a no-op)
+    own = (top_scores_index, draft_tokens, keep)
+    top_scores_index, draft_tokens, keep = agree(own, group)
+    record_digest(own, (top_scores_index, draft_tokens, keep), group)
     step.keep = keep
     return parent_list, top_scores_index, draft_tokens
-
-
-def _tp_group():
-    try:
-        from sglang.srt.distributed import get_tp_group
-
-        return get_tp_group().device_group
-    except Exception:  # not initialised (tests, single process)
-        return None
 
 
 def _record_verify_tokens(per_request) -> None:
@@ -286,10 +299,27 @@ def _draft_model_forward(original, self, forward_batch, *args, **kwargs):
     return out
 
 
+def _draft_head(original, self, *args, **kwargs):
+    # the spec worker is built on every rank after the groups: settings must agree before any round
+    check_settings_agree(verify_group())
+    return shard_hot_head(original, self, *args, **kwargs)
+
+
+def _draft_graph_vote(result, local_batch, *args, **kwargs):
+    # DP attention: each rank votes on the draft CUDA graph before SGLang min-reduces the votes across
+    # ranks; a batch carrying treespec policies votes no here, so every rank agrees to draft eagerly
+    # (after the vote, turning the graph off on one rank would desynchronise the collectives)
+    if not result or local_batch is None or not getattr(local_batch, "reqs", None) \
+            or not local_batch.forward_mode.is_decode():
+        return result
+    defaults = server_defaults()
+    return not any(_req_params(r, defaults) is not None for r in local_batch.reqs)
+
+
 def _verify_input(result, *args, **kwargs):
     step = _STEP.get()
     if step is not None and step.chain is not None:
-        step.keep = step.chain.keep_mask(result.retrieve_next_token.shape[-1], _tp_group())
+        step.keep = step.chain.keep_mask(result.retrieve_next_token.shape[-1], verify_group())
     if step is None or step.keep is None:
         return result
     nt, ns = unlink_filler(result.retrieve_next_token, result.retrieve_next_sibling, step.keep)
@@ -383,6 +413,10 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.init_metric_collector_watchdog":
         ("AFTER", _tokenizer_metrics),
     "sglang.srt.utils.common.build_server_info": ("AFTER", _server_info),
+    "sglang.srt.distributed.parallel_state.init_model_parallel_group": ("AROUND", cpu_parallel_group),
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head": ("AROUND", _draft_head),
+    "sglang.srt.managers.scheduler_components.dp_attn._spec_input_cuda_graph_compatible":
+        ("AFTER", _draft_graph_vote),
 }
 
 
@@ -427,6 +461,11 @@ SIGNATURES: Dict[str, List[str]] = {
     "sglang.srt.managers.scheduler.Scheduler.init_metrics_collector": ["self"],
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.init_metric_collector_watchdog": ["self"],
     "sglang.srt.utils.common.build_server_info": ["server_args", "scheduler_info"],
+    "sglang.srt.distributed.parallel_state.init_model_parallel_group":
+        ["group_ranks", "local_rank", "backend", "use_pynccl", "use_custom_allreduce", "use_message_queue_broadcaster",
+         "group_name", "use_mscclpp", "use_torch_symm_mem_allreduce", "recovered_rank", "rank_offset", "max_world_size"],
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head": ["self"],
+    "sglang.srt.managers.scheduler_components.dp_attn._spec_input_cuda_graph_compatible": ["local_batch"],
 }
 
 

@@ -83,14 +83,15 @@ def flag_invalid_items(sampling_params):
 
 def request_params(sampling_params, defaults: ServerDefaults) -> Optional[PolicyParams]:
     """The request's policy: its own ``custom_params['treespec']``, else the server default, else
-    None (native SGLang behaviour). Values were validated on arrival; a value that still fails
-    (a request built by hand) falls back to the default rather than failing the batch."""
+    None (native SGLang behaviour). Raises ``ValueError`` (``custom_params['treespec']: ...``) for a
+    malformed value: never a silent fallback, which could differ from rank to rank. Values were validated
+    on arrival; the scheduler refuses one that still fails (a request built by hand) on every rank alike."""
     raw = _raw(getattr(sampling_params, "custom_params", None))
     if raw is not None:
         try:
             return _parse(raw)
-        except ValueError:
-            pass
+        except ValueError as e:
+            raise ValueError(f"custom_params['{CUSTOM_KEY}']: {e}") from None
     return _parse(defaults.spec) if defaults.active else None
 
 

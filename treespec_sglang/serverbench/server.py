@@ -23,7 +23,7 @@ from .matrix import ServerSetting
 
 __all__ = ["LaunchedServer", "get_json", "free_port", "launch_command", "CPU_ARGS"]
 
-CPU_ARGS = ["--device", "cpu", "--attention-backend", "intel_amx", "--dtype", "float32", "--disable-cuda-graph",
+CPU_ARGS = ["--device", "cpu", "--attention-backend", "intel_amx", "--dtype", "float32", "--disable-cuda-graph", "--sleep-on-idle",
             "--max-total-tokens", "8192"]
 
 

@@ -1,0 +1,221 @@
+"""Several ranks, one tree (:mod:`treespec_sglang.plugin.ranks`): rank 0's decisions on every rank, the
+settings check, the token-map head shards under TP, CPU groups without PyNccl; the hooks that use them.
+Multi-rank cases run in spawned processes over a gloo group (``tests.helpers.run_ranks``)."""
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.helpers import GlooGroup, run_ranks
+from treespec_sglang.plugin import ranks as R
+from treespec_sglang.plugin.config import ServerDefaults
+from treespec_sglang.plugin.request import request_params
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for k in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_BATCH_BUDGET", "TREESPEC_CLASSIFIERS",
+              R.ENV_PERTURB, R.ENV_DIGESTS):
+        monkeypatch.delenv(k, raising=False)
+
+
+# ------------------------------------------------------------------------------------------ agree
+def _agree_main(rank, out):
+    g = torch.Generator().manual_seed(rank)  # each rank holds its own values
+    idx = torch.randint(0, 50, (3, 7), generator=g)
+    keep = torch.rand(3, 8, generator=g) > 0.5
+    before = dict(R.BROADCASTS)
+    a_idx, a_keep = R.agree([idx, keep], GlooGroup())
+    torch.save({"idx": idx, "keep": keep, "a_idx": a_idx, "a_keep": a_keep,
+                "count": R.BROADCASTS["count"] - before["count"], "bytes": R.BROADCASTS["bytes"] - before["bytes"]},
+               os.path.join(out, f"rank{rank}.pt"))
+
+
+def test_every_rank_gets_rank0s_values_in_one_broadcast(tmp_path):
+    run_ranks(_agree_main, 2, tmp_path, str(tmp_path))
+    r0, r1 = (torch.load(tmp_path / f"rank{i}.pt") for i in (0, 1))
+    assert not torch.equal(r0["idx"], r1["idx"])  # the ranks started out different
+    for r in (r0, r1):
+        assert torch.equal(r["a_idx"], r0["idx"]) and torch.equal(r["a_keep"], r0["keep"])
+        assert r["a_keep"].dtype == torch.bool and r["a_idx"].dtype == torch.int64
+        assert r["count"] == 1 and r["bytes"] == 8 * (3 * 7 + 3 * 8)
+
+
+def test_alone_agree_is_the_identity_and_sends_nothing():
+    t = torch.arange(6).view(2, 3)
+    before = dict(R.BROADCASTS)
+    for group in (None, SimpleNamespace(world_size=1)):
+        (out,) = R.agree([t], group)
+        assert out is t
+    assert R.BROADCASTS == before
+
+
+# ------------------------------------------------------------------------------------------ settings
+def _settings_main(rank, out):
+    if rank == 1:
+        os.environ["TREESPEC_POLICY"], os.environ["TREESPEC_CONFIG"] = "talon", '{"budget": 12}'
+    try:
+        R.check_settings_agree(GlooGroup())
+        res = "ok"
+    except RuntimeError as e:
+        res = str(e)
+    with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
+        f.write(res)
+
+
+def test_a_rank_with_other_settings_stops_with_a_message(tmp_path):
+    run_ranks(_settings_main, 2, tmp_path, str(tmp_path))
+    r0, r1 = ((tmp_path / f"rank{i}.txt").read_text() for i in (0, 1))
+    assert r0 == "ok"
+    assert "differ from rank 0's" in r1 and "TREESPEC_POLICY" in r1
+
+
+def test_the_settings_digest_follows_every_input(monkeypatch):
+    base = R.settings_digest()
+    for var, value in (("TREESPEC_POLICY", "talon"), ("TREESPEC_BATCH_BUDGET", "7")):
+        monkeypatch.setenv(var, value)
+        assert R.settings_digest() != base
+        monkeypatch.delenv(var)
+    assert R.settings_digest() == base
+
+
+# ------------------------------------------------------------------------------------------ token map under TP
+@pytest.mark.parametrize("n_hot,size", [(8, 2), (7, 2), (9, 4), (5, 1)])
+def test_hot_rows_split_the_hot_ids_in_rank_order(n_hot, size):
+    hot = torch.randperm(100, generator=torch.Generator().manual_seed(n_hot))[:n_hot]
+    parts = [R.hot_rows(100, hot, r, size).tolist() for r in range(size)]
+    flat = [x for p in parts for x in p]
+    s = -(-n_hot // size)
+    assert all(len(p) == s for p in parts)
+    assert flat[:n_hot] == hot.tolist() and set(flat[n_hot:]) <= {int(hot[-1])}
+    with pytest.raises(ValueError, match=r"\[0, 50\)"):
+        R.hot_rows(50, torch.tensor([3, 50]), 0, size)
+
+
+V, H, HIDDEN = 12, 5, 4  # target vocab, hot ids, hidden
+
+
+def _fake_draft_worker(rank, world, full, hot, calls):
+    shard = full.shape[0] // world
+    head = torch.nn.Parameter(full[rank * shard:(rank + 1) * shard].clone())  # this rank's vocab-parallel shard
+    model = SimpleNamespace(set_embed_and_head=lambda e, h: calls.append(("set", e, h)))
+    return SimpleNamespace(hot_token_id=hot, speculative_algorithm=SimpleNamespace(is_eagle3=lambda: False),
+                           _resolve_shared_embed_and_head=lambda: ("embed", head), draft_runner=SimpleNamespace(model=model),
+                           target_worker=SimpleNamespace(model_runner=SimpleNamespace(
+                               model_config=SimpleNamespace(vocab_size=V))))
+
+
+def _head_main(rank, out):
+    full = torch.randn(V, HIDDEN, generator=torch.Generator().manual_seed(0))  # [vocab, hidden], same on both
+    hot = torch.tensor([11, 0, 7, 3, 6])
+    calls = []
+    worker = _fake_draft_worker(rank, 2, full, hot, calls)
+    R._tp_group = GlooGroup  # the spawned process's own module: this rank's gloo world
+    R.shard_hot_head(lambda self: calls.append(("original",)), worker)
+    (_, embed, head), = calls
+    torch.save({"full": full, "head": head.data, "hot": worker.hot_token_id, "embed": embed},
+               os.path.join(out, f"rank{rank}.pt"))
+
+
+def test_under_tp_each_rank_holds_its_shard_of_the_hot_head_rows(tmp_path):
+    """Gathered rank by rank (as SGLang's logits processor does), the draft logits over the shards equal
+    the single-rank hot head's: ``full[hot] @ x``, then the padded tail repeating the last hot id."""
+    run_ranks(_head_main, 2, tmp_path, str(tmp_path))
+    r0, r1 = (torch.load(tmp_path / f"rank{i}.pt") for i in (0, 1))
+    full, hot = r0["full"], [11, 0, 7, 3, 6]
+    x = torch.randn(HIDDEN)
+    gathered = torch.cat([r0["head"] @ x, r1["head"] @ x])  # [world * ceil(H / world)] = [6]
+    ids = r0["hot"].tolist()
+    assert ids == r1["hot"].tolist() == hot + [6]
+    assert torch.allclose(gathered, torch.stack([full[t] @ x for t in ids]))
+    assert r0["embed"] == "embed"
+
+
+def test_alone_or_without_a_token_map_sglang_sets_the_head(monkeypatch):
+    calls = []
+    full = torch.randn(V, HIDDEN)
+    monkeypatch.setattr(R, "_tp_group", lambda: SimpleNamespace(world_size=1))
+    R.shard_hot_head(lambda self: calls.append("original"), _fake_draft_worker(0, 1, full, torch.tensor([1]), []))
+    monkeypatch.setattr(R, "_tp_group", lambda: SimpleNamespace(world_size=2))
+    R.shard_hot_head(lambda self: calls.append("original"), _fake_draft_worker(0, 1, full, None, []))
+    assert calls == ["original", "original"]
+
+
+# ------------------------------------------------------------------------------------------ CPU groups
+def test_a_gloo_group_gets_no_pynccl():
+    seen = []
+
+    def init_model_parallel_group(group_ranks, local_rank, backend, use_pynccl=None, use_custom_allreduce=None,
+                                  group_name=None):
+        seen.append((backend, use_pynccl, use_custom_allreduce, group_name))
+
+    R.cpu_parallel_group(init_model_parallel_group, [[0, 1]], 0, "gloo", group_name="tp")
+    R.cpu_parallel_group(init_model_parallel_group, [[0, 1]], 0, "nccl", group_name="tp")
+    R.cpu_parallel_group(init_model_parallel_group, [[0, 1]], 0, backend="gloo", use_pynccl=True)
+    assert seen == [("gloo", False, False, "tp"), ("nccl", None, None, "tp"), ("gloo", False, False, None)]
+
+
+# ------------------------------------------------------------------------------------------ faults for tests
+def test_only_the_named_rank_sees_perturbed_scores(monkeypatch):
+    scores = [torch.tensor([[0.5, 0.2]]), torch.tensor([[0.1]])]
+    rank1 = SimpleNamespace(rank_in_group=1)
+    assert R.perturbed(scores, rank1) is scores  # no fault asked for
+    monkeypatch.setenv(R.ENV_PERTURB, "1")
+    assert R.perturbed(scores, SimpleNamespace(rank_in_group=0)) is scores
+    assert R.perturbed(scores, None) is scores
+    out = R.perturbed(scores, rank1)
+    assert all(torch.equal(o, -t) for o, t in zip(out, scores)) and len(out) == 2
+
+
+def test_digests_log_own_and_agreed_trees_per_rank(tmp_path, monkeypatch):
+    a, b = (torch.tensor([[1, 2]]), torch.tensor([[True, False]])), (torch.tensor([[2, 1]]), torch.tensor([[True, True]]))
+    R.record_digest(a, a, None)  # off: writes nothing
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setenv(R.ENV_DIGESTS, str(tmp_path))
+    R.record_digest(a, a, None)
+    R.record_digest(b, a, SimpleNamespace(rank_in_group=1))
+    (own0, agreed0), = [line.split() for line in (tmp_path / "rank0.txt").read_text().splitlines()]
+    (own1, agreed1), = [line.split() for line in (tmp_path / "rank1.txt").read_text().splitlines()]
+    assert own0 == agreed0 == agreed1 != own1
+
+
+# ------------------------------------------------------------------------------------------ no per-rank fallback
+def test_a_malformed_value_raises_instead_of_falling_back():
+    sp = SimpleNamespace(custom_params={"treespec": {"policy": "talon", "budget": -1}})
+    with pytest.raises(ValueError, match=r"custom_params\['treespec'\]: .*budget"):
+        request_params(sp, ServerDefaults("eagle2", {"budget": 8}))
+
+
+def _req(custom):
+    aborts = []
+    req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom),
+                          set_finish_with_abort=lambda msg, **kw: aborts.append(msg))
+    return req, aborts
+
+
+def test_the_scheduler_refuses_a_value_that_skipped_validation():
+    from treespec_sglang.plugin import hooks
+
+    bad, bad_aborts = _req({"treespec": {"policy": "salf", "th": 7}})
+    good, good_aborts = _req({"treespec": {"policy": "salf", "th": 0.2}})
+    for req in (bad, good):
+        assert hooks._create_generation_req(req, None) is req
+    assert len(bad_aborts) == 1 and "th" in bad_aborts[0] and good_aborts == []
+    assert good._treespec_params.th == 0.2  # parsed once, at creation
+
+
+def test_a_treespec_decode_batch_votes_for_an_eager_draft_before_dp_ranks_reduce():
+    from treespec_sglang.plugin import hooks
+
+    def batch(custom, decode=True):
+        req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom))
+        return SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_decode=lambda: decode))
+
+    talon = {"treespec": {"policy": "talon", "budget": 8}}
+    assert hooks._draft_graph_vote(True, batch(talon)) is False
+    assert hooks._draft_graph_vote(True, batch(None)) is True  # native: SGLang's own vote
+    assert hooks._draft_graph_vote(False, batch(None)) is False
+    assert hooks._draft_graph_vote(True, batch(talon, decode=False)) is True
+    assert hooks._draft_graph_vote(True, None) is True

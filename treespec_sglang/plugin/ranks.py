@@ -1,0 +1,219 @@
+"""Several ranks, one tree: what the plugin does when a verify is shared by tensor-parallel ranks.
+
+Every rank of the group that verifies together (SGLang's attention TP group: the TP group, or its
+slice under DP attention) must build the same tree each round, or their KV caches and accepted tokens
+drift apart and the next collective hangs. The plugin makes that true by construction:
+
+- **Inputs agree** (:func:`settings_digest`, :func:`check_settings_agree`): the server defaults, the
+  classifier registry's file hashes and the stats cap are hashed on every rank at start; a rank whose
+  hash differs from rank 0's stops the server with a message naming both.
+- **Decisions agree** (:func:`agree`): after its own selection each rank takes rank 0's per-round
+  decision (the verify node order ``top_scores_index``, the draft tokens and the kept-node mask: the
+  batch budget's shares and the ragged plan's sizes follow from it) in one int64 broadcast per round,
+  ``bs * (2 (N - 1) + N)`` integers. The C2T chain cut is broadcast the same way
+  (:meth:`~treespec_sglang.plugin.chain_stop.ChainStopper.keep_mask`).
+- **Groups on the CPU** (:func:`cpu_parallel_group`): SGLang builds a PyNccl communicator for every
+  group outside NPU / XPU, which fails on a CPU-only host; CPU (gloo) groups get none.
+- **Token map under TP** (:func:`shard_hot_head`): EAGLE with ``--speculative-token-map`` slices the
+  target's LM head with global hot-token ids; under TP the head is vocab-parallel, so each rank gathers
+  the full head, picks the hot rows, and keeps its own contiguous shard of them.
+
+Debugging (operator environment, never a request): ``TREESPEC_RANK_DIGESTS=DIR`` makes every rank append
+one line per round (hashes of the tree it selected and of the tree it verified) to ``DIR/rank<k>.txt``;
+``TREESPEC_TEST_PERTURB_RANK=k`` reverses rank k's draft scores before its selection (a test-only fault:
+without :func:`agree` that rank would verify another tree).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from typing import List, Optional, Sequence
+
+import torch
+
+logger = logging.getLogger("treespec_sglang.plugin")
+
+__all__ = ["verify_group", "agree", "settings_digest", "check_settings_agree", "cpu_parallel_group",
+           "shard_hot_head", "hot_rows", "BROADCASTS", "record_digest", "perturbed"]
+
+ENV_DIGESTS = "TREESPEC_RANK_DIGESTS"
+ENV_PERTURB = "TREESPEC_TEST_PERTURB_RANK"
+BROADCASTS = {"count": 0, "bytes": 0}  # per process: the plugin's own per-round broadcasts
+
+
+def verify_group():
+    """SGLang's attention TP ``GroupCoordinator`` (the ranks that verify one batch together), or None
+    when torch.distributed is not initialised (unit tests, a single process)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return get_parallel().attn_tp_group
+    except Exception:  # groups not built
+        return None
+
+
+def _group_size(group) -> int:
+    return 1 if group is None else int(getattr(group, "world_size", 1))
+
+
+def agree(tensors: Sequence[torch.Tensor], group=None) -> List[torch.Tensor]:
+    """Rank 0's values of ``tensors`` on every rank of ``group``, in one int64 broadcast.
+
+    Parameters
+    ----------
+    tensors : integer or bool tensors, ``[bs, *]`` each (any shapes; same shapes on every rank)
+    group : a ``GroupCoordinator`` (``verify_group()``) or None (a no-op)
+
+    Returns
+    -------
+    The tensors with rank 0's values, same shapes and dtypes (the inputs themselves when alone).
+
+    Example: rank 0 holds ``keep = [[1, 1, 0]]``, rank 1 ``[[1, 0, 1]]``: both return ``[[1, 1, 0]]``.
+    """
+    if _group_size(group) <= 1:
+        return list(tensors)
+    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])  # [sum of numels]
+    group.broadcast(flat, src=0)
+    BROADCASTS["count"] += 1
+    BROADCASTS["bytes"] += flat.numel() * 8
+    out, at = [], 0
+    for t in tensors:
+        out.append(flat[at:at + t.numel()].view(t.shape).to(t.dtype))
+        at += t.numel()
+    return out
+
+
+# ---------------------------------------------------------------------------- inputs agree
+def settings_digest() -> str:
+    """sha256 of what decides a request's policy on this rank: the server defaults, the classifier
+    registry (name -> file hash) and the stats cap."""
+    from .classifiers import classifier_digests
+    from .config import server_defaults
+    from .stats import max_rounds
+
+    d = server_defaults()
+    blob = json.dumps({"policy": d.policy, "config": d.config, "batch_budget": d.batch_budget,
+                       "classifiers": classifier_digests(), "max_rounds": max_rounds()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def check_settings_agree(group=None) -> Optional[str]:
+    """Raise ``RuntimeError`` if any rank of ``group`` hashes its settings differently from rank 0;
+    returns the agreed digest (None when alone)."""
+    if _group_size(group) <= 1:
+        return None
+    mine = bytes.fromhex(settings_digest())
+    t = torch.tensor(list(mine), dtype=torch.int64, device=_device(group))  # once, at start
+    first = agree([t], group)[0]
+    if not torch.equal(first, t):
+        raise RuntimeError("treespec: this rank's settings (TREESPEC_POLICY / TREESPEC_CONFIG / TREESPEC_BATCH_BUDGET, "
+                           "the classifier files of TREESPEC_CLASSIFIERS, TREESPEC_STATS_MAX_ROUNDS) differ from rank "
+                           f"0's: sha256 {mine.hex()[:16]} here vs {bytes(first.tolist()).hex()[:16]} on rank 0; "
+                           "give every rank the same flags, environment and files")
+    return mine.hex()
+
+
+def _device(group) -> torch.device:
+    backend = str(torch.distributed.get_backend(group.device_group)) if group is not None else "gloo"
+    if backend == "gloo":
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+# ---------------------------------------------------------------------------- debugging
+def _tree_hash(tensors) -> str:
+    return hashlib.sha256(b"".join(t.cpu().numpy().tobytes() for t in tensors)).hexdigest()[:16]
+
+
+def record_digest(own: Sequence[torch.Tensor], agreed: Sequence[torch.Tensor], group=None) -> None:
+    """With ``TREESPEC_RANK_DIGESTS=DIR``: append ``"<own tree hash> <agreed tree hash>"`` for this round to
+    ``DIR/rank<k>.txt`` (own: this rank's selection; agreed: rank 0's, which it verifies). Debug only:
+    one host read per round."""
+    out = os.environ.get(ENV_DIGESTS)
+    if not out:
+        return
+    rank = int(getattr(group, "rank_in_group", 0)) if group is not None else 0
+    with open(os.path.join(out, f"rank{rank}.txt"), "a") as f:
+        f.write(f"{_tree_hash(own)} {_tree_hash(agreed)}\n")
+
+
+def perturbed(score_list: List[torch.Tensor], group=None) -> List[torch.Tensor]:
+    """``TREESPEC_TEST_PERTURB_RANK=k``: rank k sees its draft scores reversed in order (a test-only
+    fault that makes its own selection differ from rank 0's); every other rank sees them as they are."""
+    want = os.environ.get(ENV_PERTURB)
+    if not want or group is None or int(getattr(group, "rank_in_group", 0)) != int(want):
+        return score_list
+    return [-s for s in score_list]
+
+
+# ---------------------------------------------------------------------------- SGLang set-up hooks
+def cpu_parallel_group(original, *args, **kwargs):
+    """``init_model_parallel_group`` AROUND: a gloo (CPU) group gets no PyNccl communicator."""
+    import inspect
+
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    if bound.arguments.get("backend") == "gloo":
+        bound.arguments["use_pynccl"] = False
+        bound.arguments["use_custom_allreduce"] = False
+    return original(*bound.args, **bound.kwargs)
+
+
+def hot_rows(vocab_rows: int, hot: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """This rank's hot-token ids when a ``hot``-id draft head is split over ``size`` ranks.
+
+    The draft's logits are gathered rank by rank (rank 0's rows first), so rank ``r`` keeps hot rows
+    ``[r * s, (r + 1) * s)``, ``s = ceil(len(hot) / size)``; the last rank repeats the last hot id to fill
+    its shard (a repeated candidate has the same token, so verification stays exact).
+
+    Parameters
+    ----------
+    vocab_rows : the target's vocabulary size (every id must be below it)
+    hot : ``[n_hot]`` int64 target ids of the draft vocabulary
+
+    Returns
+    -------
+    ``[s]`` int64 target ids of this rank's draft-head rows.
+
+    Example: hot ``[7, 3, 9]``, 2 ranks: rank 0 ``[7, 3]``, rank 1 ``[9, 9]``.
+    """
+    if hot.numel() == 0 or int(hot.max()) >= vocab_rows or int(hot.min()) < 0:
+        raise ValueError(f"speculative token map: ids must lie in [0, {vocab_rows}), got {hot.numel()} ids")
+    s = -(-hot.numel() // size)
+    padded = torch.cat([hot, hot[-1:].expand(s * size - hot.numel())])
+    return padded[rank * s:(rank + 1) * s]
+
+
+def shard_hot_head(original, self, *args, **kwargs):
+    """``EagleDraftWorker.init_lm_head`` AROUND: with a token map under TP, the draft head is this rank's
+    shard of the hot rows of the *full* target head (SGLang indexes the vocab-parallel shard with global
+    ids). Everything else goes to SGLang's own code."""
+    hot = getattr(self, "hot_token_id", None)
+    group = _tp_group()
+    if hot is None or _group_size(group) <= 1 or self.speculative_algorithm.is_eagle3():
+        return original(self, *args, **kwargs)
+    embed, head = self._resolve_shared_embed_and_head()
+    if head is None:
+        return original(self, *args, **kwargs)
+    hot = torch.as_tensor(hot, dtype=torch.int64, device=head.device)
+    vocab = int(self.target_worker.model_runner.model_config.vocab_size)
+    full = group.all_gather(head.data, dim=0)[:vocab]  # [vocab, hidden]: the shards are contiguous vocab ranges
+    rows = hot_rows(vocab, hot, group.rank_in_group, group.world_size)
+    head = head.clone()
+    head.data = full[rows].contiguous()
+    # the draft's gathered logits are [n, world * s]: padded ids index past the map's end
+    self.hot_token_id = torch.cat([hot, hot[-1:].expand(rows.numel() * group.world_size - hot.numel())])
+    self.draft_runner.model.set_embed_and_head(embed, head)
+    logger.info("treespec: TP %d, token map of %d ids: this rank's draft head holds %d hot rows",
+                group.world_size, hot.numel(), rows.numel())
+
+
+def _tp_group():
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return get_parallel().tp_group
+    except Exception:
+        return None
