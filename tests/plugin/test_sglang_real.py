@@ -398,3 +398,26 @@ def test_fuzzed_custom_params_through_the_real_hook(loaded):
             check_valid(p)
 
     run()
+
+
+def test_a_treespec_decode_batch_votes_for_an_eager_draft_in_sglangs_dp_vote(loaded, monkeypatch):
+    """SGLang's own (hooked) DP-attention vote with its ForwardMode: a decode batch carrying a treespec
+    policy votes no before the ranks' votes are min-reduced; native and prefill batches keep SGLang's vote."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler_components import dp_attn
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    monkeypatch.delenv("TREESPEC_POLICY", raising=False)
+
+    def batch(custom, mode=ForwardMode.DECODE, compatible=True):
+        req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom))
+        return SimpleNamespace(reqs=[req], forward_mode=mode, spec_info=SimpleNamespace(cuda_graph_compatible=compatible))
+
+    talon = {"treespec": {"policy": "talon", "budget": 8}}
+    vote = dp_attn._spec_input_cuda_graph_compatible
+    assert vote(batch(talon)) is False
+    assert vote(batch(None)) is True
+    assert vote(batch(None, compatible=False)) is False
+    assert vote(batch(talon, mode=ForwardMode.EXTEND)) is True
+    assert vote(None) is True
