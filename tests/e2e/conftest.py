@@ -3,6 +3,7 @@ own host process (:mod:`treespec_sglang.plugin.cpu.host`), one per test module, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -190,41 +191,55 @@ def classifier_file(tmp_path_factory) -> str:
     return path
 
 
-@pytest.fixture(scope="session")
-def server(demo_target_dir, tmp_path_factory, classifier_file):
-    """One ``python -m sglang.launch_server`` for the session's HTTP tests: EAGLE topk 4 / steps 3 / N 8,
-    the draft written by our checkpoint writer in bfloat16, ``--enable-metrics`` and a registered
-    classifier ``fast``; stopped in teardown."""
-    import torch
-
+@contextlib.contextmanager
+def serving(argv, log_path, health="/health", port=None):
+    """Run ``argv`` (a server listening on ``port``) in its own process group until ``health`` answers;
+    yield its base URL; stop the whole group on exit."""
     from treespec_sglang.plugin.cpu.host import CPU_ENV
 
-    draft = resaved_draft(str(tmp_path_factory.mktemp("draft-bf16")), torch.bfloat16)
-    port = free_port()
-    args = [sys.executable, "-m", "sglang.launch_server", "--model-path", demo_target_dir, "--device", "cpu",
-            "--attention-backend", "intel_amx", "--dtype", "float32", "--disable-cuda-graph", "--sleep-on-idle",
-            "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-            "--enable-metrics", "--treespec-classifier", f"fast={classifier_file}"]
-    for k, v in eagle_kwargs(draft).items():
-        args += ["--" + k.replace("_", "-"), str(v)]
     env = {**os.environ, **CPU_ENV, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    log = open(log_path, "w+")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     t0 = time.time()
     try:
         while True:
             if proc.poll() is not None:
                 log.seek(0)
-                pytest.fail(f"server exited ({proc.returncode}):\n{log.read()[-4000:]}")
+                pytest.fail(f"{argv[2]} exited ({proc.returncode}):\n{log.read()[-4000:]}")
             try:
-                urllib.request.urlopen(base + "/health", timeout=5)
+                urllib.request.urlopen(base + health, timeout=5)
                 break
             except (urllib.error.URLError, ConnectionError, OSError):
                 if time.time() - t0 > 600:
-                    pytest.fail("server did not become healthy in 600 s")
+                    pytest.fail(f"{argv[2]} did not become healthy in 600 s")
                 time.sleep(2)
         yield base
     finally:
         stop(proc)
         log.close()
+
+
+def eagle_server_argv(target: str, draft: str, port: int, classifier_file: str) -> list:
+    """``python -m sglang.launch_server`` on the CPU: EAGLE topk 4 / steps 3 / N 8, ``--enable-metrics`` and a
+    registered classifier ``fast``."""
+    args = [sys.executable, "-m", "sglang.launch_server", "--model-path", target, "--device", "cpu",
+            "--attention-backend", "intel_amx", "--dtype", "float32", "--disable-cuda-graph", "--sleep-on-idle",
+            "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            "--enable-metrics", "--treespec-classifier", f"fast={classifier_file}"]
+    for k, v in eagle_kwargs(draft).items():
+        args += ["--" + k.replace("_", "-"), str(v)]
+    return args
+
+
+@pytest.fixture(scope="session")
+def server(demo_target_dir, tmp_path_factory, classifier_file):
+    """One ``python -m sglang.launch_server`` for the session's HTTP tests (:func:`eagle_server_argv`), the
+    draft written by our checkpoint writer in bfloat16; stopped in teardown."""
+    import torch
+
+    draft = resaved_draft(str(tmp_path_factory.mktemp("draft-bf16")), torch.bfloat16)
+    port = free_port()
+    with serving(eagle_server_argv(demo_target_dir, draft, port, classifier_file),
+                 tmp_path_factory.mktemp("server") / "server.log", port=port) as base:
+        yield base
