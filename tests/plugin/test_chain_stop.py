@@ -68,7 +68,7 @@ def test_two_ranks_agree_on_rank0_decisions(tmp_path):
 
 def test_chain_mode_hooks_cut_each_row(monkeypatch):
     """The draft hook in chain mode (topk 1): each draft forward's logits feed the stopper, and the
-    verify input keeps each row's chain up to its cut; stats land in customized_info."""
+    verify input keeps each row's chain up to its cut; stats land in customized_info once flushed."""
     from types import SimpleNamespace
 
     from treespec_sglang.plugin import hooks
@@ -103,6 +103,8 @@ def test_chain_mode_hooks_cut_each_row(monkeypatch):
             u = int(out.retrieve_next_token[b, u])
             walk.append(u)
         assert walk == list(range(lengths[b] + 1)), b
+    assert reqs[0].customized_info is None  # recorded when SGLang resolves the round (no device read here)
+    hooks._PENDING.flush()
     assert reqs[0].customized_info["treespec_tree_sizes"] == [lengths[0] + 1]
     assert reqs[2].customized_info is None
     # outside a draft step the model-forward hook is a pass-through

@@ -1,17 +1,20 @@
 """Per-request policies inside SGLang's captured draft pool (sglang-free parts of the plugin)."""
 
+import math
 import random
 
 import pytest
 import torch
 
-from treespec_sglang.policies.classifier import load_classifier
+from treespec_sglang.policies.classifier import C2TClassifier, entropy_topm, load_classifier
 
 from tests.helpers import PathDraft, random_batch
 from tests.policies import oracles
-from treespec_sglang.plugin.pool import select_from_pool, share_batch_budget, unlink_filler
+from treespec_sglang.plugin.pool import COLUMNS, policy_rows, request_row, select_from_pool, share_batch_budget, \
+    unlink_filler
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.tree import DraftTree, sglang_retrive
+from treespec_sglang.utils.syncs import count_ops
 
 
 def pool(topk=4, steps=4, seed=0, roots=(3, 5, 7)):
@@ -95,6 +98,145 @@ def test_policy_rows_select_the_policy_tree_on_the_beam(spec):
         r = sglang_retrive(tree)
         nt, ns = unlink_filler(r.retrive_next_token, r.retrive_next_sibling, keep[b:b + 1])
         assert reachable(nt, ns, 0) == [i for i in range(N) if keep[b, i]]
+
+
+def _other_classifier():
+    torch.manual_seed(7)
+    return C2TClassifier(hidden=8).eval()
+
+
+OTHER_CLF = _other_classifier()  # a second classifier, so a batch mixes two
+MIXED_SPECS = [
+    None, {"policy": "none"}, {"policy": "eagle2", "budget": 5},
+    {"policy": "talon", "budget": 9, "topk": 3, "mu": 0.05}, {"policy": "talon", "budget": 30, "topk": 10, "mu": 0.02},
+    {"policy": "salf", "budget": 8, "batch": 2, "th": 0.3}, {"policy": "salf", "budget": 30, "batch": 4, "th": 0.6},
+    {"policy": "salf", "budget": 7, "th": 0.0, "max_depth": 2}, {"policy": "salf", "budget": 12, "batch": 1, "th": 0.1},
+    {"policy": "salf", "budget": 12, "batch": 3, "th": 0.2, "max_depth": 2},
+    {"policy": "salf", "budget": 5, "batch": 3, "th": 0.05},  # G fills early: eps decides D
+    {"policy": "c2t", "budget": 10, "topk": 3, "beta": 0.3}, {"policy": "c2t", "budget": 40, "topk": 12, "beta": 0.5,
+                                                              "max_depth": 2},
+    {"policy": "c2t", "budget": 9, "topk": 4, "beta": 0.45, "classifier": OTHER_CLF},
+    {"policy": "c2t", "budget": 12, "topk": 4, "beta": 0.02, "max_depth": 1},
+    {"policy": "chain", "length": 3}, {"policy": "chain", "length": 20}, {"policy": "chain", "length": 4, "beta": 0.4},
+]
+
+
+def chain_oracle(beam, root, length, beta, clf):
+    """The top-1 chain of ``length`` tokens over the beam, stopping at a C2T score below ``beta``."""
+    path, cum, out = (root,), 0.0, {(root,)}
+    for d in range(1, length + 1):
+        lp = beam.logprobs(path)
+        if not torch.isfinite(lp).any():
+            break
+        w = int(lp.argmax())
+        cum += float(lp[w])
+        if beta is not None:
+            with torch.no_grad():
+                if float(clf(torch.tensor([math.exp(cum), float(entropy_topm(lp)), float(d)]))) < beta:
+                    break
+        path = path + (w,)
+        out.add(path)
+    return out
+
+
+def expected_paths(p, beam, root, N, scores, flat_paths):
+    """One request's policy tree over the beam, from the plain-Python oracles, its budget capped at N."""
+    if p is None or p.__class__.__name__ in ("Eagle2Params", "NoneParams"):
+        n = N if p is None else min(p.max_nodes, N)
+        return {(root,)} | {flat_paths[f] for f in scores.topk(n - 1).indices.tolist()}
+    n = min(p.max_nodes, N)
+    name = p.__class__.__name__
+    if name == "TalonParams":
+        t = oracles.talon(beam, root, n, p.topk, p.mu)
+    elif name == "SalfParams":
+        return oracles.salf(beam, root, n, p.batch, p.th, p.max_depth)
+    elif name == "C2TParams":
+        t = oracles.c2t(beam, root, n, p.topk, p.beta, p.max_depth, load_classifier(p.classifier))
+    else:
+        return chain_oracle(beam, root, min(p.length, N - 1), p.beta, load_classifier(p.classifier))
+    return {t.path(i) for i in range(len(t.tok))}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_mixed_batches_select_each_policy_tree_as_its_plain_oracle_alone(seed):
+    """Random pools (k, S, N) and batches mixing every policy, native rows and two classifiers: each
+    row's kept nodes are its policy's tree from the plain one-request oracle over the beam."""
+    rng = random.Random(seed)
+    k, steps, bs = rng.choice([2, 3, 4]), rng.choice([2, 3, 4]), 8
+    N = rng.choice([n for n in (5, 8, 12, 20) if n - 1 <= k + (steps - 1) * k * k])  # SGLang: N - 1 <= pool
+    roots = rng.sample(range(30), bs)
+    draft, sl, tl, pl, paths = pool(topk=k, steps=steps, seed=seed, roots=roots)
+    specs = [rng.choice(MIXED_SPECS) for _ in range(bs)]
+    params = [None if s is None else parse_spec(s) for s in specs]
+    native = select_from_pool(sl, tl, pl, N, k, [None] * bs)[:3]
+    _, top, toks, keep = select_from_pool(sl, tl, pl, N, k, params, native=native)
+    beam = oracles.BeamDraft(draft, sl, paths, 30)
+    scores = torch.cat(sl, 1).flatten(1)
+    for b, p in enumerate(params):
+        got = kept_paths(top, keep, paths, roots, b)
+        assert got == expected_paths(p, beam, roots[b], N, scores[b], paths[b]), (k, steps, N, specs[b])
+
+
+@pytest.mark.parametrize("seed", [84, 154, 234, 245])
+def test_salf_where_g_is_full_early_matches_its_oracle(seed):
+    """Small SALF budgets and low th, where G fills within a few pops and line 12's ``pr > eps`` decides
+    which popped nodes count toward the stop (found by searching seeds where dropping it changes a tree)."""
+    rng = random.Random(seed)
+    k, steps = rng.choice([2, 3, 4]), rng.choice([3, 4])
+    N = 20 if k + (steps - 1) * k * k >= 19 else 8
+    roots = rng.sample(range(30), 4)
+    draft = PathDraft(30, seed=seed, sharpness=rng.choice([1.0, 2.0, 3.0]))
+    sl, tl, pl, paths = oracles.sglang_pool_lists(draft, roots, k, steps)
+    specs = [{"policy": "salf", "budget": rng.randint(3, 8), "batch": rng.randint(1, 3),
+              "th": rng.choice([0.02, 0.05, 0.1, 0.2])} for _ in roots]
+    _, top, _, keep = select_from_pool(sl, tl, pl, N, k, [parse_spec(x) for x in specs])
+    beam = oracles.BeamDraft(draft, sl, paths, 30)
+    for b, x in enumerate(specs):
+        assert kept_paths(top, keep, paths, roots, b) == oracles.salf(beam, roots[b], x["budget"], x["batch"], x["th"])
+
+
+OP_BUDGETS = [  # (policy specs cycled over the batch, most ATen ops per round)
+    ([{"policy": "eagle2", "budget": 48}], 300), ([{"policy": "talon", "budget": 48}], 300),
+    ([{"policy": "salf", "budget": 48}], 300), ([{"policy": "c2t", "budget": 48}], 300),
+    ([{"policy": "chain", "length": 6}], 300),
+    ([{"policy": "talon", "budget": 48}, {"policy": "salf", "budget": 48}, {"policy": "c2t", "budget": 48},
+      {"policy": "eagle2", "budget": 48}], 900)]
+
+
+@pytest.fixture(scope="module")
+def big_pools():
+    """SGLang-shaped pools at topk 8, steps 6 (P = 328) for 16 and 64 requests."""
+    draft = PathDraft(30, seed=11, sharpness=1.5)
+    return {bs: oracles.sglang_pool_lists(draft, list(range(bs)), 8, 6)[:3] for bs in (16, 64)}
+
+
+@pytest.mark.parametrize("specs,max_ops", OP_BUDGETS)
+def test_selection_reads_nothing_back_and_its_op_count_does_not_grow_with_the_batch(big_pools, specs, max_ops):
+    """Steady state (the requests' rows built, second call): no host read, no host->device list copy,
+    and the same number of ATen ops at bs 16 and 64, within the budget (N 48)."""
+    counts = []
+    for bs, lists in big_pools.items():
+        params = [parse_spec(specs[i % len(specs)]) for i in range(bs)]
+        rows = policy_rows(params, "cpu")
+        first = select_from_pool(*lists, 48, 8, params, rows=rows)
+        with count_ops() as c:
+            again = select_from_pool(*lists, 48, 8, params, rows=rows)
+        assert (c.reads, c.copies) == (0, 0), c.names
+        assert all(torch.equal(x, y) for x, y in zip(first, again))
+        counts.append(c.ops)
+    assert counts[0] == counts[1] <= max_ops, counts
+
+
+def test_rows_are_built_once_per_parameter_set():
+    """A request's parameter row is copied to the device once; later batches reuse it (no list copy)."""
+    p = parse_spec({"policy": "talon", "budget": 23, "mu": 0.07})
+    with count_ops() as first:
+        a = request_row(p, "cpu")
+    with count_ops() as again:
+        b = policy_rows([p, None, p], "cpu")
+    assert first.copies == 1 and again.copies == 0
+    assert b[0].data_ptr() != a.data_ptr() and torch.equal(b[0], a[0]) and torch.equal(b[2], a[0])
+    assert a[0, COLUMNS.index("budget")] == 23 and a[0, COLUMNS.index("log_mu")] == pytest.approx(math.log(0.07))
 
 
 def oracles_parents(parent_list, top, k, N):

@@ -243,6 +243,7 @@ def test_draft_hook_stages_policies_and_reports_stats(loaded):
 
     worker = SimpleNamespace(topk=k, speculative_num_steps=4, speculative_num_draft_tokens=N)
     out = hooks._draft(body, worker, SimpleNamespace(reqs=reqs))
+    hooks._PENDING.flush()  # what resolving the round's tokens does
     assert reqs[0].customized_info == {"treespec_policy": ["talon"], "treespec_tree_sizes": [7], "treespec_summary": [
         {"rounds": 0, "tree_nodes": 7, "verified_tokens": 0, "accepted_tokens": 0, "lists_truncated": False}]}
     assert reqs[1].customized_info is None  # native request: untouched

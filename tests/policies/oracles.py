@@ -137,7 +137,7 @@ def talon(draft, root, N, K, mu):
         S = []
         for v in layer:
             lp = draft.logprobs(T.path(v))
-            S += [(T.lp[v] + float(lp[w]), v, w) for w in range(draft.vocab)]
+            S += [(T.lp[v] + float(lp[w]), v, w) for w in range(draft.vocab) if math.isfinite(float(lp[w]))]
         if d == 0:
             P = sorted(S, key=lambda x: -x[0])[:K]
         else:
@@ -161,8 +161,9 @@ def salf(draft, root, N, B, th, max_depth=None):
         nonlocal seq
         lp = draft.logprobs(popped.path(n))
         for w in range(draft.vocab):
-            heapq.heappush(Q, (-(popped.lp[n] + float(lp[w])), seq, w, n))
-            seq += 1
+            if math.isfinite(float(lp[w])):  # -inf: no such child (e.g. one the beam never computed)
+                heapq.heappush(Q, (-(popped.lp[n] + float(lp[w])), seq, w, n))
+                seq += 1
         while len(Q) > N:  # capacity N: drop the worst
             Q.remove(max(Q))
             heapq.heapify(Q)
@@ -216,7 +217,7 @@ def c2t(draft, root, N, K, beta, max_depth, clf):
         for v in layer:
             lp = draft.logprobs(T.path(v))
             H = float(entropy_topm(lp))
-            S += [(T.lp[v] + float(lp[w]), v, w, H) for w in range(draft.vocab)]
+            S += [(T.lp[v] + float(lp[w]), v, w, H) for w in range(draft.vocab) if math.isfinite(float(lp[w]))]
         S = sorted(S, key=lambda x: -x[0])[:K]  # stage 1: top-K by joint probability
         scored = []
         for lp, v, w, H in S:

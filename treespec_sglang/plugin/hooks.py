@@ -52,10 +52,11 @@ straight through, so SGLang behaves exactly as without the plugin.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import json
 import logging
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 
@@ -65,7 +66,7 @@ from .classifiers import parse_classifier_flags
 from .config import ServerDefaults, configure, server_defaults
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
-from .pool import select_from_pool, share_batch_budget, unlink_filler
+from .pool import COLUMNS, policy_rows, select_from_pool, share_batch_budget, unlink_filler
 from .ranks import agree, check_settings_agree, cpu_parallel_group, perturbed, record_digest, shard_hot_head, \
     verify_group
 from .ragged import amx_extend_metadata, eager_while_ragged, flashinfer_verify_args, ragged_verify_forward
@@ -199,15 +200,42 @@ def _policy_name(p) -> str:
     return type(p).__name__.replace("Params", "").lower()
 
 
-def _record_stats(reqs, params, step: "DraftStep") -> None:
-    sizes = step.sizes.tolist() if step.sizes is not None else [None] * len(reqs)  # one transfer per step
-    for req, p, n in zip(reqs, params, sizes):
-        if p is None or n is None:
-            continue
-        record_round(req, _policy_name(p), "treespec_tree_sizes", n)
+class PendingSizes:
+    """Tree sizes of the rounds drafted but not yet recorded, read back without stalling the device.
+
+    At draft time the ``[bs]`` sizes are copied to the host asynchronously (pinned memory, an event
+    after the copy); :meth:`flush` records every round whose copy has finished, oldest first. It runs
+    when SGLang resolves a round's accepted tokens (by then that round's draft is done on the stream) and
+    before each draft. On the CPU the copy is the tensor itself and is ready at once.
+    """
+
+    def __init__(self):
+        self.rounds: Deque[tuple] = collections.deque()  # (reqs, params, host sizes [bs], ready())
+
+    def push(self, reqs, params, sizes: torch.Tensor) -> None:
+        if sizes.device.type == "cpu":
+            host, ready = sizes, (lambda: True)
+        else:
+            host = torch.empty(sizes.shape, dtype=sizes.dtype, pin_memory=True)
+            host.copy_(sizes, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            ready = event.query
+        self.rounds.append((reqs, params, host, ready))
+
+    def flush(self) -> None:
+        while self.rounds and self.rounds[0][3]():
+            reqs, params, host, _ = self.rounds.popleft()
+            for req, p, n in zip(reqs, params, host.tolist()):  # a finished host copy: no device sync
+                if p is not None:
+                    record_round(req, _policy_name(p), "treespec_tree_sizes", n)
+
+
+_PENDING = PendingSizes()
 
 
 def _draft(original, self, batch, *args, **kwargs):
+    _PENDING.flush()
     defaults = server_defaults()
     reqs = getattr(batch, "reqs", None) or []
     params = [_req_params(r, defaults) for r in reqs]
@@ -227,7 +255,8 @@ def _draft(original, self, batch, *args, **kwargs):
         out = original(self, batch, *args, **kwargs)
     finally:
         _STEP.reset(token)
-    _record_stats(reqs, params, step)
+    if step.sizes is not None:
+        _PENDING.push(reqs, params, step.sizes)
     return out
 
 
@@ -252,10 +281,11 @@ def _organize(original, score_list, token_list, parents_list, num_draft_token, *
         return native
     group = verify_group()
     score_list = perturbed(score_list, group)  # a no-op unless a test asks for a faulty rank
+    rows = policy_rows(step.params, native[1].device, step.shares)  # cached per request: no list copy
     parent_list, top_scores_index, draft_tokens, keep = select_from_pool(
-        score_list, token_list, parents_list, num_draft_token, step.topk, step.params, native=native)
+        score_list, token_list, parents_list, num_draft_token, step.topk, step.params, native=native, rows=rows)
     if step.batch_budget is not None and any(step.shares):  # one verify budget for the sharing requests
-        shares = torch.tensor(step.shares, device=keep.device)
+        shares = rows[:, COLUMNS.index("shares")] > 0
         scores = torch.cat(score_list, dim=1).flatten(1).float()
         keep = share_batch_budget(scores, top_scores_index, keep, shares, step.batch_budget)
     # every rank that verifies this batch takes rank 0's tree (one int64 broadcast; alone: a no-op)
@@ -330,6 +360,7 @@ def _verify_input(result, *args, **kwargs):
 
 
 def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
+    _PENDING.flush()  # the tree sizes of the rounds resolved so far come first
     per = getattr(batch_result, "num_correct_drafts_per_req_cpu", None)  # host list, set by the hooked body
     if per is None:
         return result

@@ -6,29 +6,129 @@ then keeps the N-1 best. Here each request's policy chooses its own subset of th
 
 * no policy (None): SGLang's own top N-1 (native behaviour);
 * ``none``: the root alone (speculation off for the request: plain decoding);
-* ``eagle2``: the top ``min(budget, N) - 1`` by score;
-* ``talon`` / ``salf`` / ``c2t`` / ``chain``: the real policy run by :func:`grow_tree` over a
-  *pool-restricted draft* whose vocabulary is a node's k child slots: a pool node's children
-  are exactly the ones SGLang's beam computed (none for nodes the beam did not expand), with
-  their true conditional draft probabilities. The policy thus sees what the captured draft
-  computed; a policy that needs nodes the beam did not expand is limited to the beam.
+* ``eagle2``: the top ``min(budget, N) - 1`` by score (SALF with th = 0 too: its exact top-N, Thm. 2-3);
+* ``talon`` / ``salf`` / ``c2t`` / ``chain``: the policy's own rule over the pool (:mod:`.pool_rules`):
+  a pool node's children are exactly the ones SGLang's beam computed, with their true conditional draft
+  probabilities, so the policy sees what the captured draft computed and is limited to the beam. Every
+  policy's tree is capped at N nodes (its budget is ``min(budget, N)``).
 
 The selection is padded back to exactly N-1 with SGLang's next-best nodes (the kernel needs N
 per request) and :func:`unlink_filler` removes the padding from the verify traversal, so the
 verified tree is exactly the policy's tree.
+
+Per round the selection is sync-free: each request's parameters are one row of a device table
+(:func:`request_row`, built once per distinct parameter set and reused while the request lives), the
+rows are concatenated (one op) and every rule is a fixed sequence of tensor ops bounded by S, so the
+same code runs eagerly or inside a CUDA graph and its op count does not grow with the batch.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+import math
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..policies import grow_tree
 from ..policies.batch_budget import select_best
-from ..policies.params import Eagle2Params, NoneParams, PolicyParams
+from ..policies.classifier import c2t_features, load_classifier
+from ..policies.params import C2TParams, ChainParams, Eagle2Params, NoneParams, PolicyParams, SalfParams, TalonParams
+from .pool_rules import level_policies_keep, parent_entropy, salf_keep, salf_pops, static
 
-__all__ = ["PoolView", "select_from_pool", "share_batch_budget", "unlink_filler"]
+__all__ = ["PoolView", "select_from_pool", "share_batch_budget", "unlink_filler", "request_row", "policy_rows",
+           "KIND", "COLUMNS"]
+
+# the row table: one float32 row per request, these columns
+COLUMNS = ("kind", "budget", "top", "rank_depth", "topk", "log_mu", "th", "batch", "max_depth", "beta", "clf", "shares")
+_C = {name: i for i, name in enumerate(COLUMNS)}
+KIND = {"native": 0, "none": 1, "eagle2": 2, "talon": 3, "salf": 4, "c2t": 5, "chain": 6}
+_KIND_OF = {NoneParams: "none", Eagle2Params: "eagle2", TalonParams: "talon", SalfParams: "salf",
+            C2TParams: "c2t", ChainParams: "chain"}
+_BIG = 1 << 20
+
+_CLF_IDS: Dict[object, int] = {}  # classifier spec key -> id (the row's "clf" column)
+_CLF_SPECS: List[object] = []
+_ROWS: Dict[tuple, torch.Tensor] = {}  # (params, shares, device) -> [1, F] row, built once
+
+
+def _clf_id(spec) -> int:
+    key = spec if isinstance(spec, (str, type(None))) else ("module", id(spec))
+    if key not in _CLF_IDS:
+        _CLF_IDS[key] = len(_CLF_SPECS)
+        _CLF_SPECS.append(spec)
+    return _CLF_IDS[key]
+
+
+def _row_values(p: Optional[PolicyParams], shares: bool) -> List[float]:
+    # top: how many of SGLang's best pool nodes the row keeps by rank (native N-1, eagle2 and SALF
+    # with th = 0 budget-1, the others 0); rank_depth: the deepest level that ranking may take
+    v = dict(kind=0.0, budget=float(_BIG), top=float(_BIG), rank_depth=float(_BIG), topk=float(_BIG), log_mu=0.0,
+             th=0.0, batch=1.0, max_depth=float(_BIG), beta=-1.0, clf=-1.0, shares=float(shares))
+    if p is None:
+        return [v[c] for c in COLUMNS]
+    kind = _KIND_OF[type(p)]
+    v["kind"] = float(KIND[kind])
+    v["budget"] = float(p.max_nodes)
+    v["top"] = float(p.max_nodes - 1) if kind in ("eagle2", "none") or (kind == "salf" and p.th <= 0) else 0.0
+    if kind == "talon":
+        v.update(topk=p.topk, log_mu=float("-inf") if p.mu <= 0 else math.log(p.mu))
+    elif kind == "salf":
+        v.update(th=p.th, batch=p.batch, max_depth=p.max_depth if p.max_depth is not None else _BIG)
+        v["rank_depth"] = v["max_depth"]  # SALF never goes below max_depth
+    elif kind == "c2t":
+        v.update(topk=p.topk, beta=p.beta, max_depth=p.max_depth, clf=_clf_id(p.classifier))
+    elif kind == "chain" and p.beta is not None:
+        v.update(beta=p.beta, clf=_clf_id(p.classifier))
+    return [float(v[c]) for c in COLUMNS]
+
+
+def request_row(p: Optional[PolicyParams], device, shares: bool = False) -> torch.Tensor:
+    """A request's ``[1, F]`` float32 parameter row on ``device`` (columns :data:`COLUMNS`).
+
+    Built once per distinct (parameters, shares, device) and cached: a request pays one host->device
+    copy when its parameter set is first seen, none in the rounds after.
+
+    Examples
+    --------
+    >>> from treespec_sglang.policies import parse_spec
+    >>> request_row(parse_spec({"policy": "talon", "budget": 9}), "cpu")[0, :3].tolist()
+    [3.0, 9.0, 10.0]
+    """
+    key = (p, bool(shares), str(torch.device(device)))
+    row = _ROWS.get(key)
+    if row is None:
+        if len(_ROWS) > 4096:
+            _ROWS.clear()
+        row = _ROWS[key] = torch.tensor([_row_values(p, shares)], dtype=torch.float32, device=device)
+    return row
+
+
+def policy_rows(params: Sequence[Optional[PolicyParams]], device, shares: Optional[Sequence[bool]] = None):
+    """``[bs, F]`` row table for a batch: the cached rows concatenated (one op, no host->device copy)."""
+    shares = shares if shares is not None else [False] * len(params)
+    return torch.cat([request_row(p, device, s) for p, s in zip(params, shares)])
+
+
+class _Classifiers:
+    """The batch's C2T classifiers as one ``[bs, m, 3] -> [bs, m]`` function: each distinct classifier
+    scores the whole batch and every row takes its own (no per-round row index tensors)."""
+
+    _ON_DEVICE: Dict[tuple, torch.nn.Module] = {}
+
+    def __init__(self, ids: List[int], clf_col: torch.Tensor, device):
+        self.mods = []
+        for i in ids:
+            key = (i, str(torch.device(device)))
+            if key not in self._ON_DEVICE:
+                self._ON_DEVICE[key] = load_classifier(_CLF_SPECS[i]).to(device)
+            self.mods.append((i, self._ON_DEVICE[key]))
+        self.clf_col = clf_col
+
+    def __call__(self, feats: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            out = self.mods[0][1](feats)
+            for i, m in self.mods[1:]:
+                out = torch.where((self.clf_col == i)[:, None], m(feats), out)
+            return out
 
 
 class PoolView:
@@ -37,148 +137,139 @@ class PoolView:
     Attributes
     ----------
     scores : ``[bs, P]`` cumulative path probabilities, P = k + (S-1)k^2, SGLang's flat order
+    val : ``[bs, P]`` their logs, -inf where not a positive probability (``valid``)
     tokens : ``[bs, P]`` token ids
     parent_list : ``[bs, 1 + (S-1)k]`` SGLang's parent table (``parents_list[:-1]`` concatenated)
-    child_base : ``[bs, P + 1]`` flat index of the first of a node's k children, -1 where the beam
-        did not expand the node; column P is the root (its children are 0..k-1).
+    parent : ``[bs, P]`` flat index of each node's parent, -1 for the root's children
+        (SGLang's convention: ``parent_list[f // k]``)
+    level : ``[P]`` depth of each flat index (root's children: 1)
 
     Examples
     --------
     k = 2, S = 3: step 0 gives flat 0-1 (root's children); step 1 expands both, children at
     2-3 (of 0) and 4-5 (of 1); step 2 expands the 2 best of 2-5, say [5, 2], children at 6-7
-    (of 5) and 8-9 (of 2). child_base = [2, 4, 8, -1, -1, 6, -1, ..., root: 0].
+    (of 5) and 8-9 (of 2). parent_list = [-1, 0, 1, 5, 2], parent = [-1, -1, 0, 0, 1, 1, 5, 5, 2, 2].
     """
 
     def __init__(self, score_list, token_list, parents_list, topk: int):
-        k = topk
-        self.k = k
+        k = self.k = topk
         self.scores = torch.cat(score_list, dim=1).flatten(1).float()
         self.tokens = torch.cat(token_list, dim=1)
         bs, P = self.scores.shape
         dev = self.scores.device
-        if len(parents_list) > 1:
-            self.parent_list = torch.cat(parents_list[:-1], dim=1)
-        else:
-            self.parent_list = torch.empty(bs, 0, dtype=torch.long, device=dev)
-        base = torch.full((bs, P + 1), -1, dtype=torch.long, device=dev)
-        base[:, P] = 0
-        for i in range(1, len(score_list)):  # step i expands the frontier chosen at step i - 1
-            frontier = torch.arange(k, device=dev).expand(bs, k) if i == 1 else parents_list[i - 1].long()
-            starts = k + (i - 1) * k * k + torch.arange(frontier.shape[1], device=dev) * k
-            base.scatter_(1, frontier, starts.expand(bs, -1))
-        self.child_base = base
+        self.parent_list = torch.cat(parents_list[:-1], dim=1) if len(parents_list) > 1 else \
+            torch.full((bs, 1), -1, dtype=torch.long, device=dev)
+        self.level = _levels(k, P, dev)
+        self.parent = torch.gather(self.parent_list.long(), 1, _group_index(k, P, dev).expand(bs, P))
+        self.valid = self.scores > 0  # NaN / negative / zero: not a candidate for the policies
+        self.val = torch.where(self.valid, self.scores.log(), float("-inf"))
 
-    def rows(self, rows: torch.Tensor) -> "PoolView":
-        sub = PoolView.__new__(PoolView)
-        sub.k, sub.scores, sub.tokens = self.k, self.scores[rows], self.tokens[rows]
-        sub.parent_list, sub.child_base = self.parent_list[rows], self.child_base[rows]
-        return sub
-
-    def child_logprobs(self, flat: torch.Tensor) -> torch.Tensor:
-        """``[bs, w]`` flat indices (P = root, -1 = none) -> ``[bs, w, k]`` conditional log-probs
-        of the node's k child slots (-inf where the beam did not expand the node)."""
-        P = self.scores.shape[1]
-        base = torch.where(flat >= 0, torch.gather(self.child_base, 1, flat.clamp(0, P)), -1)
-        kids = base[:, :, None] + torch.arange(self.k, device=flat.device)  # [bs, w, k]
-        kid_lp = torch.gather(self.scores, 1, kids.clamp(0, P - 1).flatten(1)).view(kids.shape).log()
-        own = torch.where(flat == P, 0.0, torch.gather(self.scores, 1, flat.clamp(0, P - 1)).log())
-        return torch.where(base[:, :, None] >= 0, kid_lp - own[:, :, None], float("-inf"))
+    @property
+    def parent_val(self) -> torch.Tensor:
+        """``[bs, P]`` the parent's log path value (0 for the root)."""
+        pv = torch.gather(self.val, 1, self.parent.clamp(min=0))
+        return torch.where(self.parent < 0, 0.0, pv)
 
 
-def _policy_keep(pool: PoolView, specs: List[PolicyParams], N: int) -> torch.Tensor:
-    """Run each row's policy over the pool-restricted draft -> ``[bs, P]`` bool keep mask.
-
-    The working tree's "tokens" are child slots 0..k-1; node u's flat pool index is
-    ``child_base[flat(parent(u))] + slot(u)``, resolved as nodes enter the frontier.
-    """
-    bs, P = pool.scores.shape
-    dev = pool.scores.device
-    state = {}
-
-    def flat_of(tree, nodes):  # [bs, w] working-tree nodes -> [bs, w] flat pool indices
-        pf = torch.gather(state["fid"], 1, torch.gather(tree.parents, 1, nodes.clamp(min=0)).clamp(min=0))
-        base = torch.gather(pool.child_base, 1, pf.clamp(0, P))
-        slot = torch.gather(tree.tokens, 1, nodes.clamp(min=0))
-        return torch.where((nodes >= 0) & (base >= 0), base + slot, -1)
-
-    def expand(tree, frontier):  # [bs, width] -> [bs, width, k]
-        if "fid" not in state:
-            state["fid"] = torch.full((bs, tree.n_nodes), -1, dtype=torch.long, device=dev)
-            state["fid"][:, 0] = P  # the root
-        f = flat_of(tree, frontier)
-        cur = torch.gather(state["fid"], 1, frontier.clamp(min=0))
-        state["fid"].scatter_(1, frontier.clamp(min=0), torch.where(frontier >= 0, f, cur))
-        return pool.child_logprobs(f)
-
-    root = torch.full((bs, 1), P, dtype=torch.long, device=dev)
-    tree = grow_tree(specs, torch.zeros(bs, dtype=torch.long, device=dev), pool.child_logprobs(root)[:, 0], expand,
-                     validate=False)  # the pool's rows are log-probs by construction; no sync per round
-    fid = torch.full(tree.tokens.shape, -1, dtype=torch.long, device=dev)
-    fid[:, 0] = P
-    for d in range(1, tree.depth_bound + 1):  # parents precede children: resolve level by level
-        base = torch.gather(pool.child_base, 1, torch.gather(fid, 1, tree.parents.clamp(min=0)).clamp(0, P))
-        fid = torch.where(tree.depth == d, torch.where(base >= 0, base + tree.tokens.clamp(min=0), -1), fid)
-    # at most N-1 drafted nodes; a prefix of the node order is still a tree
-    ar = torch.arange(tree.n_nodes, device=dev)
-    take = tree.valid & (ar[None, :] >= 1) & (ar[None, :] < N) & (fid >= 0) & (fid < P)
-    keep = torch.zeros(bs, P + 1, dtype=torch.bool, device=dev)
-    keep.scatter_(1, torch.where(take, fid, P), take)
-    return keep[:, :P]
+def _levels(k: int, P: int, dev) -> torch.Tensor:
+    """``[P]`` int64 pool level of each flat index: k 2, P 10 -> [1, 1, 2, 2, 2, 2, 3, 3, 3, 3]."""
+    def build():
+        f = torch.arange(P)
+        return torch.where(f < k, 1, 2 + (f - k).div(k * k, rounding_mode="floor"))
+    return static(("level", k, P), dev, build)
 
 
-def _top_limit(p: Optional[PolicyParams], N: int) -> int:
-    """How many of SGLang's top-ranked pool nodes a row keeps: N-1 native, ``min(budget, N) - 1``
-    eagle2, 0 for ``none``; -1 for the policies run over the pool (:func:`_policy_keep`)."""
-    if p is None:
-        return N - 1
-    if isinstance(p, Eagle2Params):
-        return min(p.budget, N) - 1
-    return 0 if isinstance(p, NoneParams) else -1
+def _group_index(k: int, P: int, dev) -> torch.Tensor:
+    """``[1, P]`` the parent-table column of each flat index, ``f // k``."""
+    return static(("group", k, P), dev, lambda: (torch.arange(P) // k)[None, :])
+
+
+def _arange(n: int, dev) -> torch.Tensor:
+    return static(("arange", n), dev, lambda: torch.arange(n))
+
+
+def _present(params) -> set:
+    return {("native" if p is None else _KIND_OF[type(p)]) for p in params}
 
 
 def select_from_pool(score_list, token_list, parents_list, num_draft_token: int, topk: int,
-                     params: List[Optional[PolicyParams]], native=None):
+                     params: Sequence[Optional[PolicyParams]], native=None, rows: Optional[torch.Tensor] = None):
     """``organize_draft_results`` with per-request policies.
 
     Parameters
     ----------
     score_list, token_list, parents_list, num_draft_token : as SGLang passes them
     topk : the server's ``speculative_eagle_topk``
-    params : one policy per request (None = SGLang's own selection)
+    params : one policy per request (None = SGLang's own selection); read on the host only to know
+        which rules and classifiers the batch needs
     native : optional ``(parent_list, top_scores_index, draft_tokens)`` from SGLang's function;
         rows without a policy take it verbatim (exact native behaviour, ties included)
+    rows : optional ``[bs, F]`` float32 row table (:func:`policy_rows`); built from ``params`` if not given
 
     Returns
     -------
     (parent_list, top_scores_index ``[bs, N-1]``, draft_tokens ``[bs, N-1]``, keep ``[bs, N]`` bool)
         As SGLang returns them, plus ``keep[b, i]``: verify node i (0 = root) is part of
         request b's policy tree (the rest is filler, unlinked by :func:`unlink_filler`).
+
+    Examples
+    --------
+    Two rows, k 2, S 2, N 4: a native row keeps SGLang's top 3; ``{"policy": "none"}`` keeps the root alone.
+
+    >>> from treespec_sglang.policies import parse_spec
+    >>> sl = [torch.tensor([[[.6, .3]], [[.6, .3]]]), torch.tensor([[[.5, .1], [.2, .1]]] * 2)]
+    >>> tl = [torch.tensor([[1, 2]] * 2), torch.tensor([[3, 4, 5, 6]] * 2)]
+    >>> pl = [torch.tensor([[-1, 0, 1]] * 2), torch.tensor([[2, 3]] * 2)]
+    >>> keep = select_from_pool(sl, tl, pl, 4, 2, [None, parse_spec({"policy": "none"})])[3]
+    >>> keep.tolist()
+    [[True, True, True, True], [True, False, False, False]]
     """
     N = num_draft_token
     pool = PoolView(score_list, token_list, parents_list, topk)
     bs, P = pool.scores.shape
     dev = pool.scores.device
+    if rows is None:
+        rows = policy_rows(params, dev)
+    present = _present(params)
+    kind = rows[:, _C["kind"]]
+    n_eff = rows[:, _C["budget"]].clamp(max=N).long()  # [bs] tree size cap, root included
+    limit = rows[:, _C["top"]].clamp(max=N - 1).long()  # [bs] nodes kept by SGLang's ranking
+    ar = _arange(P, dev)
     # SGLang's ranking, ties toward the earlier (shallower) candidate; sorted position j < limit <=> rank < limit
-    order = torch.sort(pool.scores, dim=-1, descending=True, stable=True).indices  # [bs, P]
-    limit = torch.tensor([_top_limit(p, N) for p in params], device=dev)
-    ar = torch.arange(P, device=dev)
-    # [bs, P]: native and eagle2 rows keep their top `limit`; policy rows are set below
-    keep = torch.zeros_like(pool.scores, dtype=torch.bool).scatter(1, order, ar[None, :] < limit[:, None])
-    others = [i for i, p in enumerate(params) if _top_limit(p, N) < 0]
-    if others:
-        rows = torch.tensor(others, device=dev)
-        keep[rows] = _policy_keep(pool.rows(rows), [params[i] for i in others], N)
+    rank_scores = pool.scores
+    if any(isinstance(p, SalfParams) and p.th <= 0 and p.max_depth is not None and p.max_depth < len(score_list)
+           for p in params):  # SALF with th = 0 never goes below max_depth
+        rank_scores = torch.where(pool.level[None, :] > rows[:, _C["rank_depth"], None], float("-inf"), rank_scores)
+    order = torch.sort(rank_scores, dim=-1, descending=True, stable=True).indices  # [bs, P]
+    keep = torch.zeros(bs, P, dtype=torch.bool, device=dev).scatter(1, order, ar[None, :] < limit[:, None])
+    cols = {c: rows[:, _C[c]] for c in ("topk", "log_mu", "beta", "max_depth", "th", "batch")}
+    kinds = {name: kind == KIND[name] for name in ("talon", "c2t", "chain") if name in present}
+    if kinds:
+        ids = sorted({_clf_id(p.classifier) for p in params if isinstance(p, C2TParams)
+                      or (isinstance(p, ChainParams) and p.beta is not None)})
+        conf = None
+        if ids:  # every node's C2T features and confidence at once (C2T Eq. 6-8)
+            feats = c2t_features(pool.val, parent_entropy(pool.val - pool.parent_val, topk), pool.level.expand(bs, P))
+            conf = _Classifiers(ids, rows[:, _C["clf"]], dev)(feats)  # [bs, P]
+        keep = keep | level_policies_keep(pool.val, pool.valid, pool.parent, topk, n_eff, cols, kinds, conf)
+    salf = [p for p in params if isinstance(p, SalfParams) and p.th > 0]
+    if salf:  # the best-first search (th = 0 rows took their exact top-N from the ranking)
+        search = cols["th"] > 0  # only SALF rows have a th column
+        pops = salf_pops(min(p.th for p in salf), N, len(score_list))
+        n_max = min(N, max(p.budget for p in salf))
+        keep = keep | salf_keep(pool.val, pool.valid, pool.level, pool.parent, n_eff, cols, search, pops, n_max,
+                                max(p.batch for p in salf))
     # pad to exactly N-1 with the best unselected candidates: a prefix of SGLang's ranking, which is
     # closed under ancestors because a parent never scores below its child
-    need = (N - 1) - keep.long().sum(-1, keepdim=True)
+    need = (N - 1) - keep.sum(-1, keepdim=True)
     unsel = ~torch.gather(keep, 1, order)
-    fill = torch.zeros_like(keep).scatter(1, order, unsel & (unsel.long().cumsum(-1) <= need))
+    fill = torch.zeros_like(keep).scatter(1, order, unsel & (unsel.cumsum(-1) <= need))
     idx = torch.where(keep | fill, ar, P)
     top_scores_index = torch.sort(idx, dim=-1).values[:, :N - 1]
     node_keep = torch.cat([torch.ones(bs, 1, dtype=torch.bool, device=dev),
                            torch.gather(keep, 1, top_scores_index)], dim=1)
-    if native is not None:
-        is_native = torch.tensor([p is None for p in params], device=dev)[:, None]
+    if native is not None and None in params:
+        is_native = (kind == KIND["native"])[:, None]
         top_scores_index = torch.where(is_native, native[1], top_scores_index)
         node_keep = node_keep | is_native
     draft_tokens = torch.gather(pool.tokens, 1, top_scores_index)

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["SyncCounter", "count_host_syncs"]
+__all__ = ["SyncCounter", "count_host_syncs", "OpCounter", "count_ops"]
 
 _SYNC_OPS = {
     "aten::_local_scalar_dense", "aten::nonzero", "aten::nonzero_static", "aten::masked_select",
@@ -73,6 +73,69 @@ def count_host_syncs():
     def wrap(name):
         def f(self, *a, **k):  # these bypass the dispatcher: count them here
             mode.ops[f"Tensor.{name}"] += 1
+            return orig[name](self, *a, **k)
+        return f
+
+    try:
+        for name in orig:
+            setattr(torch.Tensor, name, wrap(name))
+        with mode:
+            yield mode
+    finally:
+        for name, fn in orig.items():
+            setattr(torch.Tensor, name, fn)
+
+
+class OpCounter(TorchDispatchMode):
+    """Dispatch mode counting every ATen op (``ops``), the host reads among them (``reads``: the
+    sync-forcing ops of :class:`SyncCounter`) and host->device list copies (``copies``: a tensor built
+    from Python data, ``aten::lift_fresh``, or a copy from the CPU to another device).
+
+    Examples
+    --------
+    >>> x = torch.arange(4)
+    >>> with count_ops() as c:
+    ...     _ = (x + torch.tensor([1, 2, 3, 4])).sum().item()
+    >>> c.ops, c.reads, c.copies
+    (4, 1, 1)
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+        self.reads = 0
+        self.copies = 0
+        self.names: Counter = Counter()
+        self._sync = SyncCounter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name
+        self.ops += 1
+        self.names[name] += 1
+        before = self._sync.count
+        out = self._sync.__torch_dispatch__(func, types, args, kwargs)  # classifies, then runs the op
+        self.reads += self._sync.count - before
+        if name == "aten::lift_fresh":
+            self.copies += 1
+        elif name in ("aten::_to_copy", "aten::copy_"):
+            src = args[1] if name == "aten::copy_" else args[0]
+            dst = kwargs.get("device") if name == "aten::_to_copy" else args[0].device
+            if isinstance(src, torch.Tensor) and src.device.type == "cpu" and dst is not None \
+                    and torch.device(dst).type != "cpu":
+                self.copies += 1
+        return out
+
+
+@contextmanager
+def count_ops():
+    """Context manager yielding an :class:`OpCounter`; ``.tolist()`` / ``.numpy()`` count as host reads."""
+    mode = OpCounter()
+    orig = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+
+    def wrap(name):
+        def f(self, *a, **k):
+            mode.reads += 1
             return orig[name](self, *a, **k)
         return f
 
