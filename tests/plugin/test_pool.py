@@ -319,3 +319,41 @@ def test_batch_budget_on_the_pool_is_optimal_and_closed(seed, per_request, share
         r = sglang_retrive(tree)
         nt, ns = unlink_filler(r.retrive_next_token, r.retrive_next_sibling, got[b:b + 1])
         assert reachable(nt, ns, 0) == [i for i in range(N) if got[b, i]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs", [1, 16, 64])
+def test_selection_replays_in_a_cuda_graph_as_it_runs_eagerly(big_pools, bs):
+    """A mixed batch's selection captured in a torch CUDA graph: the replay equals the eager call on the
+    GPU and on the CPU, and a replay on new pool values (copied into the captured inputs) equals eager."""
+    lists = big_pools[64]
+    specs = [s for specs, _ in OP_BUDGETS for s in specs]
+    params = [parse_spec(specs[i % len(specs)]) if i % 7 else None for i in range(bs)]
+    cpu = [[t[:bs] for t in part] for part in lists]
+    dev = [[t.cuda() for t in part] for part in cpu]
+    rows = policy_rows(params, "cuda")
+    call = lambda: select_from_pool(*dev, 48, 8, params, rows=rows)  # noqa: E731
+    eager = call()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    on_cpu = select_from_pool(*cpu, 48, 8, params)
+    for e, c, h in zip(eager, captured, on_cpu):
+        assert torch.equal(e, c) and torch.equal(e.cpu(), h)
+    # new values through the same graph: the pool of other requests (rows flipped)
+    other = [[t.flip(0)[:bs] for t in part] for part in lists]
+    for part_dst, part_src in zip(dev, other):
+        for d, s in zip(part_dst, part_src):
+            d.copy_(s)
+    graph.replay()
+    torch.cuda.synchronize()
+    again = select_from_pool(*[[t.cuda() for t in part] for part in other], 48, 8, params, rows=rows)
+    for c, a in zip(captured, again):
+        assert torch.equal(c, a)

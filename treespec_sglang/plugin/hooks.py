@@ -82,6 +82,7 @@ _STEP: contextvars.ContextVar = contextvars.ContextVar("treespec_draft_step", de
 # The requests of the speculative round in progress (draft + verify), for per-round stats.
 _ROUND: contextvars.ContextVar = contextvars.ContextVar("treespec_round_reqs", default=None)
 KEEP_ATTR = "treespec_keep"  # on SGLang's verify input: [bs, N] bool kept nodes
+DRAFTED = "_treespec_drafted"  # on a Req: drafted with its policy at least once (its stats are ours to keep)
 
 
 class DraftStep:
@@ -256,7 +257,10 @@ def _draft(original, self, batch, *args, **kwargs):
     finally:
         _STEP.reset(token)
     if step.sizes is not None:
-        _PENDING.push(reqs, params, step.sizes)
+        for req, p in zip(reqs, params):
+            if p is not None:
+                setattr(req, DRAFTED, True)
+        _PENDING.push(list(reqs), params, step.sizes)  # a copy: SGLang edits batch.reqs in place
     return out
 
 
@@ -302,7 +306,7 @@ def _record_verify_tokens(per_request) -> None:
         return
     for req, n in zip(reqs, per_request):
         p = getattr(req, "_treespec_params", None)
-        if p is not None and req.customized_info is not None:
+        if p is not None and getattr(req, DRAFTED, False):
             record_round(req, _policy_name(p), "treespec_verify_tokens", n)
 
 
@@ -366,7 +370,7 @@ def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
         return result
     for req, n in zip(batch.reqs, per):
         p = getattr(req, "_treespec_params", None)
-        if p is None or req.customized_info is None:
+        if p is None or not getattr(req, DRAFTED, False):
             continue  # native request (or one never drafted with a policy)
         if req.is_retracted or req.finished():
             continue  # SGLang commits nothing for these either

@@ -24,6 +24,7 @@ same code runs eagerly or inside a CUDA graph and its op count does not grow wit
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Dict, List, Optional, Sequence
 
@@ -118,8 +119,8 @@ class _Classifiers:
         self.mods = []
         for i in ids:
             key = (i, str(torch.device(device)))
-            if key not in self._ON_DEVICE:
-                self._ON_DEVICE[key] = load_classifier(_CLF_SPECS[i]).to(device)
+            if key not in self._ON_DEVICE:  # a copy: Module.to moves in place, and the loaded one is shared
+                self._ON_DEVICE[key] = copy.deepcopy(load_classifier(_CLF_SPECS[i])).to(device)
             self.mods.append((i, self._ON_DEVICE[key]))
         self.clf_col = clf_col
 
