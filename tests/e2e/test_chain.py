@@ -55,3 +55,19 @@ def test_none_and_a_shorter_chain_are_honoured_in_chain_mode(chain, prompt_ids, 
     assert set(off["treespec_tree_sizes"]) == {1} and set(off["treespec_accept_lengths"]) == {0}
     assert set(short["treespec_tree_sizes"]) == {2} and max(short["treespec_accept_lengths"]) <= 1
     assert "treespec_tree_sizes" not in native and native["spec_verify_ct"] < off["spec_verify_ct"]
+
+
+def test_tree_policies_are_refused_in_chain_mode_with_a_message(chain, prompt_ids, plain_greedy):
+    """A chain server cannot build a tree: each tree policy finishes at once with a message naming the
+    policy and what the server can do, instead of drafting SGLang's chain silently; its neighbours run."""
+    specs = [{"policy": "talon", "budget": 4}, {"policy": "eagle2", "budget": 3}, {"policy": "salf"},
+             {"policy": "c2t"}, {"policy": "chain", "length": 2}, None]
+    outs = chain.generate(input_ids=[prompt_ids[0]] * len(specs), sampling_params=[greedy_params(s) for s in specs])
+    for s, o in zip(specs[:4], outs):
+        fin = o["meta_info"]["finish_reason"]
+        assert fin["type"] == "abort" and fin["message"].startswith(f"{s['policy']} needs a draft tree") \
+            and "--speculative-eagle-topk 1" in fin["message"], fin
+        assert "treespec_tree_sizes" not in o["meta_info"]
+    for o in outs[4:]:
+        assert same_tokens(o["output_ids"], plain_greedy[0])
+    assert set(outs[4]["meta_info"]["treespec_tree_sizes"]) == {3}

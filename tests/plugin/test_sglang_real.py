@@ -149,6 +149,10 @@ def test_server_flags_are_added_and_exported(loaded, monkeypatch):
     bad = parser.parse_args(["--model-path", "dummy", "--treespec-policy", "talon", "--treespec-config", '{"mu": 9}'])
     with pytest.raises(ValueError, match=r"talon.mu must be in"):
         _from_cli_args(None, ServerArgs, bad)
+    from types import SimpleNamespace
+    chain_server = SimpleNamespace(speculative_algorithm="EAGLE", speculative_eagle_topk=1)  # the built ServerArgs
+    with pytest.raises(ValueError, match=r"--treespec-policy talon needs a draft tree"):  # at start, not per request
+        _from_cli_args(chain_server, ServerArgs, args)
 
 
 def test_batch_budget_flag_is_added_validated_and_exported(loaded, monkeypatch):
@@ -303,7 +307,8 @@ def test_accept_lengths_per_round_reach_customized_info(loaded):
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
 
     def req(params, info):
-        return SimpleNamespace(_treespec_params=params, customized_info=info, is_retracted=False,
+        return SimpleNamespace(_treespec_params=params, _treespec_drafted=params is not None, customized_info=info,
+                               is_retracted=False,
                                finished=lambda: False, grammar=None, kv=SimpleNamespace(kv_committed_len=10),
                                spec_verify_ct=0, spec_num_correct_drafts=0,
                                update_spec_correct_drafts_histogram=lambda n: None)

@@ -70,7 +70,8 @@ from .pool import COLUMNS, policy_rows, select_from_pool, share_batch_budget, un
 from .ranks import agree, check_settings_agree, cpu_parallel_group, perturbed, record_digest, shard_hot_head, \
     verify_group
 from .ragged import amx_extend_metadata, eager_while_ragged, flashinfer_verify_args, ragged_verify_forward
-from .request import ERROR_KEY, flag_invalid_items, request_params, request_shares, validate_custom_params
+from .request import ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason, \
+    validate_custom_params
 from .stats import record_round, stream_accept
 
 logger = logging.getLogger("treespec_sglang.plugin")
@@ -132,7 +133,11 @@ def _from_cli_args(result, cls, args, *a, **k):
         config = json.loads(raw) if raw else {}
     except json.JSONDecodeError as e:
         raise ValueError(f"--treespec-config must be a JSON object: {e}") from None
-    configure(policy, config, batch, classifiers or None)  # validates (ValueError naming field and range), exports to the env
+    defaults = configure(policy, config, batch, classifiers or None)  # validates (ValueError naming field and
+    # range), exports to the env; a default this server cannot draft stops it here, not every request later
+    reason = unsupported_reason(request_params(None, defaults), result)
+    if reason is not None:
+        raise ValueError(f"--treespec-policy {reason}")
     thresholds = [getattr(args, n, 1.0) for n in ("speculative_accept_threshold_single",
                                                     "speculative_accept_threshold_acc")]
     if any(t is not None and t != 1.0 for t in thresholds):
@@ -171,7 +176,7 @@ def _create_generation_req(req, self, *args, **kwargs):
     msg = str(cp[ERROR_KEY]) if isinstance(cp, dict) and ERROR_KEY in cp else None
     if msg is None:
         try:  # parsed here, once: every rank sees the same request and (checked at start) the same settings
-            _req_params(req, server_defaults())
+            msg = unsupported_reason(_req_params(req, server_defaults()), getattr(self, "server_args", None))
         except ValueError as e:  # a value that skipped the tokenizer's validation: refused, never a fallback
             msg = str(e)
     if msg is not None:

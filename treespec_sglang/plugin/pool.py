@@ -91,7 +91,8 @@ def request_row(p: Optional[PolicyParams], device, shares: bool = False) -> torc
     Examples
     --------
     >>> from treespec_sglang.policies import parse_spec
-    >>> request_row(parse_spec({"policy": "talon", "budget": 9}), "cpu")[0, :3].tolist()
+    >>> row = request_row(parse_spec({"policy": "talon", "budget": 9}), "cpu")[0]
+    >>> [row[COLUMNS.index(c)].item() for c in ("kind", "budget", "topk")]
     [3.0, 9.0, 10.0]
     """
     key = (p, bool(shares), str(torch.device(device)))

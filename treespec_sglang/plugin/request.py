@@ -17,12 +17,13 @@ from __future__ import annotations
 from typing import Optional
 
 from ..policies import PolicyParams, parse_spec
+from ..policies.params import ChainParams
 from ..policies.batch_budget import split_batch_option
 from .classifiers import resolve_request_classifier
 from .config import ServerDefaults
 
 __all__ = ["CUSTOM_KEY", "ERROR_KEY", "validate_custom_params", "request_params", "request_shares", "diagnose",
-           "flag_invalid_items"]
+           "flag_invalid_items", "unsupported_reason"]
 
 CUSTOM_KEY = "treespec"
 ERROR_KEY = "treespec_error"  # set by flag_invalid_items on a malformed batch item
@@ -102,3 +103,35 @@ def request_shares(sampling_params) -> bool:
         return split_batch_option(_raw(getattr(sampling_params, "custom_params", None)))[1]
     except ValueError:
         return True
+
+
+def unsupported_reason(p: Optional[PolicyParams], server_args) -> Optional[str]:
+    """Why this server cannot draft policy ``p`` (None: it can). Never a silent native fallback.
+
+    * ``--enable-multi-layer-eagle`` drafts in SGLang's ``MultiLayerEagleWorkerV2``, whose draft loop the
+      hooks do not reach: no policy (``none`` included) can be applied there;
+    * ``--speculative-eagle-topk 1`` drafts a chain: only ``chain`` (its length and C2T early stop) and
+      ``none`` apply; a tree policy has no tree to choose from.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> args = SimpleNamespace(speculative_algorithm="EAGLE", speculative_eagle_topk=1)
+    >>> unsupported_reason(parse_spec({"policy": "talon"}), args).split(":")[0]
+    'talon needs a draft tree'
+    >>> unsupported_reason(parse_spec({"policy": "chain", "length": 2}), args) is None
+    True
+    """
+    if p is None or server_args is None or getattr(server_args, "speculative_algorithm", None) is None:
+        return None  # native, or no speculation at all (plain decoding is what every policy reduces to)
+    name = type(p).__name__.replace("Params", "").lower()
+    if getattr(server_args, "enable_multi_layer_eagle", False):
+        return (f"{name}: this server drafts with SGLang's multi-layer EAGLE worker (--enable-multi-layer-eagle), "
+                f"which treespec policies cannot drive; send the request without custom_params['{CUSTOM_KEY}'] "
+                f"or use a server without that flag")
+    if getattr(server_args, "speculative_eagle_topk", None) == 1 and not isinstance(p, ChainParams) \
+            and name != "none":
+        return (f"{name} needs a draft tree: this server drafts a chain (--speculative-eagle-topk 1); use "
+                f"{{'policy': 'chain'}} (length, C2T early stop with beta) or {{'policy': 'none'}}, or a server "
+                f"with --speculative-eagle-topk > 1")
+    return None

@@ -72,8 +72,8 @@ def target_probs(logits: torch.Tensor, temperature: Num = 0.0, top_k: Num = -1, 
 
     Examples
     --------
-    >>> target_probs(torch.tensor([[0.0, 1.0, 2.0]]), 1.0, top_k=2).round(decimals=3).tolist()
-    [[0.0, 0.269, 0.731]]
+    >>> [round(x, 3) for x in target_probs(torch.tensor([[0.0, 1.0, 2.0]]), 1.0, top_k=2)[0].tolist()]
+    [0.0, 0.269, 0.731]
     """
     bs, V = logits.shape[0], logits.shape[-1]
     dev = logits.device

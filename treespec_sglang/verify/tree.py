@@ -79,7 +79,7 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, *, temperature: Nu
     >>> logits = torch.full((1, 4, 5), -9.0); logits[0, 0, 1] = logits[0, 1, 4] = 9.0
     >>> r = verify_tree(t, logits)
     >>> r.path.tolist(), r.num_accepted.tolist(), r.bonus.tolist()
-    ([[0, 1, -1, -1]], [1], [4])
+    ([[0, 1, -1]], [1], [4])
     """
     bs, n = tree.tokens.shape
     if target_logits.dim() != 3 or target_logits.shape[:2] != (bs, n):

@@ -1,0 +1,49 @@
+"""What a server can draft: a request asking for more is refused with a message, never served natively."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from treespec_sglang.plugin.request import unsupported_reason
+from treespec_sglang.policies import parse_spec
+
+TREE = [{"policy": "talon"}, {"policy": "salf"}, {"policy": "c2t"}, {"policy": "eagle2", "budget": 4}]
+CHAIN = [{"policy": "chain", "length": 2}, {"policy": "chain", "beta": 0.5}, {"policy": "none"}]
+
+
+def args(topk=4, algo="EAGLE", multi=False):
+    return SimpleNamespace(speculative_algorithm=algo, speculative_eagle_topk=topk, enable_multi_layer_eagle=multi)
+
+
+@pytest.mark.parametrize("spec", TREE + CHAIN)
+def test_a_tree_server_drafts_every_policy(spec):
+    assert unsupported_reason(parse_spec(spec), args(topk=4)) is None
+
+
+@pytest.mark.parametrize("spec", TREE)
+def test_a_chain_server_refuses_tree_policies_naming_them_and_the_way_out(spec):
+    msg = unsupported_reason(parse_spec(spec), args(topk=1))
+    assert msg.startswith(f"{spec['policy']} needs a draft tree") and "'chain'" in msg and "topk > 1" in msg
+
+
+@pytest.mark.parametrize("spec", CHAIN)
+def test_a_chain_server_drafts_chains_and_none(spec):
+    assert unsupported_reason(parse_spec(spec), args(topk=1)) is None
+
+
+@pytest.mark.parametrize("spec", TREE + CHAIN)
+def test_the_multi_layer_eagle_worker_refuses_every_policy(spec):
+    msg = unsupported_reason(parse_spec(spec), args(multi=True))
+    assert "--enable-multi-layer-eagle" in msg and msg.startswith(spec["policy"])
+
+
+def test_native_requests_and_servers_without_speculation_pass():
+    assert unsupported_reason(None, args(topk=1, multi=True)) is None
+    assert unsupported_reason(parse_spec({"policy": "talon"}), args(algo=None, topk=1)) is None
+
+
+@pytest.mark.sglang
+def test_the_server_fields_read_exist_in_sglang():
+    sa = pytest.importorskip("sglang.srt.server_args")
+    fields = sa.ServerArgs.__annotations__
+    assert {"speculative_algorithm", "speculative_eagle_topk", "enable_multi_layer_eagle"} <= set(fields)
