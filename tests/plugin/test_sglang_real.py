@@ -182,12 +182,14 @@ def test_batch_budget_flag_is_added_validated_and_exported(loaded, monkeypatch):
         bad.verify(1000)
 
 
-def test_organize_hook_applies_request_policies(loaded):
-    """The hooked organize_draft_results: native inside a step without policies, per-request
-    selection (and unlinking) inside a draft step with them."""
+def test_organize_hook_keeps_sglang_selection_and_the_policies_run_on_the_stashed_pool(loaded):
+    """The hooked organize_draft_results returns SGLang's own selection in and out of a draft step (it stays
+    inside SGLang's draft graph) and copies the pool aside; the selection after the draft reads that copy
+    and gives each request its policy tree."""
     import sglang.srt.speculative.eagle_utils as eu
 
     from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin.draft_select import read_pool, select_after_draft
     from treespec_sglang.policies import parse_spec
 
     draft = PathDraft(30, seed=5, sharpness=2.0)
@@ -201,8 +203,12 @@ def test_organize_hook_applies_request_policies(loaded):
         out = eu.organize_draft_results(sl, tl, pl, 12)
     finally:
         hooks._STEP.reset(token)
+    assert all(torch.equal(x, y) for x, y in zip(out, native))  # SGLang's selection, untouched
+    pool = read_pool(2, 2, 4, 4, "cpu")
+    assert torch.equal(pool.scores, torch.cat(sl, 1).flatten(1)) and torch.equal(pool.parent_list, native[0])
+    top, toks = select_after_draft(step, None, native[1], native[2], 12, 4)
     assert step.sizes.tolist() == [6, 12]  # talon's 6-node tree; the native row keeps all N
-    assert torch.equal(out[1][1], native[1][1]) and step.keep[1].all()
+    assert torch.equal(top[1], native[1][1]) and torch.equal(toks[1], native[2][1]) and step.keep[1].all()
     assert step.keep[0, 0] and int(step.keep[0].sum()) == 6
 
 
@@ -230,8 +236,8 @@ def test_draft_hook_stages_policies_and_reports_stats(loaded):
             SimpleNamespace(sampling_params=SamplingParams(), customized_info=None)]
     seen = {}
 
-    def body(self, batch):  # what the real draft() does around the two hooked functions
-        parent_list, top, toks = eu.organize_draft_results(sl, tl, pl, N)
+    def build(**a):  # build_eagle_verify_input's part the hooks rely on: retrieve chains from the selection
+        top, toks, parent_list = a["top_scores_index"], a["draft_tokens"], a["parent_list"]
         parents = []
         for b in range(2):
             sel, row = top[b].tolist(), [-1]
@@ -242,8 +248,14 @@ def test_draft_hook_stages_policies_and_reports_stats(loaded):
         r = sglang_retrive(DraftTree.from_lists([[int(roots[b])] + toks[b].tolist() for b in range(2)], parents))
         vi = SimpleNamespace(retrieve_next_token=r.retrive_next_token.clone(),
                              retrieve_next_sibling=r.retrive_next_sibling.clone())
-        seen["native_chain"] = r.retrive_next_token.clone()
-        return hooks._verify_input(vi)
+        seen.setdefault("chain", r.retrive_next_token.clone())
+        return vi
+
+    def body(self, batch):  # what the real draft() does around the hooked functions
+        parent_list, top, toks = eu.organize_draft_results(sl, tl, pl, N)
+        build(top_scores_index=top, draft_tokens=toks, parent_list=parent_list)  # SGLang's own tree
+        return hooks._build_verify_input(build, batch, None, parent_list, top, toks, None, target_worker=None,
+                                         topk=k, num_steps=4, num_draft_tokens=N, tree_mask_mode=None, device="cpu")
 
     worker = SimpleNamespace(topk=k, speculative_num_steps=4, speculative_num_draft_tokens=N)
     out = hooks._draft(body, worker, SimpleNamespace(reqs=reqs))
@@ -251,7 +263,7 @@ def test_draft_hook_stages_policies_and_reports_stats(loaded):
     assert reqs[0].customized_info == {"treespec_policy": ["talon"], "treespec_tree_sizes": [7], "treespec_summary": [
         {"rounds": 0, "tree_nodes": 7, "verified_tokens": 0, "accepted_tokens": 0, "lists_truncated": False}]}
     assert reqs[1].customized_info is None  # native request: untouched
-    assert torch.equal(out.retrieve_next_token[1], seen["native_chain"][1])
+    assert torch.equal(out.retrieve_next_token[1], seen["chain"][1])
     reach, stack = set(), [0]
     while stack:
         u = stack.pop()
@@ -267,15 +279,29 @@ def test_draft_hook_stages_policies_and_reports_stats(loaded):
     assert not SchedulerOutputStreamer.is_request_level_customized_info_key(None, "other")
 
 
-def test_policy_batches_draft_eagerly(loaded):
-    """prepare_for_draft (hooked) turns the draft CUDA graph off only inside a treespec draft step."""
+def test_tree_batches_keep_the_draft_graph_and_chain_stops_draft_eagerly(loaded):
+    """prepare_for_draft (hooked): a tree-mode step keeps SGLang's draft CUDA graph and remembers its runner
+    (the selection reads the replay's pool); a chain-mode step with the C2T stop drafts eagerly."""
     from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin.chain_stop import ChainStopper
+    from treespec_sglang.policies import parse_spec
 
+    runner = object()
     fake = ("fb", True, None)
-    assert hooks._prepare_for_draft(fake) == fake
-    token = hooks._STEP.set(hooks.DraftStep([None], 4))
+    args = ("draft_input", "req_to_token_pool", "batch", runner)
+    assert hooks._prepare_for_draft(fake, *args) == fake
+    tree = hooks.DraftStep([None], 4)
+    token = hooks._STEP.set(tree)
     try:
-        assert hooks._prepare_for_draft(fake) == ("fb", False, None)
+        assert hooks._prepare_for_draft(fake, *args) == fake and tree.runner is runner
+        assert hooks._prepare_for_draft(("fb", False, None), *args) == ("fb", False, None) and tree.runner is None
+    finally:
+        hooks._STEP.reset(token)
+    chain = hooks.DraftStep([parse_spec({"policy": "chain", "beta": 0.5})], 1)
+    chain.chain = ChainStopper(chain.params, 3, "cpu")
+    token = hooks._STEP.set(chain)
+    try:
+        assert hooks._prepare_for_draft(fake, *args) == ("fb", False, None)
     finally:
         hooks._STEP.reset(token)
     import sglang.srt.speculative.eagle_worker_common as common

@@ -66,8 +66,9 @@ from .classifiers import parse_classifier_flags
 from .config import ServerDefaults, configure, server_defaults
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
-from .pool import COLUMNS, policy_rows, select_from_pool, share_batch_budget, unlink_filler
-from .ranks import agree, check_settings_agree, cpu_parallel_group, perturbed, record_digest, shard_hot_head, \
+from .draft_select import capturing, select_after_draft, stash_pool
+from .pool import unlink_filler
+from .ranks import check_settings_agree, cpu_parallel_group, shard_hot_head, \
     verify_group
 from .ragged import amx_extend_metadata, eager_while_ragged, flashinfer_verify_args, ragged_verify_forward
 from .request import ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason, \
@@ -82,6 +83,7 @@ __all__ = ["HOOKS", "SIGNATURES", "register_hooks", "DraftStep"]
 _STEP: contextvars.ContextVar = contextvars.ContextVar("treespec_draft_step", default=None)
 # The requests of the speculative round in progress (draft + verify), for per-round stats.
 _ROUND: contextvars.ContextVar = contextvars.ContextVar("treespec_round_reqs", default=None)
+_BUILD = "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input"
 KEEP_ATTR = "treespec_keep"  # on SGLang's verify input: [bs, N] bool kept nodes
 DRAFTED = "_treespec_drafted"  # on a Req: drafted with its policy at least once (its stats are ours to keep)
 
@@ -97,6 +99,7 @@ class DraftStep:
         self.batch_budget = batch_budget  # mean verified tokens per sharing request (None: off)
         self.keep: Optional[torch.Tensor] = None  # [bs, N] bool after selection
         self.chain: Optional[ChainStopper] = None  # chain mode (topk = 1) with C2T early stop
+        self.runner = None  # SGLang's draft graph runner when this round's draft is a replay
 
     @property
     def sizes(self) -> Optional[torch.Tensor]:
@@ -274,35 +277,37 @@ def _request_level_key(original, self, key, *args, **kwargs):
 
 
 def _prepare_for_draft(result, *args, **kwargs):
-    # The draft CUDA graph replays SGLang's own selection (hooks do not run inside a replay), so a
-    # batch that carries treespec policies runs the draft loop eagerly; verify graphs are unaffected
-    # (only the retrieve chains change, never shapes). Other batches keep their graphs.
-    if _STEP.get() is None:
+    # Tree mode keeps SGLang's draft CUDA graph: the selection runs after the draft on the pool the graph
+    # wrote (draft_select). Chain mode's C2T stop reads every step's logits, which a replay cannot show.
+    step = _STEP.get()
+    if step is None:
         return result
-    forward_batch, _can_run_graph, kv_loc_plan = result
-    return forward_batch, False, kv_loc_plan
+    forward_batch, can_run_graph, kv_loc_plan = result
+    if step.chain is not None:
+        return forward_batch, False, kv_loc_plan
+    step.runner = (kwargs.get("cuda_graph_runner", args[3] if len(args) > 3 else None)) if can_run_graph else None
+    return result
 
 
 def _organize(original, score_list, token_list, parents_list, num_draft_token, *args, **kwargs):
-    native = original(score_list, token_list, parents_list, num_draft_token, *args, **kwargs)
+    # SGLang's own selection stays (inside its graph when captured); the pool is copied aside for ours
+    out = original(score_list, token_list, parents_list, num_draft_token, *args, **kwargs)
+    if _STEP.get() is not None or capturing(score_list[0]):
+        stash_pool(score_list, token_list, parents_list)
+    return out
+
+
+def _build_verify_input(original, *args, **kwargs):
     step = _STEP.get()
-    if step is None:
-        return native
-    group = verify_group()
-    score_list = perturbed(score_list, group)  # a no-op unless a test asks for a faulty rank
-    rows = policy_rows(step.params, native[1].device, step.shares)  # cached per request: no list copy
-    parent_list, top_scores_index, draft_tokens, keep = select_from_pool(
-        score_list, token_list, parents_list, num_draft_token, step.topk, step.params, native=native, rows=rows)
-    if step.batch_budget is not None and any(step.shares):  # one verify budget for the sharing requests
-        shares = rows[:, COLUMNS.index("shares")] > 0
-        scores = torch.cat(score_list, dim=1).flatten(1).float()
-        keep = share_batch_budget(scores, top_scores_index, keep, shares, step.batch_budget)
-    # every rank that verifies this batch takes rank 0's tree (one int64 broadcast; alone: a no-op)
-    own = (top_scores_index, draft_tokens, keep)
-    top_scores_index, draft_tokens, keep = agree(own, group)
-    record_digest(own, (top_scores_index, draft_tokens, keep), group)
-    step.keep = keep
-    return parent_list, top_scores_index, draft_tokens
+    if step is not None and step.chain is None:  # the policy trees replace SGLang's selection
+        a = dict(zip(SIGNATURES[_BUILD], args), **kwargs)
+        rows = step.runner.bs if step.runner is not None else None  # a replay's padded batch
+        a["top_scores_index"], a["draft_tokens"] = select_after_draft(
+            step, rows, a["top_scores_index"], a["draft_tokens"], a["num_draft_tokens"], a["num_steps"])
+        result = original(**a)
+    else:
+        result = original(*args, **kwargs)
+    return _verify_input(result)
 
 
 def _record_verify_tokens(per_request) -> None:
@@ -338,18 +343,24 @@ def _draft_model_forward(original, self, forward_batch, *args, **kwargs):
     return out
 
 
+_DRAFT_TOPK: Dict[str, int] = {}  # the draft worker's topk in this process (chain mode: 1)
+
+
 def _draft_head(original, self, *args, **kwargs):
     # the spec worker is built on every rank after the groups: settings must agree before any round
     check_settings_agree(verify_group())
+    if getattr(self, "topk", None) is not None:
+        _DRAFT_TOPK["topk"] = int(self.topk)
     return shard_hot_head(original, self, *args, **kwargs)
 
 
 def _draft_graph_vote(result, local_batch, *args, **kwargs):
     # DP attention: each rank votes on the draft CUDA graph before SGLang min-reduces the votes across
-    # ranks; a batch carrying treespec policies votes no here, so every rank agrees to draft eagerly
-    # (after the vote, turning the graph off on one rank would desynchronise the collectives)
+    # ranks. Tree mode keeps the graph (the selection runs after it); in chain mode a batch carrying
+    # treespec policies votes no, so every rank agrees to draft eagerly for the C2T stop (after the vote,
+    # turning the graph off on one rank would desynchronise the collectives)
     if not result or local_batch is None or not getattr(local_batch, "reqs", None) \
-            or not local_batch.forward_mode.is_decode():
+            or not local_batch.forward_mode.is_decode() or _DRAFT_TOPK.get("topk", 1) > 1:
         return result
     defaults = server_defaults()
     return not any(_req_params(r, defaults) is not None for r in local_batch.reqs)
@@ -432,7 +443,7 @@ HOOKS: Dict[str, Tuple[str, Callable]] = {
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ("AROUND", _draft),
     "sglang.srt.speculative.eagle_worker_common.prepare_for_draft": ("AFTER", _prepare_for_draft),
     "sglang.srt.speculative.eagle_utils.organize_draft_results": ("AROUND", _organize),
-    "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input": ("AFTER", _verify_input),
+    "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input": ("AROUND", _build_verify_input),
     "sglang.srt.model_executor.model_runner.ModelRunner.forward": ("AROUND", _draft_model_forward),
     "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend._build_extend_metadata":
         ("AROUND", amx_extend_metadata),

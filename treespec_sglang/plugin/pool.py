@@ -35,7 +35,7 @@ from ..policies.classifier import c2t_features, load_classifier
 from ..policies.params import C2TParams, ChainParams, Eagle2Params, NoneParams, PolicyParams, SalfParams, TalonParams
 from .pool_rules import level_policies_keep, parent_entropy, salf_keep, salf_pops, static
 
-__all__ = ["PoolView", "select_from_pool", "share_batch_budget", "unlink_filler", "request_row", "policy_rows",
+__all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_batch_budget", "unlink_filler", "request_row", "policy_rows",
            "KIND", "COLUMNS"]
 
 # the row table: one float32 row per request, these columns
@@ -154,17 +154,34 @@ class PoolView:
     """
 
     def __init__(self, score_list, token_list, parents_list, topk: int):
-        k = self.k = topk
-        self.scores = torch.cat(score_list, dim=1).flatten(1).float()
-        self.tokens = torch.cat(token_list, dim=1)
+        scores = torch.cat(score_list, dim=1).flatten(1)
+        bs = scores.shape[0]
+        parent_list = torch.cat(parents_list[:-1], dim=1) if len(parents_list) > 1 else \
+            torch.full((bs, 1), -1, dtype=torch.long, device=scores.device)
+        self._set(scores, torch.cat(token_list, dim=1), parent_list, topk)
+
+    @classmethod
+    def from_flat(cls, scores: torch.Tensor, tokens: torch.Tensor, parent_list: torch.Tensor, topk: int) -> "PoolView":
+        """The pool from its flat tensors: ``scores`` / ``tokens`` ``[bs, P]``, ``parent_list`` ``[bs, 1 + (S-1)k]``."""
+        view = cls.__new__(cls)
+        view._set(scores, tokens, parent_list, topk)
+        return view
+
+    def _set(self, scores, tokens, parent_list, k):
+        self.k = k
+        self.scores = scores.float()
+        self.tokens = tokens
+        self.parent_list = parent_list
         bs, P = self.scores.shape
-        dev = self.scores.device
-        self.parent_list = torch.cat(parents_list[:-1], dim=1) if len(parents_list) > 1 else \
-            torch.full((bs, 1), -1, dtype=torch.long, device=dev)
-        self.level = _levels(k, P, dev)
-        self.parent = torch.gather(self.parent_list.long(), 1, _group_index(k, P, dev).expand(bs, P))
+        self.level = _levels(k, P, scores.device)
+        self.parent = torch.gather(self.parent_list.long(), 1, _group_index(k, P, scores.device).expand(bs, P))
         self.valid = self.scores > 0  # NaN / negative / zero: not a candidate for the policies
         self.val = torch.where(self.valid, self.scores.log(), float("-inf"))
+
+    @property
+    def steps(self) -> int:
+        """S, the draft steps that built the pool (P = k + (S-1)k^2)."""
+        return 1 + (self.scores.shape[1] - self.k) // (self.k * self.k)
 
     @property
     def parent_val(self) -> torch.Tensor:
@@ -226,8 +243,15 @@ def select_from_pool(score_list, token_list, parents_list, num_draft_token: int,
     >>> keep.tolist()
     [[True, True, True, True], [True, False, False, False]]
     """
-    N = num_draft_token
     pool = PoolView(score_list, token_list, parents_list, topk)
+    return select_on_pool(pool, num_draft_token, params, native, rows)
+
+
+def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Optional[PolicyParams]], native=None,
+                   rows: Optional[torch.Tensor] = None):
+    """:func:`select_from_pool` on a :class:`PoolView` (the pool read back after the draft loop)."""
+    N = num_draft_token
+    topk = pool.k
     bs, P = pool.scores.shape
     dev = pool.scores.device
     if rows is None:
@@ -239,7 +263,7 @@ def select_from_pool(score_list, token_list, parents_list, num_draft_token: int,
     ar = _arange(P, dev)
     # SGLang's ranking, ties toward the earlier (shallower) candidate; sorted position j < limit <=> rank < limit
     rank_scores = pool.scores
-    if any(isinstance(p, SalfParams) and p.th <= 0 and p.max_depth is not None and p.max_depth < len(score_list)
+    if any(isinstance(p, SalfParams) and p.th <= 0 and p.max_depth is not None and p.max_depth < pool.steps
            for p in params):  # SALF with th = 0 never goes below max_depth
         rank_scores = torch.where(pool.level[None, :] > rows[:, _C["rank_depth"], None], float("-inf"), rank_scores)
     order = torch.sort(rank_scores, dim=-1, descending=True, stable=True).indices  # [bs, P]
@@ -257,7 +281,7 @@ def select_from_pool(score_list, token_list, parents_list, num_draft_token: int,
     salf = [p for p in params if isinstance(p, SalfParams) and p.th > 0]
     if salf:  # the best-first search (th = 0 rows took their exact top-N from the ranking)
         search = cols["th"] > 0  # only SALF rows have a th column
-        pops = salf_pops(min(p.th for p in salf), N, len(score_list))
+        pops = salf_pops(min(p.th for p in salf), N, pool.steps)
         n_max = min(N, max(p.budget for p in salf))
         keep = keep | salf_keep(pool.val, pool.valid, pool.level, pool.parent, n_eff, cols, search, pops, n_max,
                                 max(p.batch for p in salf))

@@ -1,0 +1,79 @@
+"""The selection after the draft, on the pool SGLang's draft loop wrote (eager, or a CUDA graph replay)."""
+
+import pytest
+import torch
+
+from tests.helpers import PathDraft
+from tests.policies import oracles
+from treespec_sglang.plugin.draft_select import read_pool, select_after_draft, stash_pool
+from treespec_sglang.plugin.hooks import DraftStep
+from treespec_sglang.plugin.pool import select_from_pool
+from treespec_sglang.policies import parse_spec
+
+K, S, N = 4, 4, 16
+SPECS = [{"policy": "talon", "budget": 10}, None, {"policy": "salf", "budget": 12, "th": 0.3},
+         {"policy": "c2t", "budget": 9, "beta": 0.3}, {"policy": "none"}, {"policy": "chain", "length": 3},
+         {"policy": "eagle2", "budget": 5}, None]
+
+
+def pools(bs, seed):
+    return oracles.sglang_pool_lists(PathDraft(30, seed=seed, sharpness=1.5), list(range(bs)), K, S)[:3]
+
+
+def test_the_stash_holds_what_the_draft_loop_built_and_a_padded_batch_reads_its_own_rows():
+    sl, tl, pl = pools(8, 1)
+    stash_pool(sl, tl, pl)
+    pool = read_pool(8, 5, K, S, "cpu")
+    assert torch.equal(pool.scores, torch.cat(sl, 1).flatten(1)[:5]) and torch.equal(pool.tokens, torch.cat(tl, 1)[:5])
+    assert torch.equal(pool.parent_list, torch.cat(pl[:-1], 1)[:5])
+    sl2 = [s.flip(0) for s in sl]
+    stash_pool(sl2, tl, pl)
+    assert not torch.equal(read_pool(8, 5, K, S, "cpu").scores, pool.scores)  # a clone: the next round writes anew
+    with pytest.raises(RuntimeError, match="no draft pool of shape"):
+        read_pool(7, 5, K, S, "cpu")
+
+
+def test_selection_after_the_draft_equals_the_selection_on_the_pool_lists():
+    sl, tl, pl = pools(8, 2)
+    params = [parse_spec(s) if s else None for s in SPECS]
+    native = select_from_pool(sl, tl, pl, N, K, [None] * 8)[:3]
+    stash_pool(sl, tl, pl)
+    step = DraftStep(params, K)
+    top, toks = select_after_draft(step, None, native[1], native[2], N, S)
+    ref = select_from_pool(sl, tl, pl, N, K, params, native=native)
+    assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])
+
+
+@pytest.mark.gpu
+def test_a_replayed_draft_graph_feeds_the_selection_the_new_pool():
+    """A stand-in draft loop (pool from input buffers, SGLang's selection, the pool stashed as the hooked
+    organize_draft_results does) captured for 8 rows, replayed for 5 requests on new inputs: the
+    selection after the replay equals the selection on those 5 requests' pool computed eagerly."""
+    lists = [pools(8, seed) for seed in (3, 4)]
+    inputs = [[t.cuda() for t in part] for part in lists[0]]
+
+    def draft_loop():
+        sl, tl, pl = ([t * 1 for t in part] for part in inputs)  # computed from the graph's input buffers
+        out = select_from_pool(sl, tl, pl, N, K, [None] * 8)[:3]  # SGLang's own selection
+        stash_pool(sl, tl, pl)
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        draft_loop()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = draft_loop()
+    for dst, src in zip(inputs, lists[1]):  # the next round's draft inputs
+        for d, s in zip(dst, src):
+            d.copy_(s)
+    graph.replay()
+    params = [parse_spec(s) if s else None for s in SPECS[:5]]
+    step = DraftStep(params, K)
+    top, toks = select_after_draft(step, 8, outs[1][:5], outs[2][:5], N, S)
+    fresh = [[t[:5].cuda() for t in part] for part in lists[1]]
+    native = select_from_pool(*fresh, N, K, [None] * 5)[:3]
+    ref = select_from_pool(*fresh, N, K, params, native=native)
+    assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])

@@ -1,0 +1,115 @@
+"""The per-request selection after SGLang's draft loop, whether it ran eagerly or as a CUDA graph replay.
+
+SGLang captures its whole draft loop, ``organize_draft_results`` included, in one CUDA graph per batch
+size; hooks do not run inside a replay. So the plugin leaves SGLang's loop as it is and works on its
+output: ``organize_draft_results``' hook copies the candidate pool (scores, tokens, parent table) into a
+*stash*, one set of buffers per pool shape, and returns SGLang's own selection. In eager mode the copy
+runs every round; during capture it is recorded into the graph, so every replay writes the pool into the
+same buffers. After the draft, :func:`select_after_draft` reads the stash (the rows of this batch,
+cloned at the boundary as SGLang does for ``draft_probs``), runs every request's policy on it
+(:func:`~.pool.select_on_pool`, sync-free) and hands ``build_eagle_verify_input`` the policy trees in
+place of SGLang's ``top_scores_index`` / ``draft_tokens``. One code path on the CPU (eager) and the GPU
+(replay).
+
+Example: a graph captured for 8 rows replays a batch of 5 (SGLang pads to its bucket): the stash of
+shape (8, P, W) holds 8 rows after the replay and the selection reads its first 5.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .pool import PoolView, policy_rows, select_on_pool, share_batch_budget, COLUMNS
+from .ranks import agree, perturbed, record_digest, verify_group
+
+__all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing"]
+
+# (rows, P, W, device) -> (scores [rows, P] float32, tokens [rows, P] int64, parent_list [rows, W] int64)
+_STASH: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def capturing(t: torch.Tensor) -> bool:
+    """Whether ``t``'s device stream is being captured into a CUDA graph (never on the CPU)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def stash_pool(score_list, token_list, parents_list) -> tuple:
+    """Copy SGLang's pool into the stash of its shape (inside ``organize_draft_results``, eager or captured).
+
+    Parameters
+    ----------
+    score_list : S tensors, ``[rows, 1, k]`` then ``[rows, k, k]``; token_list : ``[rows, k]`` then
+        ``[rows, k*k]``; parents_list : S tensors, SGLang's parent table pieces (``[rows, k + 1]``, ``[rows, k]``).
+
+    Returns
+    -------
+    The stash key ``(rows, P, W, device)``. The buffers are allocated once per key and never freed, so a
+    captured graph's copies keep writing where :func:`read_pool` reads.
+    """
+    scores = torch.cat(score_list, dim=1).flatten(1)
+    tokens = torch.cat(token_list, dim=1)
+    rows, P = scores.shape
+    parent_list = torch.cat(parents_list[:-1], dim=1) if len(parents_list) > 1 else \
+        torch.full((rows, 1), -1, dtype=torch.long, device=scores.device)
+    key = (rows, P, parent_list.shape[1], str(scores.device))
+    bufs = _STASH.get(key)
+    if bufs is None:
+        bufs = _STASH[key] = (torch.empty(rows, P, dtype=torch.float32, device=scores.device),
+                              torch.empty(rows, P, dtype=torch.long, device=scores.device),
+                              torch.empty(rows, parent_list.shape[1], dtype=torch.long, device=scores.device))
+    bufs[0].copy_(scores)
+    bufs[1].copy_(tokens)
+    bufs[2].copy_(parent_list)
+    return key
+
+
+def read_pool(rows: int, bs: int, topk: int, steps: int, device) -> PoolView:
+    """The pool of this round's ``bs`` requests from the stash of a ``rows``-row draft (``rows >= bs``: a
+    replayed graph's padded batch), cloned so a later replay cannot overwrite it.
+
+    Raises
+    ------
+    RuntimeError
+        If no draft loop of that shape wrote a pool (a graph captured before the plugin was loaded).
+    """
+    P, W = topk + (steps - 1) * topk * topk, 1 + (steps - 1) * topk
+    key = (rows, P, W, str(torch.device(device)))
+    if key not in _STASH:
+        raise RuntimeError(f"treespec: no draft pool of shape {key[:3]} was recorded; the draft CUDA graph must be "
+                           f"captured with the plugin loaded (rows, P = k + (S-1)k^2, W = 1 + (S-1)k)")
+    scores, tokens, parent_list = (t[:bs].clone() for t in _STASH[key])
+    return PoolView.from_flat(scores, tokens, parent_list, topk)
+
+
+def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, native_tokens: torch.Tensor,
+                       num_draft_tokens: int, steps: int):
+    """Every request's policy tree on this round's pool, agreed across the ranks that verify together.
+
+    Parameters
+    ----------
+    step : the round's ``DraftStep`` (params, shares, batch budget; ``step.keep`` is set here)
+    rows : the replayed graph's batch size, or None when the draft ran eagerly (then ``bs``)
+    native_top, native_tokens : ``[bs, N-1]`` SGLang's own ``top_scores_index`` / ``draft_tokens``
+        (rows without a policy keep them verbatim)
+
+    Returns
+    -------
+    ``(top_scores_index [bs, N-1], draft_tokens [bs, N-1])`` for ``build_eagle_verify_input``.
+    """
+    bs = native_top.shape[0]
+    pool = read_pool(rows or bs, bs, step.topk, steps, native_top.device)
+    group = verify_group()
+    pool = PoolView.from_flat(perturbed([pool.scores], group)[0], pool.tokens, pool.parent_list, pool.k)  # tests
+    rows_t = policy_rows(step.params, native_top.device, step.shares)  # cached per request: no list copy
+    _, top, tokens, keep = select_on_pool(pool, num_draft_tokens, step.params, (None, native_top, native_tokens),
+                                          rows_t)
+    if step.batch_budget is not None and any(step.shares):  # one verify budget for the sharing requests
+        keep = share_batch_budget(pool.scores, top, keep, rows_t[:, COLUMNS.index("shares")] > 0, step.batch_budget)
+    # every rank that verifies this batch takes rank 0's tree (one int64 broadcast; alone: a no-op)
+    own = (top, tokens, keep)
+    top, tokens, keep = agree(own, group)
+    record_digest(own, (top, tokens, keep), group)
+    step.keep = keep
+    return top, tokens
