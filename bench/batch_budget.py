@@ -1,4 +1,4 @@
-"""Issue 13 (reference engine): one verify budget for the whole batch vs the best fixed tree size per request.
+"""The reference engine: one verify budget for the whole batch vs the best fixed tree size per request.
 
 Same engine, same prompts, one run: the held-out split (every 10th prompt of HumanEval, MT-bench, GSM8K
 and the stdlib stubs, the sets the shipped draft was trained on the other 90% of), interleaved so every

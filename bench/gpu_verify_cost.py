@@ -1,4 +1,4 @@
-"""GPU (issue 13): the verify cost curve t(T) of a real-size target, the curve the batch verify budget is
+"""GPU: the verify cost curve t(T) of a real-size target, the curve the batch verify budget is
 spent on. Where t(T) is flat, extra nodes are free and every request may keep its whole tree; past the knee
 (the compute-bound regime) the batch's total verified tokens is the constraint that
 ``verify_budget`` / ``--treespec-batch-budget`` allocates.

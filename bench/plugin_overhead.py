@@ -10,7 +10,7 @@ selection in a torch CUDA graph and compares outputs and milliseconds per round,
     python bench/plugin_overhead.py                      # bs 1 / 16 / 64, topk 8, steps 6, N 48
     python bench/plugin_overhead.py --device cuda --graph
 
-Targets (issue: GPU-shaped selection) at bs 16, topk 8, steps 6, N 48: 0 host reads, 0 list copies,
+Targets at bs 16, topk 8, steps 6, N 48: 0 host reads, 0 list copies,
 <= 300 ops for one policy, <= 900 for the four-policy mix, the same counts at bs 64.
 """
 

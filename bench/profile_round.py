@@ -1,4 +1,4 @@
-"""Where a speculative round's time goes (issue 10 item 2): exclusive wall time per component.
+"""Where a speculative round's time goes: exclusive wall time per component.
 
 The engine's pieces are wrapped with timers (no change to the engine itself); a component's time
 excludes the components called inside it, so the rows add up to the round. Components:

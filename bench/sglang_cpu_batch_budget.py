@@ -1,4 +1,4 @@
-"""Issue 13 inside real SGLang 0.5.23 on the CPU: ``--treespec-batch-budget`` vs fixed per-request tree sizes.
+"""Inside real SGLang 0.5.23 on the CPU: ``--treespec-batch-budget`` vs fixed per-request tree sizes.
 
 One EAGLE server shape (topk 4 / steps 4 / N 16, the shipped draft + token map, ragged verify on). The fixed
 rows give every request an EAGLE-2 tree of n nodes (``custom_params["treespec"]``); the batch rows run an

@@ -16,6 +16,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(scope="module")
+def aligned_engine(tmp_path_factory):
+    """A tiny target whose draft is the target itself one layer down: accepts often (``tests.engines``)."""
+    pytest.importorskip("transformers")
+    from tests.engines import make_aligned_engine
+
+    return make_aligned_engine(tmp_path_factory.mktemp("tiny2"))
+
+
 @pytest.fixture(scope="session")
 def tiny_engine(tmp_path_factory):
     """A float32 ``SpecEngine`` on a tiny random Llama (vocab 96) with a seeded random draft head."""

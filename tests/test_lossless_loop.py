@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.verify.test_sampling import tv_bound
+from tests.laws import tv_bound
 from treespec_sglang.policies import grow_tree
 from treespec_sglang.verify import emitted_tokens, sample, target_probs, verify_tree
 

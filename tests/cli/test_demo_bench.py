@@ -38,7 +38,7 @@ def _tiny_distill(tmp_path):
     """A tiny target at tmp_path/tiny and 8 distilled random prompts at tmp_path/d."""
     import torch
 
-    from tests.training.test_trainer import _IdsEngine
+    from tests.engines import IdsEngine
     from treespec_sglang.engine import SpecEngine
     from treespec_sglang.training.data import generate_distill_data
 
@@ -47,7 +47,7 @@ def _tiny_distill(tmp_path):
     e = SpecEngine.from_pretrained(str(tiny), draft=None, dtype="float32")
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 48, (4,), generator=g).tolist() for _ in range(8)]
-    generate_distill_data(_IdsEngine(e), [f"humaneval/{i}" for i in range(8)], prompts, str(tmp_path / "d"),
+    generate_distill_data(IdsEngine(e), [f"humaneval/{i}" for i in range(8)], prompts, str(tmp_path / "d"),
                           max_new_tokens=8, batch_size=4, progress=False)
     return tiny
 

@@ -6,6 +6,7 @@ positions, masks, the tree-region KV and the feature routing in one check."""
 import pytest
 import torch
 
+from tests.engines import chain_draft
 from tests.models.tiny import make_tiny_llama
 from treespec_sglang.models import LlamaModel
 from treespec_sglang.engine import KVCache, SpecEngine
@@ -13,18 +14,6 @@ from treespec_sglang.engine.expander import TreeExpander
 from treespec_sglang.policies import grow_tree
 
 pytest.importorskip("transformers")
-
-
-def chain_draft(e, tokens, feats):
-    """Run the draft over pairs at positions 1..m with a plain causal mask; return [m, hidden]."""
-    m = len(tokens)
-    cfg = e.draft.config
-    cache = KVCache(1, 1, cfg.num_key_value_heads, m + 1, cfg.head_dim, torch.float32, "cpu")
-    pos = torch.arange(1, m + 1)[None]
-    col = torch.arange(m + 1)[None, None, :]
-    mask = (col >= 1) & (col <= pos[:, :, None])
-    out = e.draft(torch.tensor([tokens]), torch.stack(feats)[None], pos, cache.stores(pos, m + 1)[0], mask)
-    return out[0]
 
 
 @pytest.mark.parametrize("prune", [False, True])
@@ -98,7 +87,7 @@ def test_draft_extend_after_verify_equals_chain_over_committed_tokens(tmp_path, 
     """Each round's root log-probs equal the draft run from scratch over all committed tokens with
     the target's real hidden states: accepted-path features and draft KV are committed right."""
     import treespec_sglang.engine.engine as E
-    from tests.engine.test_engine import POLICIES
+    from tests.engines import POLICIES
 
     make_tiny_llama(tmp_path, vocab=40, hidden=32, layers=1, heads=4, kv_heads=2, seed=2)
     e = SpecEngine.from_pretrained(str(tmp_path), draft=None, seed=1, dtype="float32")

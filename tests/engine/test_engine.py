@@ -7,54 +7,18 @@ import pytest
 import torch
 
 from tests.helpers import best_allocation, calibration_weights, kept_indices, oracle_node_values
+from tests.engines import POLICIES, prompts
 from tests.models.tiny import make_tiny_llama
-from tests.verify.test_sampling import tv_bound
-from treespec_sglang.models import LlamaModel
+from tests.laws import tv_bound
 from treespec_sglang.engine import SpecEngine
 
 pytest.importorskip("transformers")
-
-POLICIES = [
-    {"policy": "eagle2", "budget": 10, "topk": 3, "depth": 3},
-    {"policy": "talon", "budget": 12, "topk": 4, "mu": 0.05},
-    {"policy": "salf", "budget": 10, "batch": 3, "th": 0.3},
-    {"policy": "c2t", "budget": 10, "topk": 4, "beta": 0.2},
-    {"policy": "chain", "length": 4},
-    {"policy": "chain", "length": 4, "beta": 0.3},
-]
-
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
     make_tiny_llama(path, vocab=64, hidden=48, layers=2, heads=4, kv_heads=2)
     return SpecEngine.from_pretrained(str(path), draft=None, seed=0, dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def aligned_engine(tmp_path_factory):
-    """A target whose draft is the target itself one layer down: accepts often, exercising
-    deep paths and KV compaction (a random head rarely gets past the root)."""
-    path = tmp_path_factory.mktemp("tiny2")
-    make_tiny_llama(path, vocab=64, hidden=48, layers=1, heads=4, kv_heads=2, seed=1)
-    e = SpecEngine.from_pretrained(str(path), draft=None, seed=0, dtype="float32")
-    # the unfused layer (the engine fuses its target's q/k/v and gate/up; the draft keeps separate weights)
-    layer = LlamaModel.from_pretrained(str(path)).model.layers[0]
-    with torch.no_grad():  # draft = the target's own layer on fc(embed) (ignores the feature)
-        H = e.draft.config.hidden_size
-        e.draft.fc.weight.zero_()
-        e.draft.fc.weight[:, :H] = torch.eye(H)
-        e.draft.fc.bias.zero_()
-        e.draft.layers[0].load_state_dict({k: v for k, v in layer.state_dict().items() if "input_layernorm" not in k},
-                                          strict=False)
-        e.draft.layers[0].input_layernorm = layer.input_layernorm
-    return e
-
-
-def prompts(n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 64, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
 
 
 @pytest.mark.parametrize("spec", POLICIES)

@@ -33,7 +33,7 @@ def test_converted_demo_target_matches_transformers(engine):
     from transformers import AutoModelForCausalLM
 
     from treespec_sglang.models import demo_target
-    from tests.models.test_llama import full_forward
+    from tests.models.tiny import full_forward
 
     hf = AutoModelForCausalLM.from_pretrained(demo_target(), dtype=torch.float32).eval()
     ids = torch.tensor([engine.encode(["What is the capital of France?"])[0]])

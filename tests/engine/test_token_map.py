@@ -4,7 +4,7 @@ target ids, greedy output is unchanged for every policy, and the map loads from 
 import pytest
 import torch
 
-from tests.engine.test_engine import POLICIES, aligned_engine, prompts  # noqa: F401 (fixture)
+from tests.engines import POLICIES, prompts
 from tests.models.tiny import make_tiny_llama
 from treespec_sglang.engine import SpecEngine
 from treespec_sglang.models import EagleDraftHead

@@ -5,20 +5,11 @@ import os
 import pytest
 import torch
 
-from tests.models.tiny import make_tiny_llama
+from tests.models.tiny import full_forward, make_tiny_llama
 from treespec_sglang.engine import KVCache
 from treespec_sglang.models import EagleDraftHead, LlamaModel
 
 pytest.importorskip("transformers")
-
-
-def full_forward(model, ids):
-    bs, T = ids.shape
-    cfg = model.config
-    cache = KVCache(cfg.num_hidden_layers, bs, cfg.num_key_value_heads, T, cfg.head_dim, torch.float32, "cpu")
-    pos = torch.arange(T).expand(bs, T)
-    mask = torch.ones(T, T, dtype=torch.bool).tril().expand(bs, T, T)
-    return model.lm_head(model(ids, pos, cache.stores(pos, T), mask))
 
 
 @pytest.mark.parametrize("tie,extra", [(False, {}), (True, {}), (False, {"attention_bias": True}),

@@ -1,4 +1,4 @@
-"""A tiny random Llama saved as a real Hugging Face directory (what tests load)."""
+"""A tiny random Llama saved as a real Hugging Face directory (what tests load), and our model's plain causal forward."""
 
 import torch
 
@@ -15,3 +15,15 @@ def make_tiny_llama(path, vocab=96, hidden=64, layers=2, heads=4, kv_heads=2, se
         model.lm_head.weight.mul_(8.0) if not tie else model.model.embed_tokens.weight.mul_(8.0)
     model.save_pretrained(path)
     return model.eval()
+
+
+def full_forward(model, ids):
+    """Logits of our model over ``[bs, T]`` ids with a plain causal mask (no speculation)."""
+    from treespec_sglang.engine import KVCache
+
+    bs, T = ids.shape
+    cfg = model.config
+    cache = KVCache(cfg.num_hidden_layers, bs, cfg.num_key_value_heads, T, cfg.head_dim, torch.float32, "cpu")
+    pos = torch.arange(T).expand(bs, T)
+    mask = torch.ones(T, T, dtype=torch.bool).tril().expand(bs, T, T)
+    return model.lm_head(model(ids, pos, cache.stores(pos, T), mask))

@@ -413,7 +413,7 @@ def test_fuzzed_custom_params_through_the_real_hook(loaded):
     from hypothesis import strategies as st
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    from tests.policies.test_params_fuzz import SPECS, check_valid
+    from tests.policies.strategies import SPECS, check_valid
     from treespec_sglang.plugin import ServerDefaults, request_params
 
     @hyp.settings(max_examples=300, deadline=None)

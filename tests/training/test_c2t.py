@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.engine.test_engine import aligned_engine, prompts  # noqa: F401  (fixture)
+from tests.engines import prompts
 from treespec_sglang.training.c2t import collect_c2t_samples, entropy_bucket_report, train_c2t
 
 pytest.importorskip("transformers")

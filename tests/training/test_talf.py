@@ -4,9 +4,8 @@ the inference-time draft chain along every branch; training on the trees raises 
 import pytest
 import torch
 
-from tests.engine.test_draft_tree_expansion import chain_draft
 from tests.models.tiny import make_tiny_llama
-from tests.training.test_trainer import alpha_before_after, distill_random_prompts
+from tests.engines import alpha_before_after, chain_draft, distill_random_prompts
 from treespec_sglang.engine import SpecEngine
 from treespec_sglang.training.data import iter_sequences, load_shards, target_hidden
 from treespec_sglang.training.talf import (batch_trees, generate_talf_trees, load_trees, loss_positions,

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from tests.engine.test_draft_tree_expansion import chain_draft
+from tests.engines import alpha_before_after, chain_draft, distill_random_prompts
 from tests.models.tiny import make_tiny_llama
 from treespec_sglang.engine import SpecEngine
-from treespec_sglang.training.data import generate_distill_data, iter_sequences, load_shards, target_hidden
-from treespec_sglang.training.trainer import TrainConfig, batch_sequences, evaluate_alpha, train_draft, ttt_forward
+from treespec_sglang.training.data import iter_sequences, load_shards, target_hidden
+from treespec_sglang.training.trainer import TrainConfig, batch_sequences, train_draft, ttt_forward
 
 pytest.importorskip("transformers")
 
@@ -41,21 +41,6 @@ def test_ttt_step_k_equals_the_inference_chain(engine):
             assert steps[k][1][0, :k].sum() == 0 and steps[k][1][0, k:len(seq) - 2].all()
 
 
-def distill_random_prompts(e, out_dir, n=24, seed=0, vocab=48, max_new_tokens=16):
-    """Self-distillation data for ``n`` random 5-token prompts of the tiny target (ids = "0".."n-1")."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(0, vocab, (5,), generator=g).tolist() for _ in range(n)]
-    return generate_distill_data(_IdsEngine(e), [str(i) for i in range(n)], prompts, str(out_dir),
-                                 max_new_tokens=max_new_tokens, batch_size=8, progress=False)
-
-
-def alpha_before_after(e, train, held, cfg, d2t=None):
-    """Held-out alpha per position of a fresh seeded head, before and after ``train_draft``."""
-    head = type(e.draft).for_target(e.target.config, seed=1).attach(e.target.model.embed_tokens)
-    before = evaluate_alpha(head, e.target.lm_head, held, cfg, d2t)
-    return before, train_draft(head, e.target.lm_head, train, cfg, eval_seqs=held, progress=False, d2t=d2t)[-1]["alpha"]
-
-
 @pytest.mark.parametrize("loss", ["kl", "lk-alpha", "lk-lambda"])
 def test_training_raises_heldout_acceptance(engine, tmp_path, loss):
     e = engine
@@ -68,19 +53,6 @@ def test_training_raises_heldout_acceptance(engine, tmp_path, loss):
     cfg = TrainConfig(loss=loss, steps=60, lr=3e-3, batch_size=4, ttt_steps=2, eval_every=60)
     before, after = alpha_before_after(e, seqs[:20], seqs[20:], cfg)
     assert after[0] > before[0] + 0.1 and after[1] > before[1], (before, after)
-
-
-class _IdsEngine:
-    """The tiny model has no tokenizer: prompts are token-id lists already."""
-
-    def __init__(self, e):
-        self.e, self.target = e, e.target
-
-    def encode(self, prompts):
-        return [list(p) for p in prompts]
-
-    def generate(self, *a, **k):
-        return self.e.generate(*a, **k)
 
 
 def test_heldout_split_matches_bench_every(tmp_path):

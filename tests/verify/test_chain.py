@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.verify.test_sampling import tv_bound
+from tests.laws import tv_bound
 from treespec_sglang.verify import emitted_tokens, target_probs, verify_chain
 from treespec_sglang.tree import DraftTree
 

@@ -12,38 +12,9 @@ from collections import Counter
 import pytest
 import torch
 
+from tests.laws import N_DRAWS, exact_law, tv, tv_bound
 from treespec_sglang.tree import DraftTree
 from treespec_sglang.verify import emitted_tokens, target_probs, verify_tree
-
-N_DRAWS = 200_000
-DELTA = 1e-6
-
-
-def tv_bound(k: int, n: int = N_DRAWS) -> float:
-    return 0.5 * math.sqrt(2 * (k * math.log(2) + math.log(1 / DELTA)) / n)
-
-
-def exact_law(tree: DraftTree, probs: torch.Tensor) -> dict:
-    tok, par, size = tree.tokens[0].tolist(), tree.parents[0].tolist(), int(tree.size[0])
-    V = probs.shape[-1]
-    law = Counter()
-
-    def rec(u, prefix, mass):
-        kids = {}
-        for j in range(1, size):
-            if par[j] == u and tok[j] not in kids:
-                kids[tok[j]] = j
-        for t in range(V):
-            m = mass * float(probs[u, t])
-            if m <= 0:
-                continue
-            if t in kids:
-                rec(kids[t], prefix + (t,), m)
-            else:
-                law[prefix + (t,)] += m
-
-    rec(0, (), 1.0)
-    return law
 
 
 def empirical_law(tree: DraftTree, logits: torch.Tensor, seed=0, **kw) -> dict:
@@ -54,10 +25,6 @@ def empirical_law(tree: DraftTree, logits: torch.Tensor, seed=0, **kw) -> dict:
     em = emitted_tokens(big, r)
     counts = Counter(tuple(x for x in row if x >= 0) for row in em.tolist())
     return {k: v / n for k, v in counts.items()}
-
-
-def tv(p: dict, q: dict) -> float:
-    return 0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in set(p) | set(q))
 
 
 def tree_of(tokens, parents):

@@ -1,7 +1,7 @@
 """``treespec demo``: the demo target + shipped draft on held-out HumanEval and MT-bench prompts, every
 policy side by side with plain decoding and two transformers peers, measured in the same run.
 
-Defaults (issue 10): bs 1, the engine's dtype ``auto`` (bf16 on AMX / AVX512-BF16 CPUs; plain decoding
+Defaults: bs 1, the engine's dtype ``auto`` (bf16 on AMX / AVX512-BF16 CPUs; plain decoding
 and the peers in the same dtype), and each policy's budget chosen for *this* machine from its
 measured cost curve and the draft's acceptance table (:mod:`treespec_sglang.engine.cost`).
 """

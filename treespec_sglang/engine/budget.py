@@ -1,4 +1,4 @@
-"""The reference engine's batch verify budget for one round (issue 13): which candidate nodes each request
+"""The reference engine's batch verify budget for one round: which candidate nodes each request
 verifies, and the ragged layout the verify forward then runs.
 
 :func:`plan_round` turns the round's candidate trees (every request's own policy, grown to its cap) into

@@ -1,4 +1,4 @@
-"""The machine's cost curve and per-policy budgets chosen from it (issue 10 item 4).
+"""The machine's cost curve and per-policy budgets chosen from it.
 
 :func:`measure_cost_curve` times, on the engine as loaded (dtype, threads), one verify forward of
 ``n`` tree tokens over a ``prefix``-token cache plus the target LM head on those rows, and one draft
@@ -190,8 +190,8 @@ def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve, overhead
 
 class RoundCost:
     """A round's wall time in the tokens it verifies and the draft forwards it ran,
-    ``ms = level + slope * T + step * (D - mean D)``, learned online from the rounds themselves (issue 13:
-    T per round from the running machine's cost).
+    ``ms = level + slope * T + step * (D - mean D)``, learned online from the rounds themselves
+    (T per round from the running machine's cost).
 
     Why online: a batch round costs what this batch costs. The bs-1 start-up curve prices one more
     verified token at ~1-2 ms, while a bs-8 / bs-32 round pays ~0.3-0.7 ms for it on top of attention over

@@ -1,4 +1,4 @@
-"""The compute dtype: bfloat16 where the hardware runs it fast, float32 otherwise (issue 10 item 1).
+"""The compute dtype: bfloat16 where the hardware runs it fast, float32 otherwise.
 
 On this project's CPUs (Xeon with AVX512-BF16 / AMX) a bf16 linear at M=16 costs about what M=1
 costs, while float32 grows with M (``shared/notes/measurements.md``), so bf16 is what makes a

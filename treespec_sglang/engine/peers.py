@@ -1,4 +1,4 @@
-"""Peers measured in the same run as our engine (issue 10 item 5): Hugging Face ``transformers``
+"""Peers measured in the same run as our engine: Hugging Face ``transformers``
 plain greedy ``generate`` and its prompt-lookup decoding (``prompt_lookup_num_tokens``).
 
 Same prompts (token ids from our encoder), same dtype, bs 1, same ``max_new_tokens`` and EOS, so

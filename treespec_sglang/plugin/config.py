@@ -7,7 +7,7 @@ the environment variables below, which SGLang's spawned scheduler processes (eve
 inherit. With neither set, the plugin changes nothing.
 
 ``--treespec-batch-budget B`` (``configure(..., batch_budget=B)``, ``TREESPEC_BATCH_BUDGET``) turns on one
-verify budget for the whole batch (issue 13): the treespec requests of a round verify ``B`` tokens each
+verify budget for the whole batch: the treespec requests of a round verify ``B`` tokens each
 *on average* (roots included), spent where the draft's path probabilities are highest across them
 (:func:`~treespec_sglang.plugin.pool.share_batch_budget`). A request opts out with
 ``{"batch_budget": false}`` in its ``custom_params["treespec"]``: its own policy tree is kept whole.

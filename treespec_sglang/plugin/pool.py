@@ -304,7 +304,7 @@ def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Option
 
 def share_batch_budget(scores: torch.Tensor, top_scores_index: torch.Tensor, keep: torch.Tensor,
                        shares: torch.Tensor, per_request: int) -> torch.Tensor:
-    """One verify budget for the sharing requests of a batch (issue 13) on SGLang's verify layout.
+    """One verify budget for the sharing requests of a batch on SGLang's verify layout.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Online calibration of the draft's path probability as an acceptance estimate (issue 13, item 3).
+"""Online calibration of the draft's path probability as an acceptance estimate.
 
 The draft's path probability ``P(v)`` is a biased estimate of the probability that the target accepts
 node ``v`` (a briefly trained draft is over-confident deep in the tree). :class:`DepthCalibration` learns

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.helpers import random_batch
-from tests.verify.test_sampling import exact_law, tv, tv_bound
+from tests.laws import exact_law, tv, tv_bound
 from treespec_sglang.plugin.cpu.kernels import verify_tree_greedy_cpu
 from treespec_sglang.plugin.cpu.sampling import (parents_from_links, top_k_renorm_prob, top_p_renorm_prob,
                                                  tree_speculative_sampling_target_only)

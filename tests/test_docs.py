@@ -1,4 +1,4 @@
-"""Every docstring example in the package runs and shows what it says (doctest)."""
+"""Docstrings: every example in the package runs and shows what it says (doctest); papers, not trackers."""
 
 import doctest
 import importlib
@@ -18,3 +18,15 @@ def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed"
+
+
+def test_code_cites_papers_not_tracker_numbers():
+    """A reader of the code has no tracker: no 'issue 13' in the package or the benches."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(treespec_sglang.__file__).parent
+    files = list(root.rglob("*.py")) + list((root.parent / "bench").glob("*.py"))
+    hits = [f"{f.name}:{i + 1}" for f in files for i, line in enumerate(f.read_text().splitlines())
+            if re.search(r"\bissue\s*#?\d+", line, re.IGNORECASE)]
+    assert not hits, hits
