@@ -2,18 +2,20 @@
 
 | target | type | what it does |
 |---|---|---|
-| ``ServerArgs.add_cli_args`` | AFTER | adds ``--treespec-policy`` / ``--treespec-config`` / ``--treespec-batch-budget`` |
-| ``ServerArgs.from_cli_args`` | AFTER | validates them, exports the env defaults every rank inherits |
+| ``ServerArgs.add_cli_args`` | AFTER | adds ``--treespec-policy`` / ``-config`` / ``-batch-budget`` / ``-classifier`` |
+| ``ServerArgs.from_cli_args`` | AFTER | validates them (a default the server cannot draft stops it), exports the env |
 | ``SamplingParams.verify`` | AFTER | validates ``custom_params["treespec"]``: a bad value fails that request only |
 | ``TokenizerManager._handle_batch_request`` | BEFORE | marks malformed batch items instead of failing the whole call |
-| ``Scheduler._create_generation_req`` | AFTER | a marked item finishes at once as an abort carrying its message |
+| ``Scheduler._create_generation_req`` | AFTER | a marked item, or a policy this server cannot draft (a tree on a
+  chain server, any on the multi-layer EAGLE worker), finishes at once as an abort carrying its message |
 | ``EagleDraftWorker.draft`` | AROUND | stages each request's policy for this draft step; native when none |
-| ``eagle_worker_common.prepare_for_draft`` | AFTER | a batch with treespec policies drafts eagerly |
-| ``eagle_utils.organize_draft_results`` | AROUND | per-request node selection within SGLang's pool, then the
-  batch verify budget over the sharing requests (``--treespec-batch-budget``) |
-| ``eagle_worker_common.build_eagle_verify_input`` | AFTER | unlinks the filler nodes of smaller trees |
+| ``eagle_worker_common.prepare_for_draft`` | AFTER | remembers the draft graph runner; C2T chain stops draft eagerly |
+| ``eagle_utils.organize_draft_results`` | AROUND | SGLang's own selection (kept inside its draft graph); the pool
+  is copied into per-shape buffers (:mod:`.draft_select`) |
+| ``eagle_worker_common.build_eagle_verify_input`` | AROUND | per-request trees on the pool after the draft (eager or
+  replay), the batch verify budget (``--treespec-batch-budget``), rank 0's tree; unlinks the filler nodes |
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | AROUND | ``treespec_*`` stats are per request |
-| ``_GenerationStreamAccumulator.accept`` | AROUND | a stream's chunks carry the rounds since the last chunk (:mod:`.stats`) |
+| ``_GenerationStreamAccumulator.accept`` | AROUND | a stream's chunks carry the rounds since the last chunk (.stats) |
 | ``ModelRunner.forward`` | AROUND | chain draft loop: feeds each step's logits to the C2T stop; target verify on the
   CPU: runs only the real tree nodes (ragged verify, :mod:`.ragged`) |
 | ``IntelAMXAttnBackend._build_extend_metadata`` | AROUND | per-request extend lengths / tree masks of a ragged verify |
@@ -28,8 +30,8 @@
 | ``parallel_state.init_model_parallel_group`` | AROUND | CPU (gloo) groups get no PyNccl (TP on the CPU) |
 | ``EagleDraftWorker.init_lm_head`` | AROUND | ranks' settings must agree; a token map under TP keeps each
   rank's shard of the hot head rows (:mod:`.ranks`) |
-| ``dp_attn._spec_input_cuda_graph_compatible`` | AFTER | DP attention: a treespec batch votes for an eager draft
-  before the ranks' votes are reduced |
+| ``dp_attn._spec_input_cuda_graph_compatible`` | AFTER | DP attention in chain mode: a treespec batch votes for an
+  eager draft before the ranks' votes are reduced |
 
 Per-request stats go to ``req.customized_info`` (-> the response's ``meta_info``):
 ``treespec_policy``, ``treespec_summary`` (totals over every round, :mod:`.stats`),
@@ -37,7 +39,8 @@ Per-request stats go to ``req.customized_info`` (-> the response's ``meta_info``
 ``treespec_verify_tokens`` (tokens the target's verify forward processed for the request per round:
 the tree size with ragged verify, N when padded) and ``treespec_accept_lengths`` (accepted draft
 tokens per round, bonus excluded: tau = 1 + mean). The accept lengths are read where the scheduler
-already has them on the host (no extra sync).
+already has them on the host (no extra sync); the tree sizes are copied to the host asynchronously and
+recorded once that copy is done (:class:`PendingSizes`).
 
 Ragged verify (:mod:`.ragged`, ``TREESPEC_RAGGED_VERIFY``) is on by default for the CPU ``intel_amx``
 backend, opt-in (``=1``) for SGLang's FlashInfer backend (not yet run on a GPU), off with ``=0``.
@@ -52,11 +55,10 @@ straight through, so SGLang behaves exactly as without the plugin.
 
 from __future__ import annotations
 
-import collections
 import contextvars
 import json
 import logging
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -73,7 +75,7 @@ from .ranks import check_settings_agree, cpu_parallel_group, shard_hot_head, \
 from .ragged import amx_extend_metadata, eager_while_ragged, flashinfer_verify_args, ragged_verify_forward
 from .request import ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason, \
     validate_custom_params
-from .stats import record_round, stream_accept
+from .stats import PendingSizes, policy_name, record_round, stream_accept
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
@@ -205,41 +207,6 @@ def _req_params(req, defaults: ServerDefaults):
     return p
 
 
-def _policy_name(p) -> str:
-    return type(p).__name__.replace("Params", "").lower()
-
-
-class PendingSizes:
-    """Tree sizes of the rounds drafted but not yet recorded, read back without stalling the device.
-
-    At draft time the ``[bs]`` sizes are copied to the host asynchronously (pinned memory, an event
-    after the copy); :meth:`flush` records every round whose copy has finished, oldest first. It runs
-    when SGLang resolves a round's accepted tokens (by then that round's draft is done on the stream) and
-    before each draft. On the CPU the copy is the tensor itself and is ready at once.
-    """
-
-    def __init__(self):
-        self.rounds: Deque[tuple] = collections.deque()  # (reqs, params, host sizes [bs], ready())
-
-    def push(self, reqs, params, sizes: torch.Tensor) -> None:
-        if sizes.device.type == "cpu":
-            host, ready = sizes, (lambda: True)
-        else:
-            host = torch.empty(sizes.shape, dtype=sizes.dtype, pin_memory=True)
-            host.copy_(sizes, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            ready = event.query
-        self.rounds.append((reqs, params, host, ready))
-
-    def flush(self) -> None:
-        while self.rounds and self.rounds[0][3]():
-            reqs, params, host, _ = self.rounds.popleft()
-            for req, p, n in zip(reqs, params, host.tolist()):  # a finished host copy: no device sync
-                if p is not None:
-                    record_round(req, _policy_name(p), "treespec_tree_sizes", n)
-
-
 _PENDING = PendingSizes()
 
 
@@ -317,7 +284,7 @@ def _record_verify_tokens(per_request) -> None:
     for req, n in zip(reqs, per_request):
         p = getattr(req, "_treespec_params", None)
         if p is not None and getattr(req, DRAFTED, False):
-            record_round(req, _policy_name(p), "treespec_verify_tokens", n)
+            record_round(req, policy_name(p), "treespec_verify_tokens", n)
 
 
 def _eagle_round(original, self, batch, *args, **kwargs):
@@ -390,7 +357,7 @@ def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
             continue  # native request (or one never drafted with a policy)
         if req.is_retracted or req.finished():
             continue  # SGLang commits nothing for these either
-        record_round(req, _policy_name(p), "treespec_accept_lengths", n)
+        record_round(req, policy_name(p), "treespec_accept_lengths", n)
     return result
 
 
@@ -433,97 +400,75 @@ def _verify_uses_greedy(original, *args, **kwargs):
     return original(*args, **{**kwargs, "is_cpu": False})
 
 
-HOOKS: Dict[str, Tuple[str, Callable]] = {
-    "sglang.srt.server_args.ServerArgs.add_cli_args": ("AFTER", _add_cli_args),
-    "sglang.srt.server_args.ServerArgs.from_cli_args": ("AFTER", _from_cli_args),
-    "sglang.srt.sampling.sampling_params.SamplingParams.verify": ("AFTER", _verify_sampling_params),
+# target -> (hook type, hook body, the parameters the body assumes of its target: checked against the
+# installed sglang in tests)
+HOOKS: Dict[str, Tuple[str, Callable, List[str]]] = {
+    "sglang.srt.server_args.ServerArgs.add_cli_args":
+        ("AFTER", _add_cli_args, ["parser"]),
+    "sglang.srt.server_args.ServerArgs.from_cli_args":
+        ("AFTER", _from_cli_args, ["cls", "args"]),
+    "sglang.srt.sampling.sampling_params.SamplingParams.verify":
+        ("AFTER", _verify_sampling_params, ["self", "vocab_size"]),
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_batch_request":
-        ("BEFORE", _handle_batch_request),
-    "sglang.srt.managers.scheduler.Scheduler._create_generation_req": ("AFTER", _create_generation_req),
-    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ("AROUND", _draft),
-    "sglang.srt.speculative.eagle_worker_common.prepare_for_draft": ("AFTER", _prepare_for_draft),
-    "sglang.srt.speculative.eagle_utils.organize_draft_results": ("AROUND", _organize),
-    "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input": ("AROUND", _build_verify_input),
-    "sglang.srt.model_executor.model_runner.ModelRunner.forward": ("AROUND", _draft_model_forward),
-    "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend._build_extend_metadata":
-        ("AROUND", amx_extend_metadata),
-    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation": ("AROUND", _eagle_round),
-    "sglang.srt.speculative.eagle_info.EagleVerifyInput.generate_attn_arg_prefill": ("AROUND", flashinfer_verify_args),
-    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph":
-        ("AROUND", eager_while_ragged),
-    "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph":
-        ("AROUND", eager_while_ragged),
-    "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
-    ".is_request_level_customized_info_key": ("AROUND", _request_level_key),
-    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept":
-        ("AROUND", stream_accept),
-    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
-    "._resolve_spec_v2_tokens": ("AFTER", _record_accepts),
-    "sglang.srt.speculative.eagle_utils._verify_uses_greedy": ("AROUND", _verify_uses_greedy),
-    "sglang.srt.managers.scheduler.Scheduler.init_metrics_collector": ("AFTER", _scheduler_metrics),
-    "sglang.srt.managers.tokenizer_manager.TokenizerManager.init_metric_collector_watchdog":
-        ("AFTER", _tokenizer_metrics),
-    "sglang.srt.utils.common.build_server_info": ("AFTER", _server_info),
-    "sglang.srt.distributed.parallel_state.init_model_parallel_group": ("AROUND", cpu_parallel_group),
-    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head": ("AROUND", _draft_head),
-    "sglang.srt.managers.scheduler_components.dp_attn._spec_input_cuda_graph_compatible":
-        ("AFTER", _draft_graph_vote),
-}
-
-
-# The parameters each hook assumes of its target (checked against the installed sglang in tests).
-SIGNATURES: Dict[str, List[str]] = {
-    "sglang.srt.server_args.ServerArgs.add_cli_args": ["parser"],
-    "sglang.srt.server_args.ServerArgs.from_cli_args": ["cls", "args"],
-    "sglang.srt.sampling.sampling_params.SamplingParams.verify": ["self", "vocab_size"],
-    "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_batch_request":
-        ["self", "obj", "request", "request_states"],
-    "sglang.srt.managers.scheduler.Scheduler._create_generation_req": ["self", "recv_req", "args", "kwargs"],
-    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft": ["self", "batch", "with_topology"],
+        ("BEFORE", _handle_batch_request, ["self", "obj", "request", "request_states"]),
+    "sglang.srt.managers.scheduler.Scheduler._create_generation_req":
+        ("AFTER", _create_generation_req, ["self", "recv_req", "args", "kwargs"]),
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft":
+        ("AROUND", _draft, ["self", "batch", "with_topology"]),
     "sglang.srt.speculative.eagle_worker_common.prepare_for_draft":
-        ["draft_input", "req_to_token_pool", "batch", "cuda_graph_runner", "draft_model_runner", "topk", "num_steps",
-         "target_translator", "num_draft_tokens"],
+        ("AFTER", _prepare_for_draft, ["draft_input", "req_to_token_pool", "batch", "cuda_graph_runner",
+         "draft_model_runner", "topk", "num_steps", "target_translator", "num_draft_tokens"]),
     "sglang.srt.speculative.eagle_utils.organize_draft_results":
-        ["score_list", "token_list", "parents_list", "num_draft_token"],
+        ("AROUND", _organize, ["score_list", "token_list", "parents_list", "num_draft_token"]),
     "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input":
-        ["batch", "draft_input", "parent_list", "top_scores_index", "draft_tokens", "draft_probs", "target_worker",
-         "topk", "num_steps", "num_draft_tokens", "tree_mask_mode", "device"],
-    "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
-    ".is_request_level_customized_info_key": ["self", "key"],
-    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept":
-        ["self", "req"],
-    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
-    "._resolve_spec_v2_tokens": ["self", "result", "batch"],
+        ("AROUND", _build_verify_input, ["batch", "draft_input", "parent_list", "top_scores_index", "draft_tokens",
+         "draft_probs", "target_worker", "topk", "num_steps", "num_draft_tokens", "tree_mask_mode", "device"]),
     "sglang.srt.model_executor.model_runner.ModelRunner.forward":
-        ["self", "forward_batch", "skip_attn_backend_init", "pp_proxy_tensors", "reinit_attn_backend",
-         "split_forward_count"],
-    "sglang.srt.speculative.eagle_utils._verify_uses_greedy":
-        ["is_all_greedy", "is_cpu", "is_hip", "is_xpu", "use_rejection_sampling"],
+        ("AROUND", _draft_model_forward, ["self", "forward_batch", "skip_attn_backend_init", "pp_proxy_tensors",
+         "reinit_attn_backend", "split_forward_count"]),
     "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend._build_extend_metadata":
-        ["self", "forward_batch"],
+        ("AROUND", amx_extend_metadata, ["self", "forward_batch"]),
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation":
-        ["self", "batch", "on_publish", "grammar_barrier", "pp_proxy_tensors"],
+        ("AROUND", _eagle_round, ["self", "batch", "on_publish", "grammar_barrier", "pp_proxy_tensors"]),
     "sglang.srt.speculative.eagle_info.EagleVerifyInput.generate_attn_arg_prefill":
-        ["self", "req_pool_indices", "paged_kernel_lens", "paged_kernel_lens_sum", "translator", "plan", "kind"],
+        ("AROUND", flashinfer_verify_args, ["self", "req_pool_indices", "paged_kernel_lens", "paged_kernel_lens_sum",
+         "translator", "plan", "kind"]),
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph":
-        ["self", "forward_batch"],
+        ("AROUND", eager_while_ragged, ["self", "forward_batch"]),
     "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph":
-        ["self", "forward_batch"],
-    "sglang.srt.managers.scheduler.Scheduler.init_metrics_collector": ["self"],
-    "sglang.srt.managers.tokenizer_manager.TokenizerManager.init_metric_collector_watchdog": ["self"],
-    "sglang.srt.utils.common.build_server_info": ["server_args", "scheduler_info"],
+        ("AROUND", eager_while_ragged, ["self", "forward_batch"]),
+    "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+    ".is_request_level_customized_info_key":
+        ("AROUND", _request_level_key, ["self", "key"]),
+    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept":
+        ("AROUND", stream_accept, ["self", "req"]),
+    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+    "._resolve_spec_v2_tokens":
+        ("AFTER", _record_accepts, ["self", "result", "batch"]),
+    "sglang.srt.speculative.eagle_utils._verify_uses_greedy":
+        ("AROUND", _verify_uses_greedy, ["is_all_greedy", "is_cpu", "is_hip", "is_xpu", "use_rejection_sampling"]),
+    "sglang.srt.managers.scheduler.Scheduler.init_metrics_collector":
+        ("AFTER", _scheduler_metrics, ["self"]),
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.init_metric_collector_watchdog":
+        ("AFTER", _tokenizer_metrics, ["self"]),
+    "sglang.srt.utils.common.build_server_info":
+        ("AFTER", _server_info, ["server_args", "scheduler_info"]),
     "sglang.srt.distributed.parallel_state.init_model_parallel_group":
-        ["group_ranks", "local_rank", "backend", "use_pynccl", "use_custom_allreduce", "use_message_queue_broadcaster",
-         "group_name", "use_mscclpp", "use_torch_symm_mem_allreduce", "recovered_rank", "rank_offset", "max_world_size"],
-    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head": ["self"],
-    "sglang.srt.managers.scheduler_components.dp_attn._spec_input_cuda_graph_compatible": ["local_batch"],
+        ("AROUND", cpu_parallel_group, ["group_ranks", "local_rank", "backend", "use_pynccl", "use_custom_allreduce",
+         "use_message_queue_broadcaster", "group_name", "use_mscclpp", "use_torch_symm_mem_allreduce",
+         "recovered_rank", "rank_offset", "max_world_size"]),
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head":
+        ("AROUND", _draft_head, ["self"]),
+    "sglang.srt.managers.scheduler_components.dp_attn._spec_input_cuda_graph_compatible":
+        ("AFTER", _draft_graph_vote, ["local_batch"]),
 }
+SIGNATURES: Dict[str, List[str]] = {target: params for target, (_, _, params) in HOOKS.items()}
 
 
 def register_hooks() -> None:
     """Register every hook (called by the ``sglang.srt.plugins`` entry point in each process)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for target, (kind, fn) in HOOKS.items():
+    for target, (kind, fn, _) in HOOKS.items():
         HookRegistry.register(target, fn, getattr(HookType, kind))
     logger.info("treespec-sglang: registered %d hooks", len(HOOKS))

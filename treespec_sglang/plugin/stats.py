@@ -20,12 +20,17 @@ The Prometheus series (:mod:`.metrics`) are fed by the same call, so they equal 
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
+from typing import Deque
+
+import torch
 
 from .metrics import scheduler_series
 
-__all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "max_rounds"]
+__all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "max_rounds", "PendingSizes",
+           "policy_name"]
 
 PREFIX = "treespec_"
 SUMMARY = "treespec_summary"
@@ -114,3 +119,39 @@ def stream_accept(original, self, *args, **kwargs):
         column[row] = delta
         sent[key] = len(values)
     return out
+
+
+def policy_name(p) -> str:
+    """``TalonParams(...)`` -> ``"talon"``."""
+    return type(p).__name__.replace("Params", "").lower()
+
+
+class PendingSizes:
+    """Tree sizes of the rounds drafted but not yet recorded, read back without stalling the device.
+
+    At draft time the ``[bs]`` sizes are copied to the host asynchronously (pinned memory, an event
+    after the copy); :meth:`flush` records every round whose copy has finished, oldest first. It runs
+    when SGLang resolves a round's accepted tokens (by then that round's draft is done on the stream) and
+    before each draft. On the CPU the copy is the tensor itself and is ready at once.
+    """
+
+    def __init__(self):
+        self.rounds: Deque[tuple] = collections.deque()  # (reqs, params, host sizes [bs], ready())
+
+    def push(self, reqs, params, sizes: torch.Tensor) -> None:
+        if sizes.device.type == "cpu":
+            host, ready = sizes, (lambda: True)
+        else:
+            host = torch.empty(sizes.shape, dtype=sizes.dtype, pin_memory=True)
+            host.copy_(sizes, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            ready = event.query
+        self.rounds.append((reqs, params, host, ready))
+
+    def flush(self) -> None:
+        while self.rounds and self.rounds[0][3]():
+            reqs, params, host, _ = self.rounds.popleft()
+            for req, p, n in zip(reqs, params, host.tolist()):  # a finished host copy: no device sync
+                if p is not None:
+                    record_round(req, policy_name(p), "treespec_tree_sizes", n)

@@ -1,8 +1,8 @@
-"""The hook bodies' own bookkeeping that needs no running SGLang."""
+"""Per-round stats bookkeeping that needs no running SGLang."""
 
 import torch
 
-from treespec_sglang.plugin.hooks import PendingSizes
+from treespec_sglang.plugin.stats import PendingSizes
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.utils.syncs import count_ops
 
