@@ -321,6 +321,10 @@ def test_worker_and_request_attributes_the_hooks_read(loaded):
     for attr in ("self.topk =", "self.speculative_num_steps =", "self.speculative_num_draft_tokens =", "self.device ="):
         assert attr in init, attr
     assert "custom_params" in SamplingParams.__struct_fields__
+    # the selection after a replayed draft reads the runner's padded batch size (draft_select)
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
+    assert "self.bs = bs" in inspect.getsource(EAGLEDraftCudaGraphRunner.execute)
     req_init = inspect.getsource(Req.__init__)
     assert "self.sampling_params = sampling_params" in req_init and "self.customized_info" in req_init
 
