@@ -229,12 +229,16 @@ def test_selection_reads_nothing_back_and_its_op_count_does_not_grow_with_the_ba
 
 def test_rows_are_built_once_per_parameter_set():
     """A request's parameter row is copied to the device once; later batches reuse it (no list copy)."""
+    from treespec_sglang.plugin import pool as pool_module
+
     p = parse_spec({"policy": "talon", "budget": 23, "mu": 0.07})
+    pool_module._ROWS.clear()  # the cache is per process: start from an empty one
     with count_ops() as first:
         a = request_row(p, "cpu")
+        request_row(None, "cpu")
     with count_ops() as again:
         b = policy_rows([p, None, p], "cpu")
-    assert first.copies == 1 and again.copies == 0
+    assert first.copies == 2 and again.copies == 0
     assert b[0].data_ptr() != a.data_ptr() and torch.equal(b[0], a[0]) and torch.equal(b[2], a[0])
     assert a[0, COLUMNS.index("budget")] == 23 and a[0, COLUMNS.index("log_mu")] == pytest.approx(math.log(0.07))
 
