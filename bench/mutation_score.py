@@ -54,14 +54,19 @@ def prepare(group: str, work: str) -> str:
         fh.write(f"\n[tool.mutmut]\nsource_paths = [\"treespec_sglang\"]\nonly_mutate = {_toml_list(only)}\n"
                  f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
                  f"pytest_add_cli_args = [\"-x\", \"-q\", \"-p\", \"no:cacheprovider\", \"-m\", \"not gpu and not slow "
-                 f"and not e2e and not sglang\"]\nalso_copy = [\"tests\"]\n")
+                 f"and not e2e and not sglang\"]\nalso_copy = [\"tests\"]\n"
+                 # each mutant in a fresh child of a server that only collected the tests: the per-process
+                 # caches (parameter rows, index tables) start empty, so a mutated builder is exercised
+                 f"process_isolation = \"forkserver\"\nforkserver_warmup = \"collect\"\n")
     return work
 
 
 def run_group(group: str, max_children: int, keep: bool) -> dict:
     work = tempfile.mkdtemp(prefix=f"mutmut-{group}-")
     prepare(group, work)
-    env = {**os.environ, "PYTHONPATH": ""}
+    # one OpenMP thread: mutmut forks its test runs from a process that already ran torch ops, and a forked
+    # child of a multi-threaded OpenMP runtime can hang (mutants then end as timeouts)
+    env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=work, env=env)
     subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=work, env=env, capture_output=True)
     stats_file = os.path.join(work, "mutants", "mutmut-cicd-stats.json")

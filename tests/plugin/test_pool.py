@@ -113,6 +113,8 @@ MIXED_SPECS = [
     {"policy": "salf", "budget": 7, "th": 0.0, "max_depth": 2}, {"policy": "salf", "budget": 12, "batch": 1, "th": 0.1},
     {"policy": "salf", "budget": 12, "batch": 3, "th": 0.2, "max_depth": 2},
     {"policy": "salf", "budget": 5, "batch": 3, "th": 0.05},  # G fills early: eps decides D
+    {"policy": "salf", "budget": 9, "batch": 2, "th": 0.1, "max_depth": 1}, {"policy": "salf", "budget": 2, "th": 0.1},
+    {"policy": "talon", "budget": 8, "topk": 3, "mu": 1.0},  # only each level's anchor passes its gate
     {"policy": "c2t", "budget": 10, "topk": 3, "beta": 0.3}, {"policy": "c2t", "budget": 40, "topk": 12, "beta": 0.5,
                                                               "max_depth": 2},
     {"policy": "c2t", "budget": 9, "topk": 4, "beta": 0.45, "classifier": OTHER_CLF},
@@ -175,6 +177,19 @@ def test_mixed_batches_select_each_policy_tree_as_its_plain_oracle_alone(seed):
     for b, p in enumerate(params):
         got = kept_paths(top, keep, paths, roots, b)
         assert got == expected_paths(p, beam, roots[b], N, scores[b], paths[b]), (k, steps, N, specs[b])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_batch_of_early_stopping_chains_alone_uses_the_classifier(seed):
+    """Chains with a C2T stop and no c2t row in the batch: the classifier still scores them."""
+    roots = [4, 9, 13]
+    draft, sl, tl, pl, paths = pool(topk=3, steps=4, seed=seed, roots=roots)
+    specs = [{"policy": "chain", "length": 3, "beta": b} for b in (0.2, 0.5, 0.8)]
+    _, top, _, keep = select_from_pool(sl, tl, pl, 10, 3, [parse_spec(x) for x in specs])
+    beam = oracles.BeamDraft(draft, sl, paths, 30)
+    got = [kept_paths(top, keep, paths, roots, b) for b in range(3)]
+    assert got == [chain_oracle(beam, r, 3, x["beta"], load_classifier(None)) for r, x in zip(roots, specs)]
+    assert len({len(g) for g in got}) > 1 or any(len(g) < 4 for g in got), "no chain was cut: the test cannot fail"
 
 
 @pytest.mark.parametrize("seed", [84, 154, 234, 245])

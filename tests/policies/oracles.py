@@ -138,6 +138,8 @@ def talon(draft, root, N, K, mu):
         for v in layer:
             lp = draft.logprobs(T.path(v))
             S += [(T.lp[v] + float(lp[w]), v, w) for w in range(draft.vocab) if math.isfinite(float(lp[w]))]
+        if not S:  # no layer node has a child (a beam-restricted draft)
+            break
         if d == 0:
             P = sorted(S, key=lambda x: -x[0])[:K]
         else:
