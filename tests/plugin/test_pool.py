@@ -115,6 +115,7 @@ MIXED_SPECS = [
     {"policy": "salf", "budget": 5, "batch": 3, "th": 0.05},  # G fills early: eps decides D
     {"policy": "salf", "budget": 9, "batch": 2, "th": 0.1, "max_depth": 1}, {"policy": "salf", "budget": 2, "th": 0.1},
     {"policy": "talon", "budget": 8, "topk": 3, "mu": 1.0},  # only each level's anchor passes its gate
+    {"policy": "talon", "budget": 7, "topk": 2, "mu": 0.0},  # no gate: the budget alone
     {"policy": "c2t", "budget": 10, "topk": 3, "beta": 0.3}, {"policy": "c2t", "budget": 40, "topk": 12, "beta": 0.5,
                                                               "max_depth": 2},
     {"policy": "c2t", "budget": 9, "topk": 4, "beta": 0.45, "classifier": OTHER_CLF},
@@ -190,6 +191,28 @@ def test_a_batch_of_early_stopping_chains_alone_uses_the_classifier(seed):
     got = [kept_paths(top, keep, paths, roots, b) for b in range(3)]
     assert got == [chain_oracle(beam, r, 3, x["beta"], load_classifier(None)) for r, x in zip(roots, specs)]
     assert len({len(g) for g in got}) > 1 or any(len(g) < 4 for g in got), "no chain was cut: the test cannot fail"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_each_c2t_row_is_scored_by_its_own_classifier(seed):
+    """Two classifiers in one batch, the same beta: each row's tree is its own classifier's (oracle), and
+    the two trees differ for at least one pool, so a row scored by the other classifier would show."""
+    roots = [2, 6, 11, 17]
+    draft, sl, tl, pl, paths = pool(topk=3, steps=4, seed=seed, roots=roots)
+    specs = [{"policy": "c2t", "budget": 12, "topk": 3, "beta": 0.3, "classifier": c}
+             for c in (None, OTHER_CLF, None, OTHER_CLF)]
+    _, top, _, keep = select_from_pool(sl, tl, pl, 14, 3, [parse_spec(x) for x in specs])
+    beam = oracles.BeamDraft(draft, sl, paths, 30)
+    for b, x in enumerate(specs):
+        own = oracles.c2t(beam, roots[b], 12, 3, 0.3, 10, load_classifier(x["classifier"]))
+        assert kept_paths(top, keep, paths, roots, b) == {own.path(i) for i in range(len(own.tok))}
+
+
+def test_the_two_classifiers_give_different_trees():
+    draft, sl, tl, pl, paths = pool(topk=3, steps=4, seed=0, roots=[2])
+    beam = oracles.BeamDraft(draft, sl, paths, 30)
+    trees = [oracles.c2t(beam, 2, 12, 3, 0.3, 10, load_classifier(c)).tok for c in (None, OTHER_CLF)]
+    assert trees[0] != trees[1]
 
 
 @pytest.mark.parametrize("seed", [84, 154, 234, 245])
