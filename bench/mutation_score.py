@@ -27,7 +27,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 GROUPS = {  # name -> (files to mutate, tests that guard them)
-    "tree": (["treespec_sglang/tree/"], ["tests/tree"]),
+    "tree": (["treespec_sglang/tree/"], ["tests/tree", "tests/policies"]),  # the policies build every tree
     "verify": (["treespec_sglang/verify/"], ["tests/verify", "tests/test_lossless_loop.py"]),
     "policies": (["treespec_sglang/policies/"], ["tests/policies"]),
     "pool": (["treespec_sglang/plugin/pool.py", "treespec_sglang/plugin/pool_rules.py"],
