@@ -20,6 +20,8 @@ import sys
 
 import torch
 
+from treespec_sglang.utils.cuda_graphs import capture
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -28,16 +30,7 @@ LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, nu
 
 def graphed(fn):
     """``fn`` captured once as a CUDA graph -> its replay (what a server runs: no per-op launch cost)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
+    return capture(fn, warmup=2)[0].replay
 
 
 def timed(fn, iters):

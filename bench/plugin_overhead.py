@@ -108,16 +108,10 @@ def measure(name: str, bs: int, a) -> dict:
 
 def graph_vs_eager(call) -> dict:
     """Capture ``call`` in a CUDA graph; outputs must equal the eager ones; ms per round each way."""
+    from treespec_sglang.utils.cuda_graphs import capture  # only with --graph (an older tree may lack it)
+
     ref = call()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
+    graph, out = capture(call, warmup=3)
     graph.replay()
     torch.cuda.synchronize()
     equal = all(torch.equal(x, y) for x, y in zip(ref, out))

@@ -9,6 +9,7 @@ from treespec_sglang.plugin.draft_select import read_pool, select_after_draft, s
 from treespec_sglang.plugin.hooks import DraftStep
 from treespec_sglang.plugin.pool import select_from_pool
 from treespec_sglang.policies import parse_spec
+from treespec_sglang.utils.cuda_graphs import capture
 
 K, S, N = 4, 4, 16
 SPECS = [{"policy": "talon", "budget": 10}, None, {"policy": "salf", "budget": 12, "th": 0.3},
@@ -58,14 +59,7 @@ def test_a_replayed_draft_graph_feeds_the_selection_the_new_pool():
         stash_pool(sl, tl, pl)
         return out
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        draft_loop()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = draft_loop()
+    graph, outs = capture(draft_loop)
     for dst, src in zip(inputs, lists[1]):  # the next round's draft inputs
         for d, s in zip(dst, src):
             d.copy_(s)

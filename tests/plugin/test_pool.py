@@ -14,6 +14,7 @@ from treespec_sglang.plugin.pool import COLUMNS, policy_rows, request_row, selec
     unlink_filler
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.tree import DraftTree, sglang_retrive
+from treespec_sglang.utils.cuda_graphs import capture
 from treespec_sglang.utils.syncs import count_ops
 
 
@@ -376,14 +377,7 @@ def test_selection_replays_in_a_cuda_graph_as_it_runs_eagerly(big_pools, bs):
     rows = policy_rows(params, "cuda")
     call = lambda: select_from_pool(*dev, 48, 8, params, rows=rows)  # noqa: E731
     eager = call()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = call()
+    graph, captured = capture(call)
     graph.replay()
     torch.cuda.synchronize()
     on_cpu = select_from_pool(*cpu, 48, 8, params)

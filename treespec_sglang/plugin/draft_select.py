@@ -65,6 +65,16 @@ def stash_pool(score_list, token_list, parents_list) -> tuple:
     return key
 
 
+def _stashed(rows: int, bs: int, topk: int, steps: int, device) -> Tuple[torch.Tensor, ...]:
+    """This round's ``bs`` rows of the stash of a ``rows``-row draft, cloned (scores, tokens, parent_list)."""
+    P, W = topk + (steps - 1) * topk * topk, 1 + (steps - 1) * topk
+    key = (rows, P, W, str(torch.device(device)))
+    if key not in _STASH:
+        raise RuntimeError(f"treespec: no draft pool of shape {key[:3]} was recorded; the draft CUDA graph must be "
+                           f"captured with the plugin loaded (rows, P = k + (S-1)k^2, W = 1 + (S-1)k)")
+    return tuple(t[:bs].clone() for t in _STASH[key])
+
+
 def read_pool(rows: int, bs: int, topk: int, steps: int, device) -> PoolView:
     """The pool of this round's ``bs`` requests from the stash of a ``rows``-row draft (``rows >= bs``: a
     replayed graph's padded batch), cloned so a later replay cannot overwrite it.
@@ -74,13 +84,7 @@ def read_pool(rows: int, bs: int, topk: int, steps: int, device) -> PoolView:
     RuntimeError
         If no draft loop of that shape wrote a pool (a graph captured before the plugin was loaded).
     """
-    P, W = topk + (steps - 1) * topk * topk, 1 + (steps - 1) * topk
-    key = (rows, P, W, str(torch.device(device)))
-    if key not in _STASH:
-        raise RuntimeError(f"treespec: no draft pool of shape {key[:3]} was recorded; the draft CUDA graph must be "
-                           f"captured with the plugin loaded (rows, P = k + (S-1)k^2, W = 1 + (S-1)k)")
-    scores, tokens, parent_list = (t[:bs].clone() for t in _STASH[key])
-    return PoolView.from_flat(scores, tokens, parent_list, topk)
+    return PoolView.from_flat(*_stashed(rows, bs, topk, steps, device), topk)
 
 
 def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, native_tokens: torch.Tensor,
@@ -99,9 +103,10 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
     ``(top_scores_index [bs, N-1], draft_tokens [bs, N-1])`` for ``build_eagle_verify_input``.
     """
     bs = native_top.shape[0]
-    pool = read_pool(rows or bs, bs, step.topk, steps, native_top.device)
+    scores, tokens, parent_list = _stashed(rows or bs, bs, step.topk, steps, native_top.device)
     group = verify_group()
-    pool = PoolView.from_flat(perturbed([pool.scores], group)[0], pool.tokens, pool.parent_list, pool.k)  # tests
+    scores = perturbed([scores], group)[0]  # a no-op unless a test asks for a faulty rank
+    pool = PoolView.from_flat(scores, tokens, parent_list, step.topk)
     rows_t = policy_rows(step.params, native_top.device, step.shares)  # cached per request: no list copy
     _, top, tokens, keep = select_on_pool(pool, num_draft_tokens, step.params, (None, native_top, native_tokens),
                                           rows_t)

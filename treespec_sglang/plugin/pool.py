@@ -33,7 +33,7 @@ import torch
 from ..policies.batch_budget import select_best
 from ..policies.classifier import c2t_features, load_classifier
 from ..policies.params import C2TParams, ChainParams, Eagle2Params, NoneParams, PolicyParams, SalfParams, TalonParams
-from .pool_rules import level_policies_keep, parent_entropy, salf_keep, salf_pops, static
+from .pool_rules import arange, level_policies_keep, parent_entropy, salf_keep, salf_pops, static
 
 __all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_batch_budget", "unlink_filler", "request_row", "policy_rows",
            "KIND", "COLUMNS"]
@@ -203,10 +203,6 @@ def _group_index(k: int, P: int, dev) -> torch.Tensor:
     return static(("group", k, P), dev, lambda: (torch.arange(P) // k)[None, :])
 
 
-def _arange(n: int, dev) -> torch.Tensor:
-    return static(("arange", n), dev, lambda: torch.arange(n))
-
-
 def _present(params) -> set:
     return {("native" if p is None else _KIND_OF[type(p)]) for p in params}
 
@@ -260,7 +256,7 @@ def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Option
     kind = rows[:, _C["kind"]]
     n_eff = rows[:, _C["budget"]].clamp(max=N).long()  # [bs] tree size cap, root included
     limit = rows[:, _C["top"]].clamp(max=N - 1).long()  # [bs] nodes kept by SGLang's ranking
-    ar = _arange(P, dev)
+    ar = arange(P, dev)
     # SGLang's ranking, ties toward the earlier (shallower) candidate; sorted position j < limit <=> rank < limit
     rank_scores = pool.scores
     if any(isinstance(p, SalfParams) and p.th <= 0 and p.max_depth is not None and p.max_depth < pool.steps

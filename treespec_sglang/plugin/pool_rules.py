@@ -25,7 +25,7 @@ import torch
 
 from ..policies.classifier import entropy_topm
 
-__all__ = ["static", "level_slices", "parent_entropy", "level_policies_keep", "salf_keep", "salf_pops"]
+__all__ = ["static", "arange", "level_slices", "parent_entropy", "level_policies_keep", "salf_keep", "salf_pops"]
 
 NEG_INF = float("-inf")
 
@@ -41,6 +41,11 @@ def static(key: tuple, device, build) -> torch.Tensor:
     if t is None:
         t = _STATIC[k] = build().to(device)
     return t
+
+
+def arange(n: int, device) -> torch.Tensor:
+    """``torch.arange(n)`` on ``device``, built once (:func:`static`)."""
+    return static(("arange", n), device, lambda: torch.arange(n))
 
 
 def _rank(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -115,7 +120,7 @@ def level_policies_keep(val: torch.Tensor, valid: torch.Tensor, parent: torch.Te
         max_depth, is_c2t = cols["max_depth"][:, None], kinds["c2t"][:, None]
     if "chain" in kinds:
         is_chain = kinds["chain"][:, None]
-    slots = static(("arange", max(widths)), val.device, lambda: torch.arange(max(widths)))
+    slots = arange(max(widths), val.device)
     size = torch.ones(bs, 1, dtype=torch.int64, device=val.device)
     out, new = [], None
     for i, (d, a, b) in enumerate(levels):
@@ -202,7 +207,7 @@ def salf_keep(val: torch.Tensor, valid: torch.Tensor, level: torch.Tensor, paren
     none = torch.zeros_like(q)
     g_val = ninf  # [bs, P] path values of the popped nodes (G without the root), -inf elsewhere
     b_max = max(1, min(P, b_max))
-    slots = static(("arange", b_max), val.device, lambda: torch.arange(b_max))
+    slots = arange(b_max, val.device)
     slot_ok = slots[None, :] < cols["batch"].long()[:, None]  # [bs, b_max] the row's B pops
     kth = min(max(n_max - 1, 1), P)
     eps_at = (n1 - 1).clamp(0, kth - 1)  # G's N-th best, the root first, is popped rank N-2
@@ -215,4 +220,4 @@ def salf_keep(val: torch.Tensor, valid: torch.Tensor, level: torch.Tensor, paren
         live = live & ((D * gain_of).sum(-1, keepdim=True) >= th)  # line 13
         q = ((q ^ pop) | (torch.gather(D, 1, parent_c) & child_ok)) & live  # lines 14-20
     popped = g_val > NEG_INF
-    return popped & (_rank(g_val, static(("arange", P), val.device, lambda: torch.arange(P))) < n1)
+    return popped & (_rank(g_val, arange(P, val.device)) < n1)

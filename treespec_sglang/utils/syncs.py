@@ -68,19 +68,29 @@ def count_host_syncs():
     1
     """
     mode = SyncCounter()
+
+    def on_read(name):
+        mode.ops[f"Tensor.{name}"] += 1
+
+    with _host_reads_seen(on_read), mode:
+        yield mode
+
+
+@contextmanager
+def _host_reads_seen(on_read):
+    """Call ``on_read(name)`` on every ``Tensor.tolist`` / ``Tensor.numpy``: they bypass the dispatcher."""
     orig = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
 
     def wrap(name):
-        def f(self, *a, **k):  # these bypass the dispatcher: count them here
-            mode.ops[f"Tensor.{name}"] += 1
+        def f(self, *a, **k):
+            on_read(name)
             return orig[name](self, *a, **k)
         return f
 
     try:
         for name in orig:
             setattr(torch.Tensor, name, wrap(name))
-        with mode:
-            yield mode
+        yield
     finally:
         for name, fn in orig.items():
             setattr(torch.Tensor, name, fn)
@@ -131,19 +141,9 @@ class OpCounter(TorchDispatchMode):
 def count_ops():
     """Context manager yielding an :class:`OpCounter`; ``.tolist()`` / ``.numpy()`` count as host reads."""
     mode = OpCounter()
-    orig = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
 
-    def wrap(name):
-        def f(self, *a, **k):
-            mode.reads += 1
-            return orig[name](self, *a, **k)
-        return f
+    def on_read(name):
+        mode.reads += 1
 
-    try:
-        for name in orig:
-            setattr(torch.Tensor, name, wrap(name))
-        with mode:
-            yield mode
-    finally:
-        for name, fn in orig.items():
-            setattr(torch.Tensor, name, fn)
+    with _host_reads_seen(on_read), mode:
+        yield mode
