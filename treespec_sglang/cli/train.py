@@ -41,7 +41,19 @@ def add_parser(sub) -> None:
     v.add_argument("--heldout-every", type=int, default=10)
     v.add_argument("--out", default="checkpoints/token_map.pt")
     v.set_defaults(fn=run_vocab)
-    t = tsub.add_parser("draft", help="train an EAGLE draft head (SGLang format checkpoints)")
+    st = tsub.add_parser("states", help="EAGLE-3: recompute stored sequences' target states with the three "
+                                        "captured layers (one prefill per batch, no generation; resumable)")
+    st.add_argument("--target", default="smollm2-135m")
+    st.add_argument("--data", default="data/distill")
+    st.add_argument("--batch-size", type=int, default=8)
+    st.add_argument("--threads", type=int, default=None)
+    st.add_argument("--dtype", default="float32", help="target dtype (the states are stored as float16)")
+    st.add_argument("--out", default="data/distill-eagle3")
+    st.set_defaults(fn=run_states)
+    t = tsub.add_parser("draft", help="train an EAGLE or EAGLE-3 draft head (SGLang format checkpoints)")
+    t.add_argument("--arch", default="eagle", choices=["eagle", "eagle3"],
+                   help="head to start from when --init is not given (eagle3 needs --token-map and "
+                        "`treespec train states` data)")
     t.add_argument("--target", default="smollm2-135m")
     t.add_argument("--data", default="data/distill")
     t.add_argument("--loss", default="kl", choices=["kl", "lk-alpha", "lk-lambda", "talf"])
@@ -128,10 +140,28 @@ def run_trees(a: argparse.Namespace) -> int:
 
 
 def _split(data: str, every: int, seqs):
-    from ..training.data import heldout_flags
+    """(training, held-out test) sequences; the validation ones (``split_roles``) are in neither."""
+    from ..training.data import split_roles
 
-    flags = heldout_flags(data, every)
-    return [s for s, f in zip(seqs, flags) if not f], [s for s, f in zip(seqs, flags) if f]
+    roles = split_roles(data, every)
+    return [s for s, r in zip(seqs, roles) if r == "train"], [s for s, r in zip(seqs, roles) if r == "test"]
+
+
+def run_states(a: argparse.Namespace) -> int:
+    from ..engine.loading import resolve_target
+    from ..engine.dtypes import resolve_dtype
+    from ..models import LlamaModel
+    from ..models.eagle3_head import default_aux_layers
+    from ..training.data import restate_distill_data
+
+    set_threads(a.threads)
+    dtype = resolve_dtype(a.dtype, "cpu")
+    model = LlamaModel.from_pretrained(resolve_target(a.target), dtype=dtype)
+    model.aux_layers = default_aux_layers(model.config.num_hidden_layers)
+    man = restate_distill_data(model, a.data, a.out, batch_size=a.batch_size)
+    print(f"{a.out}: {len(man['done'])} sequences, target states [final | layers {list(model.aux_layers)}], "
+          f"{man.get('bytes', 0) / 2**20:.1f} MiB on disk")
+    return 0
 
 
 def run_vocab(a: argparse.Namespace) -> int:
@@ -164,9 +194,12 @@ def run_draft(a: argparse.Namespace) -> int:
                 setattr(a, k.replace("-", "_"), v)
     set_threads(a.threads)
     torch.manual_seed(a.seed)
-    engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed, dtype=a.dtype, fuse=False)
+    if a.arch == "eagle3" and not a.init:
+        engine = _eagle3_engine(a)
+    else:
+        engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed, dtype=a.dtype, fuse=False)
     print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
-    if a.token_map:
+    if a.token_map and not engine.draft.owns_lm_head:
         engine.set_token_map(read_token_map(a.token_map))
     d2t = engine.token_map  # from --token-map, or the --init draft's own token_map.pt
     seqs = iter_sequences(load_shards(a.data))
@@ -206,6 +239,23 @@ def run_draft(a: argparse.Namespace) -> int:
     print(f"{a.out}: loss {last.get('loss', float('nan')):.4f}, held-out alpha per position "
           f"{[round(x, 3) for x in last.get('alpha', [])]}, held-out tau {last.get('tau', float('nan')):.3f}")
     return 0
+
+
+def _eagle3_engine(a: argparse.Namespace):
+    """A training engine around a fresh EAGLE-3 head over ``--token-map``'s ids, its LM head
+    initialised from the target's rows (what EAGLE-3 training starts from)."""
+    from ..engine import SpecEngine
+    from ..engine.dtypes import explain_dtype, resolve_dtype
+    from ..engine.loading import load_models, read_token_map
+    from ..models import Eagle3DraftHead
+
+    if not a.token_map:
+        raise SystemExit("--arch eagle3 needs --token-map (the draft vocabulary: `treespec train vocab`)")
+    dtype, note = resolve_dtype(a.dtype, "cpu"), explain_dtype(a.dtype, "cpu")
+    target, _, tok, _ = load_models(a.target, None, dtype=dtype, seed=a.seed)
+    head = Eagle3DraftHead.for_target(target.config, read_token_map(a.token_map), target.lm_head.weight,
+                                      target.model.norm.weight, seed=a.seed)
+    return SpecEngine(target, head, tok, dtype=dtype, fuse=False, dtype_note=note)
 
 
 def run_c2t(a: argparse.Namespace) -> int:

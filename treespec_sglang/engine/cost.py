@@ -121,7 +121,7 @@ def measure_cost_curve(engine, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 3
     """-> (curve, whether it came from the cache). ``cache_dir`` None: measure, store nothing."""
     key = json.dumps([_cpu_name(), torch.__version__, str(engine.dtype), str(engine.device), torch.get_num_threads(),
                       model_id, engine.target.config.hidden_size, engine.target.config.num_hidden_layers,
-                      int(engine._draft_w.shape[0]), list(sizes), list(widths), prefix])
+                      engine.draft_vocab, type(engine.draft).__name__, list(sizes), list(widths), prefix])
     path = None
     if cache_dir is not None:
         path = os.path.join(cache_dir, f"cost-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json")

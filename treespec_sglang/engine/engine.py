@@ -81,6 +81,7 @@ class SpecEngine:
         if fuse:  # the engine only runs the target forward: fused q/k/v and gate/up matmuls
             self.target.fuse_()
         self.draft = draft.to(device=device, dtype=dtype).eval().attach(self.target.model.embed_tokens)
+        self._feat = self._connect_features(target, self.draft)  # which target columns the draft reads
         # bf16 on a CPU whose oneDNN has the bf16 kernel: prepacked weights (bit-identical outputs, ~2x
         # faster small-M linears); elsewhere plain nn.Linear. Inference only, so not with fuse=False
         # (the training entry points keep plain modules)
@@ -111,9 +112,16 @@ class SpecEngine:
         the target's). Trees grow over draft ids and are mapped to target ids before verification, so
         outputs are unchanged (verification reads only target probabilities). None = the full vocabulary.
         """
+        if self.draft.owns_lm_head:  # EAGLE-3: the head's own LM head and d2t
+            hot = self.draft.hot_ids
+            if token_map is not None and not torch.equal(torch.as_tensor(token_map).to(hot), hot):
+                raise ValueError("token_map: an EAGLE-3 head carries its own draft vocabulary (d2t); "
+                                 "pass no token map, or exactly the head's")
+            self.token_map, self._draft_head = hot, self.draft.logits
+            return
         w = self.target.lm_head.weight
         if token_map is None:
-            self.token_map, self._draft_w = None, w
+            self.token_map = None
             self._draft_head = self.target.lm_head
             return
         tm = torch.as_tensor(token_map).to(device=self.device, dtype=torch.int64)
@@ -121,10 +129,37 @@ class SpecEngine:
         if tm.dim() != 1 or tm.numel() < 1 or int(tm.min()) < 0 or int(tm.max()) >= V or tm.unique().numel() != tm.numel():
             raise ValueError(f"token_map must be a 1-D list of distinct target ids in [0, {V - 1}], "
                              f"got shape {tuple(tm.shape)}")
-        self.token_map, self._draft_w = tm, w.detach()[tm].contiguous()
+        self.token_map = tm
         head = torch.nn.Linear(w.shape[1], tm.numel(), bias=False, device=self.device, dtype=w.dtype)
-        head.weight = torch.nn.Parameter(self._draft_w, requires_grad=False)
+        head.weight = torch.nn.Parameter(w.detach()[tm].contiguous(), requires_grad=False)
         self._draft_head = PackedLinear(head) if self.packed else head
+
+    @property
+    def draft_vocab(self) -> int:
+        """How many ids the draft scores: the token map's length, else the target's vocabulary."""
+        return self.target.config.vocab_size if self.token_map is None else int(self.token_map.numel())
+
+    @staticmethod
+    def _connect_features(target, draft) -> slice:
+        """Which columns of the target's output the draft reads. EAGLE: the final-norm states
+        (``[:hidden]``, the whole output). EAGLE-3: the target also returns the residual stream entering
+        the head's ``aux_layers`` (set here; SGLang's default when the checkpoint names none), and the
+        head reads those (``[hidden:]``); logits always come from ``[:hidden]``."""
+        from ..models.eagle3_head import default_aux_layers
+
+        H = target.config.hidden_size
+        if not draft.owns_lm_head:
+            target.aux_layers = ()
+            return draft.feature_columns
+        if draft.aux_layers is None:
+            draft.aux_layers = default_aux_layers(target.config.num_hidden_layers)
+        L = target.config.num_hidden_layers
+        if draft.target_hidden != H or draft.feature_width != H * len(draft.aux_layers) or \
+                not all(0 <= i < L for i in draft.aux_layers):
+            raise ValueError(f"EAGLE-3 head reads {len(draft.aux_layers)} x {draft.target_hidden} features from "
+                             f"layers {draft.aux_layers}; the target has hidden {H} and {L} layers")
+        target.aux_layers = draft.aux_layers
+        return draft.feature_columns
 
     @classmethod
     def from_pretrained(cls, target: str = "smollm2-135m", draft: Optional[str] = None, device="cpu",
@@ -249,7 +284,7 @@ class SpecEngine:
             check_fits(estimate_generate_bytes(
                 self.target.config, None if plain else self.draft.config, bs=len(ok),
                 max_prompt=max(len(ids[i]) for i in ok), max_new=max_new_tokens, max_nodes=max_nodes,
-                dtype=self.dtype, draft_vocab=self._draft_w.shape[0]), self.device, bs=len(ok), max_nodes=max_nodes)
+                dtype=self.dtype, draft_vocab=self.draft_vocab), self.device, bs=len(ok), max_nodes=max_nodes)
             t0 = time.perf_counter()
             run = self._plain if plain else self._speculative
             self.calibration = DepthCalibration() if calibrate and not plain else None
@@ -277,7 +312,8 @@ class SpecEngine:
         return cache, inp, hidden, lens, self._logits(last)
 
     def _logits(self, h):
-        return self.target.lm_head(h).float()
+        # h [..., hidden] or [..., hidden * 4] (EAGLE-3: final-norm states first) -> [..., vocab] float32
+        return self.target.lm_head(h[..., :self.target.config.hidden_size]).float()
 
     def _draft_logprobs(self, h):
         """``[..., hidden]`` draft features -> ``[..., vocab_d]`` draft log-probs (over draft ids)."""
@@ -492,6 +528,6 @@ class SpecEngine:
         pos = start[:, None] + torch.arange(m, device=self.device)  # kv (host) >= max(start) + m
         col = torch.arange(kv, device=self.device)[None, None, :]
         mask = (col >= 1) & (col <= pos[:, :, None])
-        out = self.draft(tokens, feats.to(self.dtype), pos, dcache.stores(pos, kv)[0], mask)
+        out = self.draft(tokens, feats[..., self._feat].to(self.dtype), pos, dcache.stores(pos, kv)[0], mask)
         last = torch.gather(out, 1, (count - 1)[:, None, None].expand(bs, 1, out.shape[-1]))[:, 0]
         return last, self._draft_logprobs(last)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ..models import EagleDraftHead, LlamaModel, demo_target
+from ..models import EagleDraftHead, LlamaModel, demo_target, load_draft_head
 from ..models.demo import DEMO_NAME, cache_dir
 
 __all__ = ["load_models", "load_token_map", "read_token_map", "save_token_map", "resolve_target", "demo_draft_dir", "TOKEN_MAP"]
@@ -54,7 +54,7 @@ def load_token_map(draft_dir: str) -> Optional[torch.Tensor]:
 
 
 def load_models(target: str, draft: Optional[str], dtype=torch.float32, seed: int = 0):
-    """-> (LlamaModel, EagleDraftHead, tokenizer or None, token map or None). A draft directory is checked
+    """-> (LlamaModel, draft head (EAGLE or EAGLE-3), tokenizer or None, token map or None). A draft directory is checked
     before the target loads (a typo fails at once, not after the demo target's first-run conversion)."""
     if draft not in (None, "demo"):
         EagleDraftHead.files(draft)
@@ -66,7 +66,7 @@ def load_models(target: str, draft: Optional[str], dtype=torch.float32, seed: in
     elif draft == "demo":
         d = demo_draft_dir()
         if os.path.isfile(os.path.join(d, "model.safetensors")):
-            head = EagleDraftHead.load(d, dtype=dtype)
+            head = load_draft_head(d, dtype=dtype)
         else:  # until a trained head ships: a seeded random head, saved once in SGLang format
             d = os.path.join(cache_dir(), "smollm2-135m-eagle-random")
             if not os.path.isfile(os.path.join(d, "model.safetensors")):
@@ -74,7 +74,9 @@ def load_models(target: str, draft: Optional[str], dtype=torch.float32, seed: in
             head = EagleDraftHead.load(d, dtype=dtype)
     else:
         d = draft
-        head = EagleDraftHead.load(draft, dtype=dtype)
+        head = load_draft_head(draft, dtype=dtype)
+    if getattr(head, "owns_lm_head", False):  # EAGLE-3: its d2t is its vocabulary; the engine checks the rest
+        return model, head, _tokenizer(path), None
     if head.config.hidden_size != model.config.hidden_size or head.config.vocab_size != model.config.vocab_size:
         raise ValueError(f"draft head hidden/vocab ({head.config.hidden_size}, {head.config.vocab_size}) do not match "
                          f"the target's ({model.config.hidden_size}, {model.config.vocab_size})")

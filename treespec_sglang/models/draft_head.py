@@ -39,6 +39,13 @@ class EagleDraftHead(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.embed: nn.Embedding = None  # set by attach()
 
+    owns_lm_head = False  # drafts through the target's LM head (EAGLE-3 heads own theirs)
+
+    @property
+    def feature_columns(self) -> slice:
+        """The columns of the target's states this head reads: the final-norm states ``[:hidden]``."""
+        return slice(0, self.config.hidden_size)
+
     def attach(self, embed: nn.Embedding) -> "EagleDraftHead":
         object.__setattr__(self, "embed", embed)  # shared with the target, kept out of state_dict
         return self

@@ -128,13 +128,15 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, in_features: Optional[int] = None):
+        # in_features: q/k/v input width (EAGLE-3's draft layer reads [embedding | feature], 2 * hidden)
         super().__init__()
         H, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        I = in_features or H
         self.nh, self.nkv, self.hd = nh, nkv, hd
-        self.q_proj = nn.Linear(H, nh * hd, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(H, nkv * hd, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(H, nkv * hd, bias=cfg.attention_bias)
+        self.q_proj = nn.Linear(I, nh * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(I, nkv * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(I, nkv * hd, bias=cfg.attention_bias)
         # Llama's attention_bias covers o_proj too; Qwen2 biases q/k/v only
         self.o_proj = nn.Linear(nh * hd, H, bias=cfg.attention_bias and cfg.extra.get("model_type") != "qwen2")
         self.qkv_proj: Optional[nn.Linear] = None  # set by fuse_()
@@ -253,6 +255,8 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # EAGLE-3: capture the residual stream entering these layers (set by the engine for an EAGLE-3 draft)
+        self.aux_layers: Tuple[int, ...] = ()
 
     def fuse_(self) -> "LlamaModel":
         """Fuse each layer's q/k/v and gate/up projections for inference (fewer, larger matmuls: on a
@@ -278,7 +282,9 @@ class LlamaModel(nn.Module):
         Returns
         -------
         ``[bs, q, hidden]`` final-norm hidden states (what EAGLE drafts consume); with ``rows``,
-        ``[T, hidden]``: the real tokens' states in ``rows`` order.
+        ``[T, hidden]``: the real tokens' states in ``rows`` order. With ``aux_layers`` set (EAGLE-3),
+        ``[.., hidden * (1 + len(aux_layers))]``: the final-norm states followed by the residual stream
+        entering each of those layers (SGLang's capture points), e.g. ``[final | l2 | l15 | l27]``.
 
         Example: ``rows = [0, 1, 3]`` of a ``[2, 2]`` grid runs 3 tokens: (0, 0), (0, 1), (1, 1).
         """
@@ -287,9 +293,14 @@ class LlamaModel(nn.Module):
         else:
             x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
-        for layer, store in zip(self.model.layers, stores):
+        aux = {}  # layer -> the residual stream entering it
+        for i, (layer, store) in enumerate(zip(self.model.layers, stores)):
+            if i in self.aux_layers:
+                aux[i] = x
             x = layer(x, cos, sin, store, mask, rows)
         x = self.model.norm(x)
+        if self.aux_layers:
+            x = torch.cat([x] + [aux[i] for i in self.aux_layers], dim=-1)
         return x[0] if rows is not None else x
 
     @classmethod

@@ -3,7 +3,9 @@
 On disk (one directory): ``manifest.json`` and ``shard-XXXXX.safetensors`` files, each holding
 ``tokens`` [n_tok] int32 (prompt + answer, concatenated), ``hidden`` [n_tok, hidden] float16 (the
 target's final-norm hidden state at every position), ``loss_mask`` [n_tok] bool (answer tokens)
-and ``offsets`` [n_seq + 1] int64. Generation is batched, shows a progress bar and is resumable:
+and ``offsets`` [n_seq + 1] int64. For an EAGLE-3 head, ``hidden`` is ``[n_tok, hidden * 4]``: the final-norm
+state followed by the three captured layers (:func:`restate_distill_data`, from a finished directory's tokens
+without generating again). Generation is batched, shows a progress bar and is resumable:
 the manifest lists finished prompt ids and a rerun skips them.
 """
 
@@ -18,8 +20,8 @@ import torch
 
 from ..engine.kv_cache import prefill
 
-__all__ = ["DistillShard", "target_hidden", "generate_distill_data", "load_shards", "iter_sequences", "disk_usage",
-           "write_manifest", "heldout_flags"]
+__all__ = ["DistillShard", "target_hidden", "generate_distill_data", "restate_distill_data", "load_shards",
+           "iter_sequences", "disk_usage", "write_manifest", "heldout_flags", "split_roles"]
 
 MANIFEST = "manifest.json"
 
@@ -41,7 +43,8 @@ class DistillShard:
 def target_hidden(model, seqs: Sequence[Sequence[int]]) -> List[torch.Tensor]:
     """Final-norm hidden states of the target at every position: one batched causal forward.
 
-    Returns one ``[len_i, hidden]`` float32 tensor per sequence.
+    Returns one ``[len_i, hidden]`` float32 tensor per sequence (``[len_i, hidden * 4]`` with the
+    model's EAGLE-3 ``aux_layers`` set: final-norm states, then the captured layers).
     """
     _, _, h, _ = prefill(model, seqs, max(len(s) for s in seqs))
     return [h[b, :len(s)].float() for b, s in enumerate(seqs)]
@@ -111,6 +114,42 @@ def generate_distill_data(engine, prompt_ids: Sequence[str], prompts: Sequence[s
     return man
 
 
+@torch.inference_mode()
+def restate_distill_data(model, src_dir: str, out_dir: str, batch_size: int = 8, progress: bool = True) -> dict:
+    """Copy ``src_dir``'s sequences to ``out_dir`` with the states ``model`` returns now (set
+    ``model.aux_layers`` for EAGLE-3's ``[final | aux]`` rows): one prefill per ``batch_size`` sequences,
+    no generation. Resumable shard by shard. Returns the new manifest."""
+    from safetensors.torch import load_file, save_file
+
+    src = _manifest(src_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    man = _manifest(out_dir)
+    if not man["shards"]:
+        man.update({k: src[k] for k in ("format", "done", "tokens", "answer_tokens")}, shards=[],
+                   aux_layers=list(getattr(model, "aux_layers", ())))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(src["shards"]), initial=len(man["shards"]), unit="shard", desc="restate")
+    for name in src["shards"][len(man["shards"]):]:
+        t = load_file(os.path.join(src_dir, name))
+        off = t["offsets"].tolist()
+        seqs = [t["tokens"][a:b].long().tolist() for a, b in zip(off[:-1], off[1:])]
+        hidden = []
+        for i in range(0, len(seqs), batch_size):
+            hidden += target_hidden(model, seqs[i:i + batch_size])
+        save_file({**t, "hidden": torch.cat(hidden).half()}, os.path.join(out_dir, name))
+        man["shards"].append(name)
+        man["bytes"] = disk_usage(out_dir)
+        write_manifest(os.path.join(out_dir, MANIFEST), man)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return man
+
+
 def load_shards(out_dir: str) -> List[DistillShard]:
     from safetensors.torch import load_file
 
@@ -122,6 +161,21 @@ def load_shards(out_dir: str) -> List[DistillShard]:
         t = load_file(os.path.join(out_dir, name))
         out.append(DistillShard(t["tokens"], t["hidden"], t["loss_mask"], t["offsets"]))
     return out
+
+
+def split_roles(out_dir: str, every: int) -> List[str]:
+    """Per stored sequence: ``"test"`` (held out: index within its prompt set ``% every == 0``, what
+    ``treespec bench --every`` measures), ``"val"`` (``% every == every // 2``: the validation prompts
+    the acceptance table is measured on, ``PromptSet.every(every, every // 2)``) or ``"train"``.
+    Example, every 10: indices 0, 10, 20 test; 5, 15 val; the rest train."""
+    seen: dict = {}
+    roles = []
+    for pid in _manifest(out_dir)["done"]:
+        name = pid.split("/", 1)[0]
+        i = seen.get(name, 0)
+        roles.append("test" if i % every == 0 else "val" if every > 1 and i % every == every // 2 else "train")
+        seen[name] = i + 1
+    return roles
 
 
 def heldout_flags(out_dir: str, every: int) -> List[bool]:

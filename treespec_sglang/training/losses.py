@@ -30,7 +30,7 @@ __all__ = ["target_probs_for_draft", "kl_div", "soft_cross_entropy", "acceptance
 def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     """Mean of ``x`` over positions where ``mask`` is True (all if None); 0 if none are."""
     if mask is None:
-        return x.mean()
+        return x.sum() / max(x.numel(), 1)  # an empty batch step contributes 0, not nan
     m = mask.to(x.dtype)
     return (x * m).sum() / m.sum().clamp(min=1.0)
 

@@ -198,7 +198,7 @@ def batch_trees(seqs: Sequence[tuple], n: int, max_len: int):
 def talf_forward(head, tokens, hidden, loss_mask, lens, node_tokens, node_parent, has_tree):
     """The draft over every node of the target trees, level by level with tree attention.
 
-    tokens [bs, T], hidden [bs, T, hidden], loss_mask [bs, T], lens [bs]; node_tokens / node_parent
+    tokens [bs, T], hidden [bs, T, hidden] (EAGLE-3: [final | aux], the head reads its columns), loss_mask [bs, T], lens [bs]; node_tokens / node_parent
     [bs, n, levels, width] (n = T - 2), has_tree [bs, n]. Returns (root features [bs, n, hidden],
     root valid [bs, n], level features [bs, n, levels, width, hidden]); level l's node (t, j) is fed
     its parent's output and attends step-0 keys s <= t, its ancestors' keys and its own key.
@@ -215,7 +215,7 @@ def talf_forward(head, tokens, hidden, loss_mask, lens, node_tokens, node_parent
 
     ok = (t[None, :] + 2 < lens[:, None]) & loss_mask[:, 2:n + 2]
     mask0 = (t[None, :] <= t[:, None])[None].expand(bs, n, n)
-    f0 = head(tokens[:, 1:n + 1], hidden[:, :n], (t + 1).expand(bs, n), store, mask0)  # [bs, n, hidden]
+    f0 = head(tokens[:, 1:n + 1], hidden[:, :n, head.feature_columns], (t + 1).expand(bs, n), store, mask0)  # [bs, n, hidden]
     feats, levels = f0[:, :, None], []  # feats: the level above, [bs, n, width_above, hidden]
     anc = torch.empty(bs, n, k, 0, dtype=torch.long)  # each node's ancestor index per level (below the root)
     q = torch.arange(n * k)

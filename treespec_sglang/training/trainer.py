@@ -88,7 +88,7 @@ def ttt_forward(head, tokens, hidden, loss_mask, lens, ttt_steps: int):
     base_ok = (t[None, :] + 2 < lens[:, None]) & loss_mask[:, 2:n + 2]
     keys: List[tuple] = []
     steps = []
-    feats = hidden[:, :n]
+    feats = hidden[:, :n, head.feature_columns]  # EAGLE: final-norm states; EAGLE-3: the fused aux states
     prev = None  # the previous step's outputs
     for k in range(ttt_steps):
         if k > 0:  # own features from the previous step, shifted right by one position
@@ -108,25 +108,33 @@ def ttt_forward(head, tokens, hidden, loss_mask, lens, ttt_steps: int):
         prev = head(toks, feats, pos, store, mask)  # [bs, n, hidden]
         keys = keys[: k + 1]
         steps.append((prev, base_ok & (t[None, :] >= k)))
-    return steps, hidden[:, 1:n + 1]
+    return steps, hidden[:, 1:n + 1, :_target_width(head)]
 
 
-def draft_logits(lm_head, feats, d2t: Optional[torch.Tensor] = None):
+def draft_logits(lm_head, feats, d2t: Optional[torch.Tensor] = None, head=None):
     """``[..., hidden]`` -> ``[..., vocab_d]``: the shared target head, restricted to the draft
-    vocabulary ``d2t`` ([vocab_d] target ids, FR-Spec token map) when given."""
+    vocabulary ``d2t`` ([vocab_d] target ids, FR-Spec token map) when given; an EAGLE-3 ``head``
+    scores with its own norm + LM head (its vocabulary is ``d2t``)."""
+    if head is not None and head.owns_lm_head:
+        return head.logits(feats).float()
     if d2t is None:
         return lm_head(feats).float()
     return torch.nn.functional.linear(feats, lm_head.weight[d2t]).float()
 
 
-def step_logits(lm_head, feats, target_hidden, valid, d2t: Optional[torch.Tensor] = None):
+def _target_width(head) -> int:
+    """Width of the target's final-norm states at the front of a stored ``[final | aux]`` row."""
+    return getattr(head, "target_hidden", head.config.hidden_size)
+
+
+def step_logits(lm_head, feats, target_hidden, valid, d2t: Optional[torch.Tensor] = None, head=None):
     """Draft ``[M, vocab_d]`` and target ``[M, vocab]`` logits at the valid positions only (M = valid.sum()).
 
     Training runs the LM head only where a loss is taken (answer tokens), not over the prompt.
     """
     with torch.no_grad():
         tl = lm_head(target_hidden[valid]).float()
-    return draft_logits(lm_head, feats[valid], d2t), tl
+    return draft_logits(lm_head, feats[valid], d2t, head), tl
 
 
 def talf_batch_loss(head, lm_head, seqs, cfg: TrainConfig, d2t: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -139,11 +147,11 @@ def talf_batch_loss(head, lm_head, seqs, cfg: TrainConfig, d2t: Optional[torch.T
     has = has & ok
     draft = torch.cat([f0[ok], levels[has].flatten(0, -2)])  # [nodes, hidden]
     with torch.no_grad():
-        target = lm_head(torch.cat([hid[:, 1:n + 1][ok], nhid[has].flatten(0, -2)])).float()
-    return talf_loss(target, draft_logits(lm_head, draft, d2t), torch.ones(draft.shape[0], dtype=torch.bool), d2t)
+        target = lm_head(torch.cat([hid[:, 1:n + 1, :_target_width(head)][ok], nhid[has].flatten(0, -2)])).float()
+    return talf_loss(target, draft_logits(lm_head, draft, d2t, head), torch.ones(draft.shape[0], dtype=torch.bool), d2t)
 
 
-def _loss(cfg: TrainConfig, lm_head, steps, target_hidden, d2t=None) -> torch.Tensor:
+def _loss(cfg: TrainConfig, lm_head, steps, target_hidden, d2t=None, head=None) -> torch.Tensor:
     """Multi-step loss. Every step's target at position t is the same p_t and step k's valid positions
     are a subset of step 0's (``base_ok & t >= k``), so the full-vocabulary target head runs once, on
     step 0's positions, and each step indexes its rows: ``valid_k[valid_0]`` picks them in order.
@@ -154,7 +162,7 @@ def _loss(cfg: TrainConfig, lm_head, steps, target_hidden, d2t=None) -> torch.Te
         tl0 = lm_head(target_hidden[v0]).float()  # [M0, vocab]
     losses = []
     for feats, valid in steps:
-        losses.append(fn(tl0[valid[v0]], draft_logits(lm_head, feats[valid], d2t), None, cfg, d2t))
+        losses.append(fn(tl0[valid[v0]], draft_logits(lm_head, feats[valid], d2t, head), None, cfg, d2t))
     return multi_step_loss(losses, cfg.gamma)
 
 
@@ -167,7 +175,7 @@ def evaluate_alpha(head, lm_head, seqs, cfg: TrainConfig, d2t: Optional[torch.Te
         tok, hid, msk, lens = batch_sequences(seqs[i:i + cfg.batch_size], cfg.max_len)
         steps, th = ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps)
         for k, (feats, valid) in enumerate(steps):
-            dl, tl = step_logits(lm_head, feats, th, valid, d2t)
+            dl, tl = step_logits(lm_head, feats, th, valid, d2t, head)
             sums[k] += float(acceptance_rate(tl, dl, d2t).sum())
             counts[k] += int(valid.sum())
     return [s / max(c, 1) for s, c in zip(sums, counts)]
@@ -220,7 +228,7 @@ def train_draft(head, lm_head, train_seqs, cfg: TrainConfig, eval_seqs: Optional
             loss = talf_batch_loss(head, lm_head, batch, cfg, d2t)
         else:
             tok, hid, msk, lens = batch_sequences(batch, cfg.max_len)
-            loss = _loss(cfg, lm_head, *ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps), d2t=d2t)
+            loss = _loss(cfg, lm_head, *ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps), d2t=d2t, head=head)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
