@@ -1,14 +1,17 @@
 """A draft's acceptance table: tau, draft forwards and tree size per policy at each budget.
 
-Measured on *training-split* prompts (index % 10 == 5 of HumanEval and MT-bench: never the
-held-out every-10th split the benchmarks report), greedy. Acceptance does not depend on the
+Measured on the *validation* prompts (index % 10 == 5 of HumanEval and MT-bench,
+``treespec_sglang.training.data.split_roles``): neither the held-out every-10th test split the benchmarks
+report nor data a head trained with ``treespec train draft`` has seen (heads trained before that split existed,
+the v2 EAGLE head included, did train on them: their tables overestimate), greedy. Acceptance does not depend on the
 machine, so the table ships beside the draft (``<draft>/policy_table.json``) and ``treespec demo``
 combines it with the machine's measured cost curve to pick each policy's budget
 (:func:`treespec_sglang.engine.cost.choose_budgets`).
 
 Usage::
 
-    python bench/policy_table.py --budgets 4,6,8,12,16,24 --prompts 6 --out treespec_sglang/assets/smollm2-135m-eagle
+    python bench/policy_table.py --budgets 4,6,8,12,16,24 --prompts 16 --draft demo-eagle3 \
+        --out treespec_sglang/assets/smollm2-135m-eagle3
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policies", default="eagle2,talon,salf,c2t,chain")
     ap.add_argument("--budgets", default="4,6,8,12,16,24")
-    ap.add_argument("--prompts", type=int, default=6, help="training-split prompts (alternating sets)")
+    ap.add_argument("--prompts", type=int, default=16, help="validation prompts (alternating sets)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--draft", default="demo")
     ap.add_argument("--dtype", default="auto")
@@ -67,7 +70,7 @@ def main(argv=None):
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, POLICY_TABLE), "w") as f:
         json.dump({"about": "tau / draft forwards (delta) / verified tokens (tree) per round, greedy, on "
-                            f"{len(prompts)} training-split prompts (HumanEval / MT-bench index % 10 == 5), "
+                            f"{len(prompts)} validation prompts (HumanEval / MT-bench index % 10 == 5), "
                             f"{a.max_new_tokens} new tokens, dtype {engine.dtype}; written by bench/policy_table.py",
                    "table": table}, f, indent=1)
     print(f"wrote {a.out}/{POLICY_TABLE} in {time.time() - t0:.0f} s")

@@ -108,3 +108,30 @@ def test_a_failed_cell_says_why_in_the_table():
     table = format_table(runs, 0.0).splitlines()
     assert "FAILED 1/2: request 1: classifier: no such file" in table[-1]
     assert failed_requests(runs) == 1 and failed_requests(runs[:1]) == 0
+
+
+def test_plan_vs_measured_rows_and_the_plain_sentences():
+    """Each planned policy's row puts the plan beside the run (tau error relative to the plan), and the demo
+    says so plainly when no plan expected to beat plain decoding and when no run did."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.cli.runs import PolicyRun, plan_vs_measured
+    from treespec_sglang.engine.cost import BudgetChoice
+
+    def run(spec, seconds, accepted):
+        stats = SimpleNamespace(accepted=accepted, draft_forwards=len(accepted))
+        return PolicyRun(spec, seconds, [SimpleNamespace(token_ids=[0] * 12, stats=stats)])
+
+    plain = run(None, 1.0, [])
+    talon = run({"policy": "talon", "budget": 8}, 0.5, [1, 2, 1, 0])  # tau 2.0, 2.0x
+    chain = run({"policy": "chain", "length": 3}, 2.0, [0, 1])  # tau 1.5, 0.5x
+    plans = {"talon": BudgetChoice("talon", 8, 2.5, 3.0, 1.6), "chain": BudgetChoice("chain", 4, 1.5, 2.0, 0.9)}
+    lines = plan_vs_measured([plain, talon, chain], plans)
+    assert lines[2].split(" | ")[1:] == ["2.50", "2.00", "-20%", "1.60x", "2.00x |"]
+    assert lines[3].split(" | ")[1:] == ["1.50", "1.50", "+0%", "0.90x", "0.50x |"]
+    assert len(lines) == 4  # a plan above 1x and a run above plain: no sentence
+    slow = {k: BudgetChoice(c.policy, c.budget, c.tau, c.round_ms, 0.8) for k, c in plans.items()}
+    lines = plan_vs_measured([plain, run(talon.spec, 2.0, [1]), chain], slow)
+    assert lines[-2].startswith("no policy was expected to beat plain decoding on this machine (best plan: talon")
+    assert lines[-1] == "no policy beat plain decoding in this run"
+    assert plan_vs_measured([plain, talon], {}) == []

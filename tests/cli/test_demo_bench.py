@@ -34,7 +34,7 @@ def test_bench_writes_jsonl_and_plots(tmp_path, monkeypatch):
     assert (out / "acceptance_heatmap.png").stat().st_size > 1000
 
 
-def _tiny_distill(tmp_path):
+def _tiny_distill(tmp_path, layers=1):
     """A tiny target at tmp_path/tiny and 8 distilled random prompts at tmp_path/d."""
     import torch
 
@@ -43,7 +43,7 @@ def _tiny_distill(tmp_path):
     from treespec_sglang.training.data import generate_distill_data
 
     tiny = tmp_path / "tiny"
-    make_tiny_llama(tiny, vocab=48, hidden=32, layers=1)
+    make_tiny_llama(tiny, vocab=48, hidden=32, layers=layers)
     e = SpecEngine.from_pretrained(str(tiny), draft=None, dtype="float32")
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 48, (4,), generator=g).tolist() for _ in range(8)]
@@ -85,3 +85,42 @@ def test_train_vocab_trees_and_talf_with_token_map_cli(tmp_path):
     e2 = SpecEngine.from_pretrained(str(tiny), draft=str(out), dtype="float32")
     assert e2.token_map.tolist() == tm
     assert json.loads((out / "train_log.json").read_text())["log"][-1]["tau"] >= 1.0
+
+
+def test_train_states_then_eagle3_kl_and_talf_cli(tmp_path):
+    """EAGLE-3 from the command line: restated data (final + 3 captured layers), a fresh head over the token
+    map, a TALF fine-tune from it; the checkpoint loads as EAGLE-3 with its map and decodes losslessly."""
+    import torch
+
+    from treespec_sglang.engine import SpecEngine
+    from treespec_sglang.models import Eagle3DraftHead, load_draft_head
+    from treespec_sglang.training.data import iter_sequences, load_shards
+
+    tiny = _tiny_distill(tmp_path, layers=8)
+    common = ["--target", str(tiny), "--heldout-every", "4", "--eval-every", "2", "--eval-prompts", "2",
+              "--batch-size", "2", "--steps", "2"]
+    assert main(["train", "vocab", "--target", str(tiny), "--data", str(tmp_path / "d"), "--size", "20",
+                 "--heldout-every", "4", "--out", str(tmp_path / "tm.pt")]) == 0
+    assert main(["train", "states", "--target", str(tiny), "--data", str(tmp_path / "d"),
+                 "--out", str(tmp_path / "d3")]) == 0
+    seqs = iter_sequences(load_shards(str(tmp_path / "d3")))
+    assert len(seqs) == 8 and seqs[0][1].shape[-1] == 4 * 32
+    with pytest.raises(SystemExit, match="--arch eagle3 needs --token-map"):
+        main(["train", "draft", "--arch", "eagle3", "--data", str(tmp_path / "d3"), *common,
+              "--out", str(tmp_path / "x")])
+    out = tmp_path / "e3"
+    assert main(["train", "draft", "--arch", "eagle3", "--data", str(tmp_path / "d3"), "--token-map",
+                 str(tmp_path / "tm.pt"), *common, "--out", str(out)]) == 0
+    head = load_draft_head(str(out))
+    tm = torch.load(tmp_path / "tm.pt")
+    assert isinstance(head, Eagle3DraftHead) and head.hot_ids.tolist() == tm and head.aux_layers == (2, 4, 5)
+    assert main(["train", "trees", "--target", str(tiny), "--data", str(tmp_path / "d"), "--topk", "2",
+                 "--depth", "3", "--out", str(tmp_path / "trees")]) == 0
+    talf = tmp_path / "e3-talf"
+    assert main(["train", "draft", "--loss", "talf", "--init", str(out), "--data", str(tmp_path / "d3"),
+                 "--trees", str(tmp_path / "trees"), *common, "--out", str(talf)]) == 0
+    e = SpecEngine.from_pretrained(str(tiny), draft=str(talf), dtype="float32")
+    assert e.token_map.tolist() == tm and e.target.aux_layers == (2, 4, 5)
+    ids = [[3, 9, 4], [17, 22]]
+    plain = [r.token_ids for r in e.generate(ids, max_new_tokens=8, policy=None)]
+    assert [r.token_ids for r in e.generate(ids, max_new_tokens=8, policy={"policy": "talon", "budget": 6})] == plain

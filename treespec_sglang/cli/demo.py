@@ -12,7 +12,7 @@ import argparse
 import os
 
 from .runs import (add_dtype, draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets,
-                   run_policy, set_threads, verdict)
+                   plan_vs_measured, run_policy, set_threads, verdict)
 
 __all__ = ["add_parser"]
 
@@ -53,7 +53,8 @@ def run(a: argparse.Namespace) -> int:
                                         dtype=a.dtype)
     print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
     engine.generate(prompts[:1], max_new_tokens=2)  # warm-up (allocator, threads)
-    specs, notes = pick_budgets(engine, specs, draft_dir_of(a.draft), a.budget, bs=a.batch_size)
+    plans = {}
+    specs, notes = pick_budgets(engine, specs, draft_dir_of(a.draft), a.budget, bs=a.batch_size, plans=plans)
     print("\n".join(notes), flush=True)
     specs = [None] + specs
     ids = engine.encode(prompts)
@@ -76,6 +77,7 @@ def run(a: argparse.Namespace) -> int:
           f"batch {a.batch_size}, {a.max_new_tokens} new tokens, T={a.temperature}, dtype {engine.dtype}; "
           f"tau = tokens per verify round, delta = draft forwards per round, tree = mean nodes verified")
     print(format_table(runs, a.temperature, verdicts=verdicts, peers=peers))
+    print("\n".join(plan_vs_measured(runs, plans)))
     best = max(runs[1:], key=lambda r: r.tokens_per_s, default=None)
     if best is not None and peers:
         print(f"best policy {label(best.spec)}: {best.tokens_per_s / runs[0].tokens_per_s:.2f}x our plain, "

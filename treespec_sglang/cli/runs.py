@@ -153,16 +153,42 @@ def failed_requests(runs: List[PolicyRun]) -> int:
 
 
 def draft_dir_of(draft: str) -> Optional[str]:
-    """``--draft`` -> the draft directory (``demo``: the shipped head; ``random``: none)."""
-    if draft == "demo":
-        from ..engine.loading import demo_draft_dir
+    """``--draft`` -> the draft directory (``demo`` / ``demo-eagle3``: the shipped heads; ``random``: none)."""
+    if draft in ("demo", "demo-eagle3"):
+        from ..engine.loading import demo_draft_dir, eagle3_draft_dir
 
-        return demo_draft_dir()
+        return demo_draft_dir() if draft == "demo" else eagle3_draft_dir()
     return None if draft == "random" else draft
 
 
-def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1):
-    """Replace each preset's budget by the one this machine's cost curve favours -> (specs, lines)."""
+def plan_vs_measured(runs: List["PolicyRun"], plans: dict) -> List[str]:
+    """Per planned policy: planned tau and speedup next to the measured ones (``plans``: policy ->
+    ``BudgetChoice`` from :func:`pick_budgets`), and a plain sentence when no policy was expected to,
+    or did, beat plain decoding. ``runs[0]`` is plain decoding."""
+    if not plans:
+        return []
+    lines = ["| policy | planned tau | measured tau | tau error | planned speedup | measured speedup |",
+             "|---|---|---|---|---|---|"]
+    plain = runs[0].tokens_per_s
+    for r in runs[1:]:
+        c = plans.get(r.spec["policy"]) if r.spec else None
+        if c is None:
+            continue
+        err = (r.tau - c.tau) / c.tau
+        lines.append(f"| {label(r.spec)} | {c.tau:.2f} | {r.tau:.2f} | {err:+.0%} | {c.speedup:.2f}x | "
+                     f"{r.tokens_per_s / plain:.2f}x |" if plain else "| - |")
+    best_plan = max(plans.values(), key=lambda c: c.speedup)
+    if best_plan.speedup <= 1.0:
+        lines.append(f"no policy was expected to beat plain decoding on this machine (best plan: {best_plan.policy} "
+                     f"at {best_plan.speedup:.2f}x): verifying a tree costs more here than its accepted tokens save")
+    if plain and all(r.tokens_per_s <= plain for r in runs[1:]):
+        lines.append("no policy beat plain decoding in this run")
+    return lines
+
+
+def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Optional[dict] = None):
+    """Replace each preset's budget by the one this machine's cost curve favours -> (specs, lines).
+    ``plans`` (a dict) receives each planned policy's ``BudgetChoice``."""
     from ..engine.cost import choose_budgets, load_policy_table
 
     table = load_policy_table(draft_dir)
@@ -181,6 +207,8 @@ def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1):
             out.append(s)
             continue
         out.append(dict(table[s["policy"]][str(c.budget)]["spec"]))
+        if plans is not None:
+            plans[s["policy"]] = c
         lines.append(f"  {s['policy']:<7} budget {c.budget:<3} (acceptance table tau {c.tau:.2f}, "
                      f"{c.round_ms:.1f} ms/round -> expected {c.speedup:.2f}x)")
     return out, [f"budgets: per policy, the best expected tokens/s at batch {bs} on this machine's cost curve"] + lines

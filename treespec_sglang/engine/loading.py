@@ -10,7 +10,7 @@ import torch
 from ..models import EagleDraftHead, LlamaModel, demo_target, load_draft_head
 from ..models.demo import DEMO_NAME, cache_dir
 
-__all__ = ["load_models", "load_token_map", "read_token_map", "save_token_map", "resolve_target", "demo_draft_dir", "TOKEN_MAP"]
+__all__ = ["load_models", "load_token_map", "read_token_map", "save_token_map", "resolve_target", "demo_draft_dir", "eagle3_draft_dir", "TOKEN_MAP"]
 
 
 def resolve_target(target: str) -> str:
@@ -24,6 +24,11 @@ def resolve_target(target: str) -> str:
 def demo_draft_dir() -> str:
     """The shipped draft head for the demo target (inside the package), if present."""
     return os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "smollm2-135m-eagle")
+
+
+def eagle3_draft_dir() -> str:
+    """The shipped EAGLE-3 head for the demo target (inside the package; ``--draft demo-eagle3``)."""
+    return os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "smollm2-135m-eagle3")
 
 
 def _tokenizer(path: str):
@@ -56,13 +61,16 @@ def load_token_map(draft_dir: str) -> Optional[torch.Tensor]:
 def load_models(target: str, draft: Optional[str], dtype=torch.float32, seed: int = 0):
     """-> (LlamaModel, draft head (EAGLE or EAGLE-3), tokenizer or None, token map or None). A draft directory is checked
     before the target loads (a typo fails at once, not after the demo target's first-run conversion)."""
-    if draft not in (None, "demo"):
+    if draft not in (None, "demo", "demo-eagle3"):
         EagleDraftHead.files(draft)
     path = resolve_target(target)
     model = LlamaModel.from_pretrained(path, dtype=dtype)
     d = None
     if draft is None:
         head = EagleDraftHead.for_target(model.config, seed=seed, dtype=dtype)
+    elif draft == "demo-eagle3":
+        d = eagle3_draft_dir()
+        head = load_draft_head(d, dtype=dtype)
     elif draft == "demo":
         d = demo_draft_dir()
         if os.path.isfile(os.path.join(d, "model.safetensors")):

@@ -28,7 +28,8 @@ from typing import Optional
 from ..policies import parse_spec
 from .classifiers import ENV_CLASSIFIERS, load_registry, parse_classifier_flags, resolve_request_classifier
 
-__all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_BATCH_BUDGET", "ServerDefaults", "configure", "server_defaults"]
+__all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_BATCH_BUDGET", "ServerDefaults", "configure", "server_defaults",
+           "draft_algorithm_mismatch"]
 
 ENV_POLICY = "TREESPEC_POLICY"
 ENV_CONFIG = "TREESPEC_CONFIG"
@@ -123,3 +124,23 @@ def _parse_defaults(policy: Optional[str], raw: str, batch: Optional[str] = None
         return ServerDefaults(policy, config, budget)
     except ValueError as e:
         raise ValueError(f"{ENV_POLICY}/{ENV_CONFIG}/{ENV_BATCH_BUDGET}: {e}") from None
+
+
+def draft_algorithm_mismatch(draft_class: str, eagle3: bool) -> Optional[str]:
+    """Why a draft model cannot serve under this ``--speculative-algorithm``, or None.
+
+    An EAGLE-3 head (``...Eagle3`` class) served as ``EAGLE`` starts and runs, but SGLang then feeds it the
+    target's last hidden state instead of the three captured layers and replaces its LM head by the
+    target's: it accepts nothing (accept length 1.0) with no error. The reverse fails at the first draft
+    with a shape error. Example: ``draft_algorithm_mismatch("LlamaForCausalLMEagle3", False)`` -> a message.
+    """
+    is_eagle3_head = draft_class.endswith("Eagle3")
+    if is_eagle3_head and not eagle3:
+        return (f"the draft model is {draft_class} (an EAGLE-3 head) but --speculative-algorithm is EAGLE: SGLang "
+                f"would feed it the target's last hidden state instead of its three captured layers and accept "
+                f"no draft token; serve it with --speculative-algorithm EAGLE3")
+    if eagle3 and not is_eagle3_head and draft_class.endswith("Eagle"):
+        return (f"the draft model is {draft_class} (an EAGLE head) but --speculative-algorithm is EAGLE3: its fc "
+                f"reads the target's last hidden state, not three captured layers; serve it with "
+                f"--speculative-algorithm EAGLE")
+    return None

@@ -28,8 +28,8 @@
 | ``TokenizerManager.init_metric_collector_watchdog`` | AFTER | the refused-requests counter |
 | ``utils.common.build_server_info`` | AFTER | ``/server_info`` gains a ``treespec`` section (:mod:`.info`) |
 | ``parallel_state.init_model_parallel_group`` | AROUND | CPU (gloo) groups get no PyNccl (TP on the CPU) |
-| ``EagleDraftWorker.init_lm_head`` | AROUND | ranks' settings must agree; a token map under TP keeps each
-  rank's shard of the hot head rows (:mod:`.ranks`) |
+| ``EagleDraftWorker.init_lm_head`` | AROUND | the draft's class fits the algorithm (EAGLE-3 head <-> EAGLE3); ranks'
+  settings must agree; a token map under TP keeps each rank's shard of the hot head rows (:mod:`.ranks`) |
 | ``dp_attn._spec_input_cuda_graph_compatible`` | AFTER | DP attention in chain mode: a treespec batch votes for an
   eager draft before the ranks' votes are reduced |
 
@@ -65,7 +65,7 @@ import torch
 from ..policies.params import NoneParams
 from .chain_stop import ChainStopper
 from .classifiers import parse_classifier_flags
-from .config import ServerDefaults, configure, server_defaults
+from .config import ServerDefaults, configure, draft_algorithm_mismatch, server_defaults
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .draft_select import capturing, select_after_draft, stash_pool
@@ -314,6 +314,13 @@ _DRAFT_TOPK: Dict[str, int] = {}  # the draft worker's topk in this process (cha
 
 
 def _draft_head(original, self, *args, **kwargs):
+    # the draft's class must fit the algorithm (an EAGLE-3 head under EAGLE runs and accepts nothing)
+    runner = getattr(self, "draft_runner", None)
+    algo = getattr(self, "speculative_algorithm", None)
+    if runner is not None and algo is not None:
+        reason = draft_algorithm_mismatch(type(runner.model).__name__, bool(algo.is_eagle3()))
+        if reason is not None:
+            raise ValueError(f"treespec: {reason}")
     # the spec worker is built on every rank after the groups: settings must agree before any round
     check_settings_agree(verify_group())
     if getattr(self, "topk", None) is not None:

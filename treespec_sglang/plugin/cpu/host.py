@@ -44,9 +44,15 @@ def cpu_engine_kwargs(target: str, **spec) -> dict:
     return kw
 
 
-def eagle_kwargs(draft: str, topk=4, steps=3, n=8, **extra) -> dict:
-    """EAGLE arguments; a ``token_map.pt`` in the draft directory is passed as the token map."""
-    kw = dict(speculative_algorithm="EAGLE", speculative_draft_model_path=draft, speculative_eagle_topk=topk,
+def eagle_kwargs(draft: str, topk=4, steps=3, n=8, algorithm=None, **extra) -> dict:
+    """EAGLE / EAGLE3 arguments (``algorithm`` None: the one the draft's architecture needs); a
+    ``token_map.pt`` in the draft directory is passed as the token map."""
+    if algorithm is None:
+        from ...models import draft_arch
+        from ...models.eagle3_head import EAGLE3_ARCH
+
+        algorithm = "EAGLE3" if draft_arch(draft) == EAGLE3_ARCH else "EAGLE"
+    kw = dict(speculative_algorithm=algorithm, speculative_draft_model_path=draft, speculative_eagle_topk=topk,
               speculative_num_steps=steps, speculative_num_draft_tokens=n, **extra)
     tmap = os.path.join(draft, "token_map.pt")
     if os.path.isfile(tmap):
