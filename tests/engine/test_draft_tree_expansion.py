@@ -86,7 +86,7 @@ def test_expansion_equals_branch_chain(tmp_path, spec, prune):
 def test_draft_extend_after_verify_equals_chain_over_committed_tokens(tmp_path, monkeypatch):
     """Each round's root log-probs equal the draft run from scratch over all committed tokens with
     the target's real hidden states: accepted-path features and draft KV are committed right."""
-    import treespec_sglang.engine.engine as E
+    import treespec_sglang.engine.round as E
     from tests.engines import POLICIES
 
     make_tiny_llama(tmp_path, vocab=40, hidden=32, layers=1, heads=4, kv_heads=2, seed=2)

@@ -121,7 +121,7 @@ def test_a_round_syncs_once_per_draft_step_plus_one(aligned_engine, monkeypatch,
     def counted(self, *a, **k):
         with count_host_syncs() as c:
             out = real(self, *a, **k)
-        counts.append((c.count, dict(c.ops), out[0]))
+        counts.append((c.count, dict(c.ops), out))
         return out
 
     monkeypatch.setattr(E.SpecEngine, "_round", counted)
@@ -271,6 +271,7 @@ def test_each_round_allocates_under_the_calibration(aligned_engine, monkeypatch)
     parent: a plain loop) sum to the brute-force optimum over closed subsets under that round's T, and in
     some rounds the uncalibrated optimum would have been worse."""
     from treespec_sglang.engine import engine as E
+    from treespec_sglang.engine import round as R
     from treespec_sglang.policies.calibration import DepthCalibration
 
     accepted, predicted = [0.0, 0.0, 198.0, 198.0, 198.0], [0.0] * 5  # ratios (a + 2) / (p + 2): 1, 1, 100, 100, 100
@@ -286,7 +287,7 @@ def test_each_round_allocates_under_the_calibration(aligned_engine, monkeypatch)
         return cal
 
     rounds = []  # (candidates, T, verified trees)
-    real = E.plan_round
+    real = R.plan_round
 
     def spy(tree, budget, *a, **k):
         out = real(tree, budget, *a, **k)
@@ -294,7 +295,7 @@ def test_each_round_allocates_under_the_calibration(aligned_engine, monkeypatch)
         return out
 
     monkeypatch.setattr(E, "DepthCalibration", frozen)
-    monkeypatch.setattr(E, "plan_round", spy)
+    monkeypatch.setattr(R, "plan_round", spy)
     ps = prompts(4, seed=29)
     mix = [{"policy": "eagle2", "budget": 10, "topk": 3, "depth": 3}, {"policy": "chain", "length": 4},
            {"policy": "c2t", "budget": 8, "topk": 3, "beta": 0.2},
@@ -401,8 +402,10 @@ def test_auto_draft_pruning_is_lossless_and_drafts_less(aligned_engine, monkeypa
     monkeypatch.setattr(RoundCost, "marginal_value", lambda self: 0.6)
     monkeypatch.setattr(E.SpecEngine, "_round_cost", lambda self: RoundCost(0.0, 10.0, strength=1e30, probes=(1.0,)))
     trees = []
-    real = E.plan_round
-    monkeypatch.setattr(E, "plan_round", lambda tree, *a, **k: trees.append(tree) or real(tree, *a, **k))
+    from treespec_sglang.engine import round as R
+
+    real = R.plan_round
+    monkeypatch.setattr(R, "plan_round", lambda tree, *a, **k: trees.append(tree) or real(tree, *a, **k))
     runs = {p: aligned_engine.generate(ps, max_new_tokens=12, policy=mix, verify_budget="auto", draft_prune=p)
             for p in (0.0, 0.5)}
     for res in runs.values():

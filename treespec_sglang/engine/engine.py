@@ -14,28 +14,24 @@ the pair (target hidden at p - 1, x_p) for p = 1..L_b; a tree node of depth d si
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import numbers
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
 import torch
 
-from ..policies import grow_tree, parse_spec
+from ..policies import parse_spec
 from ..policies.batch_budget import split_batch_option
 from ..policies.calibration import DepthCalibration
-from ..tree import dense_mask
-from ..verify import emitted_tokens, sample, verify_tree, walk_greedy
-from ..verify.sampling import check_sampling
+from ..verify import sample
 from ..models.packing import PackedLinear, pack_linears_, packing_available
-from .budget import AutoBudget, plan_round
+from .budget import AutoBudget
 from .dtypes import explain_dtype, resolve_dtype
-from .expander import EntropyRecorder, TreeExpander
 from .kv_cache import KVCache, prefill
+from .round import Batch, RoundOptions, commit, draft, plan, record, verify
 from .loading import load_models
 from .memory import check_fits, estimate_generate_bytes
+from .options import GenerateOptions
 
 __all__ = ["SpecEngine", "GenerationResult", "RequestStats"]
 
@@ -231,25 +227,16 @@ class SpecEngine:
         x the line's ms per verified token: a node below it is not worth verifying, nor is anything under
         it), and the draft runs on those nodes only; 0 drafts every policy's whole tree.
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        max_new_tokens = int(max_new_tokens)
-        check_sampling(temperature, top_k, top_p)  # before any compute (a bad value used to surface after prefill)
-        if verify_budget is not None and verify_budget != "auto" and (
-                isinstance(verify_budget, bool) or not isinstance(verify_budget, numbers.Integral) or verify_budget < 1):
-            raise ValueError(f"verify_budget must be an integer >= 1 (tokens per round for the batch), 'auto' or None, "
-                             f"got {verify_budget!r}")
-        if isinstance(draft_prune, bool) or not isinstance(draft_prune, numbers.Real) or not 0 <= draft_prune <= 1:
-            raise ValueError(f"draft_prune must be a number in [0, 1] (0 = no draft pruning), got {draft_prune!r}")
-        if calibrate and verify_budget is None:
-            raise ValueError("calibrate=True needs verify_budget (it weighs the batch allocation)")
+        o = GenerateOptions(max_new_tokens, temperature, top_k, top_p, seed, chat, verify_budget, calibrate,
+                            draft_prune)  # validated before any compute
+        max_new_tokens = o.max_new_tokens
         if isinstance(prompts, str):
             prompts = [prompts]  # one text prompt, not one prompt per character
         ids, bad_prompt = [], {}
         ctx = getattr(self.target.config, "max_position_embeddings", None)
         for i, p in enumerate(prompts):
             try:
-                one = self._encode_one(i, p, chat)
+                one = self._encode_one(i, p, o.chat)
                 if ctx and len(one) + max_new_tokens > ctx:
                     raise ValueError(f"prompt {i} has {len(one)} tokens; with max_new_tokens {max_new_tokens} "
                                      f"that is {len(one) + max_new_tokens} > the model's context {ctx} "
@@ -276,8 +263,8 @@ class SpecEngine:
             except ValueError as e:
                 results[i].error = f"request {i}: {e}"
         gen = torch.Generator(device=self.device)
-        gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2 ** 62, ()).item()))
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        gen.manual_seed(o.seed if o.seed is not None else int(torch.randint(0, 2 ** 62, ()).item()))
+        sampling = o.sampling
         if ok:
             plain = all(specs[i] is None for i in ok)
             max_nodes = 1 if plain else max(p.max_nodes for p in parsed)
@@ -287,14 +274,14 @@ class SpecEngine:
                 dtype=self.dtype, draft_vocab=self.draft_vocab), self.device, bs=len(ok), max_nodes=max_nodes)
             t0 = time.perf_counter()
             run = self._plain if plain else self._speculative
-            self.calibration = DepthCalibration() if calibrate and not plain else None
-            if verify_budget == "auto" and not plain:
+            self.calibration = DepthCalibration() if o.calibrate and not plain else None
+            if o.verify_budget == "auto" and not plain:
                 budget = "auto"
                 self.measured_cost_curve()  # measured (or cached) before the timed loop starts
             else:
-                budget = None if verify_budget is None else int(verify_budget)
+                budget = None if o.verify_budget is None else int(o.verify_budget)
             extra = {} if plain else {"budget": budget, "calibration": self.calibration, "shares": shares,
-                                      "prune": draft_prune if budget == "auto" else 0.0}
+                                      "prune": o.draft_prune if budget == "auto" else 0.0}
             outs = run([ids[i] for i in ok], [parsed[j] for j in range(len(ok))],
                        [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress, **extra)
             dt = time.perf_counter() - t0
@@ -395,7 +382,7 @@ class SpecEngine:
         toks = torch.cat([inp[:, 1:], torch.zeros_like(inp[:, :1])], dim=1)
         toks.scatter_(1, (lens - 1)[:, None], root[:, None])
         f_root, root_lp = self._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
-        lens_h = [len(x) for x in ids]
+        b = Batch(cache, dcache, root, lens, f_root, root_lp, [len(x) for x in ids])
         outs: List[List[int]] = [[] for _ in range(bs)]
         rows = list(range(bs))
         for s in stats:
@@ -406,12 +393,8 @@ class SpecEngine:
             if not keep:
                 return outs
             if len(keep) < len(rows):
-                k = torch.tensor(keep, device=dev)
-                cache.select(k)
-                dcache.select(k)
-                root, lens, f_root, root_lp = root[k], lens[k], f_root[k], root_lp[k]
+                b.select(keep, dev)
                 rows = [rows[i] for i in keep]
-                lens_h = [lens_h[i] for i in keep]
             t0 = time.perf_counter()
             if cost is not None:  # a probing round scales the chosen T (the slope fit needs a spread of T)
                 this = AutoBudget(cost.costs(len(rows) * max_nodes), cost.probe(),
@@ -419,86 +402,25 @@ class SpecEngine:
             else:
                 this = None if budget is None else -(-budget * len(rows) // bs)
             drafted = stats[rows[0]].draft_forwards  # every running request counts the round's draft forwards
-            pending, root, lens, f_root, root_lp = self._round(
-                cache, dcache, [params[r] for r in rows], [stats[r] for r in rows], root, lens, f_root, root_lp,
-                sampling, gen, max(lens_h), this, calibration, [shares[r] for r in rows])
+            opts = RoundOptions(sampling, gen, this, calibration, [shares[r] for r in rows])
+            pending = self._round(b, [params[r] for r in rows], [stats[r] for r in rows], opts)
             if cost is not None:  # the round ended with its host read: its wall time is complete
                 cost.observe(sum(stats[r].tree_sizes[-1] for r in rows), 1e3 * (time.perf_counter() - t0), len(rows),
                              committed=sum(len(p) for p in pending), steps=stats[rows[0]].draft_forwards - drafted)
-            lens_h = [x + len(p) for x, p in zip(lens_h, pending)]
 
-    def _round(self, cache, dcache, params, stats, root, lens, f_root, root_lp, sampling, gen, lmax: int,
-               budget: Optional[Union[int, AutoBudget]] = None, calibration: Optional[DepthCalibration] = None,
-               shares: Optional[List[bool]] = None):
-        """One draft -> verify -> commit round. ``lmax`` (host int) = max(lens): sizes attention
-        without a sync; the only syncs are grow_tree's per-step check and one transfer at the end."""
-        bs, dev = root.shape[0], self.device
-        min_lp = None  # [bs] draft pruning ("auto"): nodes below the marginal value are not expanded
-        if isinstance(budget, AutoBudget) and budget.min_prob > 0:
-            share = torch.tensor([True] * bs if shares is None else shares, device=dev)
-            min_lp = torch.where(share, math.log(budget.min_prob), float("-inf"))  # opted out: never pruned
-        expand = TreeExpander(self, dcache, lens, f_root, lmax, ragged=min_lp is not None)
-        recorder = EntropyRecorder(expand, root_lp) if self.observer is not None else None
-        tree = grow_tree(params, root, root_lp, recorder or expand, validate=False,  # log_softmax inputs
-                         min_logprob=min_lp)
-        rows = None  # [T] flat rows of the real nodes when the verify is ragged
-        if budget is not None:  # one budget for the batch: the best nodes across requests, ragged verify
-            tree, rows = plan_round(tree, budget, calibration, shares)
-        n = tree.n_nodes
-        if self.token_map is not None:
-            tree = dataclasses.replace(tree, tokens=self._target_ids(tree.tokens, (tree.parents < 0)))
-        # ---- verify: one target forward over every tree, tree attention on the per-request cache
-        slots = lens[:, None] + torch.arange(n, device=dev)
-        kv = lmax + n
-        col = torch.arange(kv, device=dev)[None, None, :]
-        rel = col - lens[:, None, None]  # column relative to the root's slot
-        dense = dense_mask(tree)  # [bs, n_nodes, n_nodes]
-        in_tree = torch.gather(dense, 2, rel.clamp(0, n - 1).expand(bs, n, kv)) & (rel >= 0) & (rel < n)
-        mask = (rel < 0) | in_tree
-        positions = lens[:, None] + tree.depth.clamp(min=0)
-        if rows is None:
-            hidden = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask)
-            result = verify_tree(tree, self._logits(hidden), generator=gen, validate=False, **sampling)
-        else:  # [T, hidden] -> the [bs, n] grid (padding rows zero: never on an accepted path)
-            flat = self.target(tree.tokens.clamp(min=0), positions, cache.stores(slots, kv), mask, rows=rows)
-            lf = self._logits(flat)  # [T, vocab]
-
-            def grid(x):  # [T, ...] rows -> [bs, n, ...], padding rows zero
-                return x.new_zeros(bs * n, *x.shape[1:]).index_copy_(0, rows, x).view(bs, n, *x.shape[1:])
-
-            hidden = grid(flat)
-            temp = sampling["temperature"]
-            if not isinstance(temp, torch.Tensor) and temp == 0:
-                # the greedy walk reads argmaxes only: no [bs, n, vocab] grid (padding rows: 0, never read)
-                result = walk_greedy(tree, grid(lf.argmax(-1)))
-            else:
-                result = verify_tree(tree, grid(lf), generator=gen, validate=False, **sampling)
-        if calibration is not None:
-            calibration.update(tree, result.path)
+    def _round(self, b: Batch, params, stats, opts: RoundOptions) -> List[List[int]]:
+        """One draft -> plan -> verify -> commit -> record round (:mod:`.round`); moves ``b`` to the next
+        round and returns each request's committed tokens. The only syncs are grow_tree's per-step check
+        and record's one transfer."""
+        tree, expand, recorder = draft(self, b, params, opts)
+        tree, rows = plan(self, tree, opts)
+        hidden, result = verify(self, b, tree, rows, opts)
+        if opts.calibration is not None:
+            opts.calibration.update(tree, result.path)
         if recorder is not None:
             self.observer(tree, recorder.parent_entropy(tree), result)
-        em = emitted_tokens(tree, result)  # [bs, depth + 1]
-        # ---- commit: keep only the accepted path's KV, at consecutive slots after the prefix
-        D1 = result.path.shape[1]
-        j = torch.arange(D1, device=dev)
-        dst = lens[:, None] + j
-        src = torch.where(result.path >= 0, lens[:, None] + result.path, dst)
-        cache.compact(src, dst)
-        # ---- draft extend with real target features: (h_root, a_1), ..., (h_{a_k}, bonus)
-        feats = torch.gather(hidden, 1, result.path.clamp(min=0)[:, :, None].expand(bs, D1, hidden.shape[-1]))
-        n_acc = result.num_accepted
-        f_root, root_lp = self._draft_extend(dcache, em.clamp(min=0), feats, lens + 1, n_acc + 1, kv=lmax + 1 + D1)
-        new_lens = lens + 1 + n_acc
-        host = torch.cat([em, n_acc[:, None], tree.size[:, None]], dim=1).tolist()  # the round's one sync
-        pending = []
-        for s, row in zip(stats, host):
-            k, size = row[-2], row[-1]
-            s.rounds += 1
-            s.draft_forwards += expand.calls + 1
-            s.accepted.append(k)
-            s.tree_sizes.append(size)
-            pending.append(row[:k + 1])
-        return pending, result.bonus, new_lens, f_root, root_lp
+        em = commit(self, b, tree, result, hidden)
+        return record(b, stats, em, result, tree, expand)
 
     def measured_cost_curve(self):
         """This machine's cost curve for this engine -> (CostCurve, whether it came from the disk cache).
