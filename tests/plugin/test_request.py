@@ -47,3 +47,30 @@ def test_the_server_fields_read_exist_in_sglang():
     sa = pytest.importorskip("sglang.srt.server_args")
     fields = sa.ServerArgs.__annotations__
     assert {"speculative_algorithm", "speculative_eagle_topk", "enable_multi_layer_eagle"} <= set(fields)
+
+
+@pytest.mark.parametrize("cls,eagle3,refused", [
+    ("LlamaForCausalLMEagle3", False, "an EAGLE-3 head"), ("LlamaForCausalLMEagle3", True, None),
+    ("LlamaForCausalLMEagle", True, "an EAGLE head"), ("LlamaForCausalLMEagle", False, None),
+    ("Qwen2ForCausalLMEagle", True, "an EAGLE head"), ("MiMoMTP", True, None), ("MiMoMTP", False, None)])
+def test_the_draft_class_must_fit_the_algorithm(cls, eagle3, refused, monkeypatch):
+    """The EAGLE-3-served-as-EAGLE trap (it runs and accepts nothing) and its reverse are refused at start, through
+    the init_lm_head hook on a worker-shaped object; other draft classes (MTP) pass."""
+    from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin.config import draft_algorithm_mismatch
+
+    reason = draft_algorithm_mismatch(cls, eagle3)
+    assert (reason is None) if refused is None else (refused in reason and cls in reason)
+    model = type(cls, (), {})()
+    worker = SimpleNamespace(draft_runner=SimpleNamespace(model=model),
+                             speculative_algorithm=SimpleNamespace(is_eagle3=lambda: eagle3))
+    called = []
+    if refused is None:
+        monkeypatch.setattr(hooks, "check_settings_agree", lambda group: None)
+        monkeypatch.setattr(hooks, "shard_hot_head", lambda original, self: called.append(self))
+        hooks._draft_head(lambda self: None, worker)
+        assert called == [worker]
+    else:
+        with pytest.raises(ValueError, match="--speculative-algorithm EAGLE"):
+            hooks._draft_head(lambda self: called.append(self), worker)
+        assert called == []
