@@ -9,7 +9,8 @@ import torch
 
 from tests.helpers import best_allocation, calibration_weights, kept_indices, oracle_node_values, random_batch
 from treespec_sglang.engine.budget import AutoBudget, plan_round
-from treespec_sglang.engine.cost import CostCurve, RoundCost
+from treespec_sglang.engine.cost import CostCurve
+from treespec_sglang.engine.round_cost import RoundCost
 from treespec_sglang.policies.batch_budget import allocate_batch
 from treespec_sglang.policies.calibration import DepthCalibration
 from treespec_sglang.tree import DraftTree

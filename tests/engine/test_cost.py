@@ -8,7 +8,8 @@ import torch
 
 from tests.models.tiny import make_tiny_llama
 from treespec_sglang.engine import SpecEngine
-from treespec_sglang.engine.cost import CostCurve, RoundCost, choose_budgets, measure_cost_curve
+from treespec_sglang.engine.cost import CostCurve, choose_budgets, measure_cost_curve
+from treespec_sglang.engine.round_cost import RoundCost
 
 
 def curve():
@@ -99,7 +100,7 @@ def test_round_cost_learns_the_line_from_probed_rounds(slope, level):
     own probe schedule, starting from a wrong prior (the bs-1 curve's slope)."""
     import random
 
-    from treespec_sglang.engine.cost import RoundCost
+    from treespec_sglang.engine.round_cost import RoundCost
 
     rng = random.Random(0)
     rc = RoundCost(prior_slope=1.2, prior_level=10.0)
@@ -117,7 +118,7 @@ def test_round_cost_separates_draft_steps_from_verified_tokens():
     steps' time on the tokens (the slope measured 4-6 ms per token at bs 32 against a real ~0.5)."""
     import random
 
-    from treespec_sglang.engine.cost import RoundCost
+    from treespec_sglang.engine.round_cost import RoundCost
 
     rng = random.Random(3)
     rc = RoundCost(prior_slope=1.0, prior_level=50.0, prior_step=1.0)
@@ -135,7 +136,7 @@ def test_round_cost_separates_draft_steps_from_verified_tokens():
 
 
 def test_round_cost_keeps_its_slope_and_refits_the_level_when_the_batch_shrinks():
-    from treespec_sglang.engine.cost import RoundCost
+    from treespec_sglang.engine.round_cost import RoundCost
 
     rc = RoundCost(prior_slope=1.0, prior_level=0.0, strength=1.0)
     for t in (16, 24, 32, 40) * 4:

@@ -321,7 +321,7 @@ def test_auto_verify_budget_follows_the_round_cost_and_is_lossless(aligned_engin
     keeps every proposed node; a line where every extra token costs a whole round keeps the roots only
     (no node is worth an expected 1 token). Greedy output == plain greedy either way."""
     from treespec_sglang.engine import engine as E
-    from treespec_sglang.engine.cost import RoundCost
+    from treespec_sglang.engine.round_cost import RoundCost
 
     ps = prompts(4, seed=13)
     mix = [POLICIES[i % len(POLICIES)] for i in range(4)]
@@ -393,7 +393,7 @@ def test_auto_draft_pruning_is_lossless_and_drafts_less(aligned_engine, monkeypa
     worth verifying) drafts fewer forwards than no pruning, every expanded node at depth >= 2 hangs off a
     parent at or above the threshold, opted-out requests are never pruned, and greedy output == plain."""
     from treespec_sglang.engine import engine as E
-    from treespec_sglang.engine.cost import RoundCost
+    from treespec_sglang.engine.round_cost import RoundCost
 
     ps = prompts(4, seed=23)
     deep = {"policy": "eagle2", "budget": 10, "topk": 3, "depth": 4}

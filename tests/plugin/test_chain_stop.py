@@ -85,7 +85,7 @@ def test_chain_mode_hooks_cut_each_row(monkeypatch):
 
     def body(self, batch):
         for i in range(S - 1):
-            hooks._draft_model_forward(model_forward, None, i)
+            hooks._runner_forward(model_forward, None, i)
         chain = DraftTree.from_lists([list(range(N))] * 4, [[-1] + list(range(N - 1))] * 4)
         r = sglang_retrive(chain)
         return hooks._verify_input(SimpleNamespace(retrieve_next_token=r.retrive_next_token.clone(),
@@ -108,4 +108,4 @@ def test_chain_mode_hooks_cut_each_row(monkeypatch):
     assert reqs[0].customized_info["treespec_tree_sizes"] == [lengths[0] + 1]
     assert reqs[2].customized_info is None
     # outside a draft step the model-forward hook is a pass-through
-    assert hooks._draft_model_forward(model_forward, None, 0).logits_output.next_token_logits is logits[0]
+    assert hooks._runner_forward(model_forward, None, 0).logits_output.next_token_logits is logits[0]

@@ -65,7 +65,7 @@ def run(a: argparse.Namespace) -> int:
             runs.append(run_policy(engine, ids, spec, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size,
                                    temperature=a.temperature, seed=a.seed, bar=bar))
         if not a.no_peers and a.temperature == 0:
-            from ..engine.peers import HFPeer
+            from .peers import HFPeer
 
             hf = HFPeer(resolve_target(a.target), engine.dtype, sorted(engine.eos))
             hf.generate(ids[0], 2)  # warm-up

@@ -107,7 +107,7 @@ def run_policy(engine, prompts, spec, *, max_new_tokens, batch_size, temperature
 
 def verdict(engine, prompt_ids, base: "PolicyRun", run: "PolicyRun", temperature: float) -> str:
     """The lossless column: float32 outputs must equal plain decoding's; in bf16 every divergence must
-    sit at a near-tie of the target's top logits (:mod:`treespec_sglang.engine.exactness`)."""
+    sit at a near-tie of the target's top logits (:mod:`treespec_sglang.cli.exactness`)."""
     errors = [x.error for x in run.results if x.error]
     if errors:  # a failed cell says why (and the command exits non-zero: failed_requests)
         return f"FAILED {len(errors)}/{len(run.results)}: {errors[0]}"
@@ -120,7 +120,7 @@ def verdict(engine, prompt_ids, base: "PolicyRun", run: "PolicyRun", temperature
         return "yes"
     if engine is None or engine.dtype == torch.float32:
         return "NO"
-    from ..engine.exactness import TIE_BOUND, compare_outputs
+    from .exactness import TIE_BOUND, compare_outputs
 
     c = compare_outputs(engine, prompt_ids, ref, outs)
     if c["ok"]:

@@ -26,7 +26,7 @@ __all__ = ["AutoBudget", "plan_round"]
 @dataclass(frozen=True)
 class AutoBudget:
     """``verify_budget="auto"`` for one round: ``ms`` ``[T_max + 1]`` float32 round cost per verified
-    tokens (:meth:`~treespec_sglang.engine.cost.RoundCost.costs`), the probe factor on the chosen T, and
+    tokens (:meth:`~treespec_sglang.engine.round_cost.RoundCost.costs`), the probe factor on the chosen T, and
     ``min_prob``: the draft-pruning threshold (a frontier node whose path probability is below it is not
     expanded: :func:`~treespec_sglang.policies.grow.grow_tree` ``min_logprob``); 0 = no pruning."""
 

@@ -216,7 +216,7 @@ class SpecEngine:
         ``verify_budget="auto"``: T is chosen every round by
         :func:`~treespec_sglang.policies.batch_budget.best_total`: the most expected tokens per millisecond
         under a round-cost line learned from this call's own rounds, its prior slope from this machine's
-        start-up verify curve (:class:`~treespec_sglang.engine.cost.RoundCost`, :meth:`_round_cost`).
+        start-up verify curve (:class:`~treespec_sglang.engine.round_cost.RoundCost`, :meth:`_round_cost`).
         A request whose policy dict carries ``"batch_budget": False`` keeps its whole tree (its nodes
         still count against T); the others share what is left.
         ``calibrate`` (with ``verify_budget``): weigh the path probabilities by a per-depth acceptance
@@ -314,10 +314,10 @@ class SpecEngine:
         return torch.where(keep, tokens, self.token_map[torch.where(keep, 0, tokens)])
 
     @staticmethod
-    def _finish(outs, new_rows, eos, max_new):
+    def _finish(outs, new_tokens, eos, max_new):
         """Append each row's new tokens up to EOS / the length limit -> (done flags, tokens appended)."""
         done, added = [], 0
-        for out, new in zip(outs, new_rows):
+        for out, new in zip(outs, new_tokens):
             before = len(out)
             for t in new:
                 out.append(t)
@@ -327,10 +327,10 @@ class SpecEngine:
             done.append(bool(out) and (out[-1] in eos or len(out) >= max_new))
         return done, added
 
-    def _advance(self, outs, rows, new_rows, max_new, progress) -> List[int]:
-        """Commit a round's tokens of the active ``rows``; return the positions (within ``rows``)
-        of the requests that continue (empty when every request has finished)."""
-        done, added = self._finish([outs[r] for r in rows], new_rows, self.eos, max_new)
+    def _advance(self, outs, running, new_tokens, max_new, progress) -> List[int]:
+        """Commit a round's tokens of the ``running`` requests (their indices in the call); return the positions
+        (within ``running``) of the requests that continue (empty when every request has finished)."""
+        done, added = self._finish([outs[r] for r in running], new_tokens, self.eos, max_new)
         if progress:
             progress(added)
         return [i for i, d in enumerate(done) if not d]
@@ -342,19 +342,19 @@ class SpecEngine:
         cache, _, _, lens, logits = self._prefill(ids, max_len)
         lens_h = [len(x) for x in ids]  # host copy of lens: no sync to size the attention
         outs: List[List[int]] = [[] for _ in range(bs)]
-        rows = list(range(bs))  # original index of each active row
+        running = list(range(bs))  # original index of each active row
         tok = sample(logits, generator=gen, **sampling)
         for s in stats:
             s.rounds += 1
         while True:
-            keep = self._advance(outs, rows, [[t] for t in tok.tolist()], max_new, progress)
+            keep = self._advance(outs, running, [[t] for t in tok.tolist()], max_new, progress)
             if not keep:
                 return outs
-            if len(keep) < len(rows):
+            if len(keep) < len(running):
                 k = torch.tensor(keep, device=self.device)
                 cache.select(k)
                 tok, lens = tok[k], lens[k]
-                rows = [rows[i] for i in keep]
+                running = [running[i] for i in keep]
                 lens_h = [lens_h[i] for i in keep]
             pos = lens[:, None]
             kv = max(lens_h) + 1
@@ -363,7 +363,7 @@ class SpecEngine:
             lens = lens + 1
             lens_h = [x + 1 for x in lens_h]
             tok = sample(self._logits(h[:, 0]), generator=gen, **sampling)
-            for r in rows:
+            for r in running:
                 stats[r].rounds += 1
 
     # ------------------------------------------------------------------ speculative decoding
@@ -384,29 +384,29 @@ class SpecEngine:
         f_root, root_lp = self._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
         b = Batch(cache, dcache, root, lens, f_root, root_lp, [len(x) for x in ids])
         outs: List[List[int]] = [[] for _ in range(bs)]
-        rows = list(range(bs))
+        running = list(range(bs))
         for s in stats:
             s.rounds += 1
         pending = [[t] for t in root.tolist()]  # the first token comes from the prefill
         while True:
-            keep = self._advance(outs, rows, pending, max_new, progress)
+            keep = self._advance(outs, running, pending, max_new, progress)
             if not keep:
                 return outs
-            if len(keep) < len(rows):
+            if len(keep) < len(running):
                 b.select(keep, dev)
-                rows = [rows[i] for i in keep]
+                running = [running[i] for i in keep]
             t0 = time.perf_counter()
             if cost is not None:  # a probing round scales the chosen T (the slope fit needs a spread of T)
-                this = AutoBudget(cost.costs(len(rows) * max_nodes), cost.probe(),
+                this = AutoBudget(cost.costs(len(running) * max_nodes), cost.probe(),
                                   min(prune * cost.marginal_value(), 1.0))
             else:
-                this = None if budget is None else -(-budget * len(rows) // bs)
-            drafted = stats[rows[0]].draft_forwards  # every running request counts the round's draft forwards
-            opts = RoundOptions(sampling, gen, this, calibration, [shares[r] for r in rows])
-            pending = self._round(b, [params[r] for r in rows], [stats[r] for r in rows], opts)
+                this = None if budget is None else -(-budget * len(running) // bs)
+            drafted = stats[running[0]].draft_forwards  # every running request counts the round's draft forwards
+            opts = RoundOptions(sampling, gen, this, calibration, [shares[r] for r in running])
+            pending = self._round(b, [params[r] for r in running], [stats[r] for r in running], opts)
             if cost is not None:  # the round ended with its host read: its wall time is complete
-                cost.observe(sum(stats[r].tree_sizes[-1] for r in rows), 1e3 * (time.perf_counter() - t0), len(rows),
-                             committed=sum(len(p) for p in pending), steps=stats[rows[0]].draft_forwards - drafted)
+                cost.observe(sum(stats[r].tree_sizes[-1] for r in running), 1e3 * (time.perf_counter() - t0), len(running),
+                             committed=sum(len(p) for p in pending), steps=stats[running[0]].draft_forwards - drafted)
 
     def _round(self, b: Batch, params, stats, opts: RoundOptions) -> List[List[int]]:
         """One draft -> plan -> verify -> commit -> record round (:mod:`.round`); moves ``b`` to the next
@@ -438,8 +438,8 @@ class SpecEngine:
 
     def _round_cost(self):
         """A fresh round-cost line for one ``verify_budget="auto"`` call, its prior from this machine's
-        start-up verify curve (:meth:`~treespec_sglang.engine.cost.RoundCost.from_curve`)."""
-        from .cost import RoundCost
+        start-up verify curve (:meth:`~treespec_sglang.engine.round_cost.RoundCost.from_curve`)."""
+        from .round_cost import RoundCost
 
         return RoundCost.from_curve(self.measured_cost_curve()[0])
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..tree import DraftTree, ancestor_mask, kept_rows
+from ..tree import DraftTree, ancestor_mask, kept_rows, to_grid
 from .kv_cache import KVCache
 
 __all__ = ["TreeExpander", "EntropyRecorder"]
@@ -92,9 +92,7 @@ class TreeExpander:
         out = self.e.draft(tok, pfeat, pos, store, mask, rows=rows)  # [T, hidden]
         slot = torch.div(rows, W, rounding_mode="floor") * self.C + flat.index_select(0, rows)  # [T]
         self.feat.view(bs * self.C, -1).index_copy_(0, slot, out)
-        lp = self.e._draft_logprobs(out)  # [T, vocab]
-        grid = lp.new_full((bs * W, lp.shape[-1]), float("-inf")).index_copy_(0, rows, lp)
-        return grid.view(bs, W, -1)
+        return to_grid(self.e._draft_logprobs(out), rows, bs, W, fill=float("-inf"))  # [bs, width, vocab]
 
 
 class EntropyRecorder:

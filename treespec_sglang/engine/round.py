@@ -16,7 +16,7 @@ import torch
 
 from ..policies import grow_tree
 from ..policies.calibration import DepthCalibration
-from ..tree import DraftTree, dense_mask
+from ..tree import DraftTree, dense_mask, to_grid
 from ..verify import emitted_tokens, verify_tree, walk_greedy
 from .budget import AutoBudget, plan_round
 from .expander import EntropyRecorder, TreeExpander
@@ -106,15 +106,13 @@ def verify(e, b: Batch, tree: DraftTree, rows: Optional[torch.Tensor], opts: Rou
         return hidden, verify_tree(tree, e._logits(hidden), generator=opts.generator, validate=False, **opts.sampling)
     flat = e.target(tree.tokens.clamp(min=0), positions, stores, mask, rows=rows)  # [T, hidden]
     lf = e._logits(flat)  # [T, vocab]
-
-    def grid(x):  # [T, ...] rows -> [bs, n, ...], padding rows zero
-        return x.new_zeros(bs * n, *x.shape[1:]).index_copy_(0, rows, x).view(bs, n, *x.shape[1:])
-
+    hidden = to_grid(flat, rows, bs, n)  # padding rows zero
     temp = opts.sampling["temperature"]
     if not isinstance(temp, torch.Tensor) and temp == 0:
         # the greedy walk reads argmaxes only: no [bs, n, vocab] grid (padding rows: 0, never read)
-        return grid(flat), walk_greedy(tree, grid(lf.argmax(-1)))
-    return grid(flat), verify_tree(tree, grid(lf), generator=opts.generator, validate=False, **opts.sampling)
+        return hidden, walk_greedy(tree, to_grid(lf.argmax(-1), rows, bs, n))
+    return hidden, verify_tree(tree, to_grid(lf, rows, bs, n), generator=opts.generator, validate=False,
+                               **opts.sampling)
 
 
 def commit(e, b: Batch, tree: DraftTree, result, hidden: torch.Tensor) -> torch.Tensor:

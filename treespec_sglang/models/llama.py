@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..tree.ragged import from_grid, to_grid
+
 __all__ = ["LlamaConfig", "LlamaModel", "RMSNorm", "DecoderLayer", "rope_cos_sin", "load_state_dict"]
 
 StoreFn = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
@@ -148,49 +150,39 @@ class Attention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, cos, sin, store: StoreFn, mask, rows: Optional[torch.Tensor] = None):
-        # x [bs, q, hidden] (or [1, T, hidden] flat tokens with ``rows``); cos/sin [bs, 1, q, head_dim];
-        # mask [bs, q, kv] bool (True = attend); rows [T] int64: each flat token's row in the [bs * q] grid
-        if rows is not None:
-            return self._ragged(x, cos, sin, store, mask, rows)
-        bs, q, _ = x.shape
-        nh, nkv, hd = self.nh, self.nkv, self.hd
-        if self.qkv_proj is not None:
-            qkv = self.qkv_proj(x).view(bs, q, nh + 2 * nkv, hd).transpose(1, 2)  # [bs, heads, q, head_dim]
-            qk = qkv[:, :nh + nkv]
-            qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k heads at once
-            qh, kh, vh = qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv:]
-        else:
-            qh = self.q_proj(x).view(bs, q, nh, hd).transpose(1, 2)
-            kh = self.k_proj(x).view(bs, q, nkv, hd).transpose(1, 2)
-            vh = self.v_proj(x).view(bs, q, nkv, hd).transpose(1, 2)
-            qh = qh * cos + _rotate_half(qh) * sin
-            kh = kh * cos + _rotate_half(kh) * sin
-        K, V = store(kh, vh)  # [bs, kv_heads, kv, head_dim], this step's keys included
-        o = F.scaled_dot_product_attention(qh, K, V, attn_mask=mask[:, None], enable_gqa=nh != nkv)
-        return self.o_proj(o.transpose(1, 2).reshape(bs, q, nh * hd))
+        """Self-attention with explicit keys: ``store(k, v)`` writes this step's keys and returns all of them.
 
-    def _ragged(self, x, cos, sin, store: StoreFn, mask, rows):
-        """Projections on the ``T`` real tokens only, attention on the padded ``[bs, q]`` grid.
-
-        Example: bs 2, q 3, request 0 has 3 tokens and request 1 has 1: rows = [0, 1, 2, 3]; grid
-        rows 4 and 5 are padding (zero q/k/v, masked out by the caller's mask, never read back).
+        x ``[bs, q, hidden]`` (or ``[1, T, hidden]``: the ``T`` real tokens of a ragged batch, ``rows`` ``[T]``
+        int64 their rows in the ``[bs * q]`` grid, :mod:`treespec_sglang.tree.ragged`); cos / sin
+        ``[bs, 1, q, head_dim]``; mask ``[bs, q, kv]`` bool (True = attend) -> ``[bs, q, hidden]`` (ragged:
+        ``[1, T, hidden]``). Ragged: the projections run on the ``T`` tokens only, the attention on the padded
+        grid (padding rows: zero q/k/v, masked out by the caller's mask, never read back). Example: bs 2, q 3,
+        request 0 has 3 tokens and request 1 has 1: rows = [0, 1, 2, 3]; grid rows 4 and 5 are padding.
         """
-        bs, q = mask.shape[0], mask.shape[1]
-        nh, nkv, hd = self.nh, self.nkv, self.hd
-        flat = x[0]  # [T, hidden]
+        flat = x[0] if rows is not None else x
         if self.qkv_proj is not None:
-            qkv_t = self.qkv_proj(flat)
+            qkv = self.qkv_proj(flat)
         else:
-            qkv_t = torch.cat([self.q_proj(flat), self.k_proj(flat), self.v_proj(flat)], dim=-1)
-        grid = qkv_t.new_zeros(bs * q, qkv_t.shape[-1]).index_copy_(0, rows, qkv_t)  # [bs * q, heads * head_dim]
-        qkv = grid.view(bs, q, nh + 2 * nkv, hd).transpose(1, 2)
+            qkv = torch.cat([self.q_proj(flat), self.k_proj(flat), self.v_proj(flat)], dim=-1)
+        bs, q = mask.shape[0], mask.shape[1]
+        if rows is not None:
+            qkv = to_grid(qkv, rows, bs, q)  # [bs, q, (nh + 2 nkv) * head_dim]
+        o = self._attend(qkv, cos, sin, store, mask)  # [bs, q, nh * head_dim]
+        if rows is not None:
+            return self.o_proj(from_grid(o, rows))[None]
+        return self.o_proj(o)
+
+    def _attend(self, qkv, cos, sin, store: StoreFn, mask):
+        # qkv [bs, q, (nh + 2 nkv) * head_dim] -> [bs, q, nh * head_dim]: RoPE on the q and k heads, then SDPA
+        bs, q = qkv.shape[0], qkv.shape[1]
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        qkv = qkv.view(bs, q, nh + 2 * nkv, hd).transpose(1, 2)  # [bs, heads, q, head_dim]
         qk = qkv[:, :nh + nkv]
         qk = qk * cos + _rotate_half(qk) * sin
         qh, kh, vh = qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv:]
-        K, V = store(kh, vh)
+        K, V = store(kh, vh)  # [bs, kv_heads, kv, head_dim], this step's keys included
         o = F.scaled_dot_product_attention(qh, K, V, attn_mask=mask[:, None], enable_gqa=nh != nkv)
-        o = o.transpose(1, 2).reshape(bs * q, nh * hd).index_select(0, rows)  # [T, nh * head_dim]
-        return self.o_proj(o)[None]
+        return o.transpose(1, 2).reshape(bs, q, nh * hd)
 
 
 def _fused_linear(parts) -> nn.Linear:

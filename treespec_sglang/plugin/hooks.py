@@ -295,7 +295,7 @@ def _eagle_round(original, self, batch, *args, **kwargs):
         _ROUND.reset(token)
 
 
-def _draft_model_forward(original, self, forward_batch, *args, **kwargs):
+def _runner_forward(original, self, forward_batch, *args, **kwargs):
     mode = getattr(forward_batch, "forward_mode", None)
     if mode is not None and mode.is_target_verify():
         keep = getattr(forward_batch.spec_info, KEEP_ATTR, None)
@@ -431,7 +431,7 @@ HOOKS: Dict[str, Tuple[str, Callable, List[str]]] = {
         ("AROUND", _build_verify_input, ["batch", "draft_input", "parent_list", "top_scores_index", "draft_tokens",
          "draft_probs", "target_worker", "topk", "num_steps", "num_draft_tokens", "tree_mask_mode", "device"]),
     "sglang.srt.model_executor.model_runner.ModelRunner.forward":
-        ("AROUND", _draft_model_forward, ["self", "forward_batch", "skip_attn_backend_init", "pp_proxy_tensors",
+        ("AROUND", _runner_forward, ["self", "forward_batch", "skip_attn_backend_init", "pp_proxy_tensors",
          "reinit_attn_backend", "split_forward_count"]),
     "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend._build_extend_metadata":
         ("AROUND", amx_extend_metadata, ["self", "forward_batch"]),

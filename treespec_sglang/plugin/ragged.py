@@ -22,6 +22,8 @@ from typing import Callable, Optional
 
 import torch
 
+from ..tree import kept_rows, to_grid
+
 __all__ = ["RaggedVerify", "plan_ragged", "scatter_rows", "compact_paged_verify_args", "ragged_verify_forward",
            "amx_extend_metadata", "flashinfer_verify_args", "eager_while_ragged", "ENV_RAGGED"]
 
@@ -82,7 +84,7 @@ def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str
     # e.g. keep [1, 1, 0, 1] -> keys [0, 1, 6, 3] -> sorted [0, 1, 3, 6] -> order [0, 1, 3, 2]
     order = torch.sort(torch.where(keep, ar, n + ar), dim=-1).values % n  # [bs, N]
     valid = ar[None, :] < lens[:, None]  # [bs, N] slot i holds a kept node
-    rows = (torch.arange(bs, device=dev)[:, None] * n + order)[valid]  # [T]
+    rows = kept_rows(keep, int(lens.sum()))  # [T]: the compacted batch's shape is the one host read
     mask = None
     if tree_mask is not None:
         m = tree_mask.reshape(bs, n, n)
@@ -94,9 +96,7 @@ def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str
 
 def scatter_rows(x: torch.Tensor, plan: RaggedVerify, bs: int) -> torch.Tensor:
     """``[T, ...]`` compacted outputs -> ``[bs * N, ...]`` with zeros at the filler rows."""
-    out = x.new_zeros((bs * plan.n,) + tuple(x.shape[1:]))
-    out[plan.rows] = x
-    return out
+    return to_grid(x, plan.rows, bs, plan.n).flatten(0, 1)
 
 
 def compact_paged_verify_args(kv_indices: torch.Tensor, kv_indptr: torch.Tensor, custom_mask: torch.Tensor,

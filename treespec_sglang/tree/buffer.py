@@ -10,24 +10,9 @@ import torch
 
 from .draft_tree import DraftTree
 
-__all__ = ["TreeBuffer", "pack_left", "kept_rows", "compact", "NEG_INF"]
+__all__ = ["TreeBuffer", "pack_left", "compact", "NEG_INF"]
 
 NEG_INF = float("-inf")
-
-
-def kept_rows(keep: torch.Tensor, count: int) -> torch.Tensor:
-    """Flat row indices of the kept entries, row-major (a ragged forward's ``rows``), without boolean-mask
-    indexing: a stable sort of "not kept" puts them first.
-
-    Parameters
-    ----------
-    keep : ``[bs, m]`` bool; count : host int, the number of kept entries (the caller's one host read).
-
-    Returns
-    -------
-    ``[count]`` int64. Example: keep [[T, F], [F, T]], count 2 -> [0, 3].
-    """
-    return torch.sort((~keep).reshape(-1).to(torch.uint8), stable=True).indices[:count]
 
 
 def pack_left(keep: torch.Tensor, values: torch.Tensor, width: int, fill) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 from tests.models.tiny import make_tiny_llama
 from treespec_sglang.cli.runs import PolicyRun, verdict
 from treespec_sglang.engine import SpecEngine
-from treespec_sglang.engine.exactness import TIE_BOUND, compare_outputs, divergence_margin, first_divergence
+from treespec_sglang.cli.exactness import TIE_BOUND, compare_outputs, divergence_margin, first_divergence
 from treespec_sglang.engine.kv_cache import prefill
 
 pytest.importorskip("transformers")
@@ -21,7 +21,7 @@ def tiny(tmp_path_factory):
 
 
 def test_hf_peer_greedy_equals_our_plain_decoding(tiny):
-    from treespec_sglang.engine.peers import HFPeer
+    from treespec_sglang.cli.peers import HFPeer
 
     e = SpecEngine.from_pretrained(tiny, draft=None, dtype="float32")
     g = torch.Generator().manual_seed(0)

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .kv_cache import prefill
+from ..engine.kv_cache import prefill
 
 __all__ = ["TIE_BOUND", "first_divergence", "divergence_margin", "compare_outputs"]
 
