@@ -123,6 +123,18 @@ def plain_greedy(spec_engine, prompt_ids):
     return [r.token_ids for r in spec_engine.generate(prompt_ids, max_new_tokens=N_NEW)]
 
 
+def every_policy_and_native(prompt_ids, plain_greedy):
+    """Every prompt under every policy of POLICIES and natively, for one call: (ids, params, [(name, ref)])."""
+    names = sorted(POLICIES) + [None]
+    ids, params, refs = [], [], []
+    for p, ref in zip(prompt_ids, plain_greedy):
+        for name in names:
+            ids.append(p)
+            params.append(greedy_params(POLICIES[name] if name else None))
+            refs.append((name, ref))
+    return ids, params, refs
+
+
 def greedy_params(custom=None, n=N_NEW) -> dict:
     sp = {"max_new_tokens": n, "temperature": 0.0}
     if custom is not None:

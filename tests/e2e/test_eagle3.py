@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from tests.e2e.conftest import N, N_NEW, POLICIES, STEPS, TOPK, cpu_engine_kwargs, eagle_kwargs, greedy_params, \
-    same_tokens
+from tests.e2e.conftest import N, N_NEW, POLICIES, STEPS, TOPK, cpu_engine_kwargs, eagle_kwargs, \
+    every_policy_and_native, greedy_params, same_tokens
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 
@@ -39,13 +39,7 @@ def engine3(demo_target_dir):
 
 
 def test_every_policy_and_native_in_one_batch_equal_plain_greedy(eagle3, prompt_ids, plain_greedy):
-    names = sorted(POLICIES) + [None]
-    ids, params, refs = [], [], []
-    for p, ref in zip(prompt_ids, plain_greedy):
-        for name in names:
-            ids.append(p)
-            params.append(greedy_params(POLICIES[name] if name else None))
-            refs.append((name, ref))
+    ids, params, refs = every_policy_and_native(prompt_ids, plain_greedy)
     outs = eagle3.generate(input_ids=ids, sampling_params=params)
     accepted = {}
     for o, (name, ref) in zip(outs, refs):

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tests.e2e.conftest import (N, POLICIES, STEPS, TOPK, cpu_engine_kwargs, eagle_kwargs, greedy_params,
-                                same_tokens, shipped_draft)
+from tests.e2e.conftest import (N, POLICIES, STEPS, TOPK, cpu_engine_kwargs, eagle_kwargs, every_policy_and_native,
+                                greedy_params, same_tokens, shipped_draft)
 from tests.e2e.law import DRAWS, Z2, chi2_stat, chi2_threshold, draw_pairs, temperature_power, temperature_z
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
@@ -71,14 +71,7 @@ def test_each_policy_alone_equals_plain_greedy(eagle, prompt_ids, plain_greedy, 
 
 
 def test_mixed_batch_with_native_requests_equals_plain_greedy(eagle, prompt_ids, plain_greedy):
-    # every prompt under every policy and natively, all in one call: 4 x 6 = 24 requests
-    names = sorted(POLICIES) + [None]
-    ids, params, refs = [], [], []
-    for p, ref in zip(prompt_ids, plain_greedy):
-        for name in names:
-            ids.append(p)
-            params.append(greedy_params(POLICIES[name] if name else None))
-            refs.append((name, ref))
+    ids, params, refs = every_policy_and_native(prompt_ids, plain_greedy)  # all in one call: 4 x 6 = 24 requests
     outs = eagle.generate(input_ids=ids, sampling_params=params)
     for o, (name, ref) in zip(outs, refs):
         assert same_tokens(o["output_ids"], ref), name

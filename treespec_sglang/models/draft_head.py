@@ -17,6 +17,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
+from ..tree.ragged import from_grid
 from .llama import DecoderLayer, LlamaConfig, rope_cos_sin, rope_inv_freq
 
 __all__ = ["EagleDraftHead", "DRAFT_ARCH"]
@@ -24,7 +25,49 @@ __all__ = ["EagleDraftHead", "DRAFT_ARCH"]
 DRAFT_ARCH = "LlamaForCausalLMEagle"
 
 
-class EagleDraftHead(nn.Module):
+class SharedEmbedHead(nn.Module):
+    """What every draft head shares: the target's token embedding (attached, not saved) and the live rows
+    of a ragged draft step."""
+
+    embed: nn.Embedding = None  # set by attach()
+
+    def attach(self, embed: nn.Embedding):
+        object.__setattr__(self, "embed", embed)  # shared with the target, kept out of state_dict
+        return self
+
+    @staticmethod
+    def files(path: str):
+        """``(config.json, model.safetensors)`` paths of the draft directory ``path``; raises
+        ``FileNotFoundError`` naming the missing one (cheap: callers check before loading a target)."""
+        cfg_path, w_path = os.path.join(path, "config.json"), os.path.join(path, "model.safetensors")
+        for p in (cfg_path, w_path):
+            if not os.path.isfile(p):
+                raise FileNotFoundError(f"draft head: {p} is missing (an EAGLE draft directory needs config.json "
+                                        f"and model.safetensors; write one with EagleDraftHead.save)")
+        return cfg_path, w_path
+
+    @classmethod
+    def _read(cls, path: str, arch: str):
+        """``(config dict, state dict)`` of the draft directory ``path`` after checking it names ``arch``."""
+        from safetensors.torch import load_file
+
+        cfg_path, w_path = cls.files(path)
+        with open(cfg_path) as f:
+            raw = json.load(f)
+        if arch not in (raw.get("architectures") or []):
+            raise ValueError(f"draft head: {cfg_path} architectures must include {arch!r}, "
+                             f"got {raw.get('architectures')}")
+        return raw, load_file(w_path)
+
+    @staticmethod
+    def _live(tokens, features, rows):
+        # tokens [bs, q], features [bs, q, f], rows [T] (or None) -> the T live ones as [1, T] / [1, T, f]
+        if rows is None:
+            return tokens, features
+        return from_grid(tokens, rows)[None], from_grid(features, rows)[None]
+
+
+class EagleDraftHead(SharedEmbedHead):
     """``forward(tokens, features, positions, store, mask) -> [bs, q, hidden]`` draft features.
 
     ``embed`` is the target's token embedding (shared, not saved).
@@ -37,7 +80,6 @@ class EagleDraftHead(nn.Module):
         self.fc = nn.Linear(2 * H, H, bias=True)
         self.layers = nn.ModuleList([DecoderLayer(cfg, input_norm=False)])
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        self.embed: nn.Embedding = None  # set by attach()
 
     owns_lm_head = False  # drafts through the target's LM head (EAGLE-3 heads own theirs)
 
@@ -46,17 +88,11 @@ class EagleDraftHead(nn.Module):
         """The columns of the target's states this head reads: the final-norm states ``[:hidden]``."""
         return slice(0, self.config.hidden_size)
 
-    def attach(self, embed: nn.Embedding) -> "EagleDraftHead":
-        object.__setattr__(self, "embed", embed)  # shared with the target, kept out of state_dict
-        return self
-
     def forward(self, tokens, features, positions, store, mask, rows=None):
         # tokens [bs, q] int64, features [bs, q, hidden], positions [bs, q], mask [bs, q, kv]
         # rows: optional [T] int64, the live tokens' rows in the flattened [bs * q] grid (ragged: fc and
         # the layer's linears run on those T only; attention on the grid) -> [T, hidden] in rows order
-        if rows is not None:
-            tokens = tokens.reshape(-1).index_select(0, rows)[None]  # [1, T]
-            features = features.reshape(-1, features.shape[-1]).index_select(0, rows)[None]  # [1, T, hidden]
+        tokens, features = self._live(tokens, features, rows)
         x = self.fc(torch.cat([self.embed(tokens).to(features.dtype), features], dim=-1))
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
         out = self.layers[0](x, cos, sin, store, mask, rows)
@@ -95,29 +131,10 @@ class EagleDraftHead(nn.Module):
         sd = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
         save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
 
-    @staticmethod
-    def files(path: str):
-        """``(config.json, model.safetensors)`` paths of the draft directory ``path``; raises
-        ``FileNotFoundError`` naming the missing one (cheap: callers check before loading a target)."""
-        cfg_path, w_path = os.path.join(path, "config.json"), os.path.join(path, "model.safetensors")
-        for p in (cfg_path, w_path):
-            if not os.path.isfile(p):
-                raise FileNotFoundError(f"draft head: {p} is missing (an EAGLE draft directory needs config.json "
-                                        f"and model.safetensors; write one with EagleDraftHead.save)")
-        return cfg_path, w_path
-
     @classmethod
     def load(cls, path: str, dtype=torch.float32) -> "EagleDraftHead":
-        from safetensors.torch import load_file
-
-        cfg_path, w_path = cls.files(path)
-        with open(cfg_path) as f:
-            raw = json.load(f)
-        if DRAFT_ARCH not in (raw.get("architectures") or []):
-            raise ValueError(f"draft head: {cfg_path} architectures must include {DRAFT_ARCH!r}, "
-                             f"got {raw.get('architectures')}")
+        raw, sd = cls._read(path, DRAFT_ARCH)
         head = cls(LlamaConfig.from_dict(raw))
-        sd = load_file(w_path)
         head.load_state_dict({k: v.to(dtype) for k, v in sd.items()})
         return head.to(dtype).eval()
 

@@ -31,6 +31,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from .draft_head import SharedEmbedHead
 from .llama import MLP, Attention, LlamaConfig, RMSNorm, rope_cos_sin, rope_inv_freq
 
 __all__ = ["Eagle3DraftHead", "EAGLE3_ARCH", "default_aux_layers"]
@@ -61,7 +62,7 @@ class _Eagle3Layer(nn.Module):
         return r + self.mlp(self.post_attention_layernorm(r))
 
 
-class Eagle3DraftHead(nn.Module):
+class Eagle3DraftHead(SharedEmbedHead):
     """``forward(tokens, features, positions, store, mask) -> [bs, q, hidden]`` draft features;
     ``logits(features) -> [bs, q, vocab_d]``.
 
@@ -85,7 +86,6 @@ class Eagle3DraftHead(nn.Module):
         self.lm_head = nn.Linear(H, draft_vocab, bias=False)
         self.register_buffer("hot_ids", torch.arange(draft_vocab), persistent=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        self.embed: nn.Embedding = None  # set by attach()
 
     @property
     def feature_width(self) -> int:
@@ -97,16 +97,10 @@ class Eagle3DraftHead(nn.Module):
         """The columns of the target's states this head reads: ``[final | aux ...]`` -> the aux part."""
         return slice(self.target_hidden, None)
 
-    def attach(self, embed: nn.Embedding) -> "Eagle3DraftHead":
-        object.__setattr__(self, "embed", embed)  # shared with the target, kept out of state_dict
-        return self
-
     def forward(self, tokens, features, positions, store, mask, rows=None):
         # tokens [bs, q] int64, features [bs, q, 3 * target_hidden | hidden], positions [bs, q],
         # mask [bs, q, kv]; rows: optional [T] int64 live rows of the flat [bs * q] grid -> [T, hidden]
-        if rows is not None:
-            tokens = tokens.reshape(-1).index_select(0, rows)[None]  # [1, T]
-            features = features.reshape(-1, features.shape[-1]).index_select(0, rows)[None]
+        tokens, features = self._live(tokens, features, rows)
         g = self.fc(features) if features.shape[-1] != self.config.hidden_size else features
         emb = self.embed(tokens).to(g.dtype)
         cos, sin = rope_cos_sin(self.inv_freq, positions, g.dtype)
@@ -171,17 +165,7 @@ class Eagle3DraftHead(nn.Module):
 
     @classmethod
     def load(cls, path: str, dtype=torch.float32) -> "Eagle3DraftHead":
-        from safetensors.torch import load_file
-
-        from .draft_head import EagleDraftHead
-
-        cfg_path, w_path = EagleDraftHead.files(path)
-        with open(cfg_path) as f:
-            raw = json.load(f)
-        if EAGLE3_ARCH not in (raw.get("architectures") or []):
-            raise ValueError(f"draft head: {cfg_path} architectures must include {EAGLE3_ARCH!r}, "
-                             f"got {raw.get('architectures')}")
-        sd = load_file(w_path)
+        raw, sd = cls._read(path, EAGLE3_ARCH)
         d2t = sd.pop("d2t").long()
         sd.pop("t2d", None)
         sd = {k[len("model."):] if k.startswith("model.") else k: v for k, v in sd.items()}
