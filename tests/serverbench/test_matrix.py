@@ -85,3 +85,27 @@ def test_bad_budget_and_policy_name_the_field():
         build_matrix(s, ["talon"], ["0"], [1], [0.0])
     with pytest.raises(ValueError, match="--policies: each must be one of"):
         build_matrix(s, ["medusa"], ["N"], [1], [0.0])
+
+
+def test_the_launch_command_follows_the_drafts_architecture(tmp_path):
+    """An EAGLE-3 draft directory starts its server with --speculative-algorithm EAGLE3 (served as EAGLE it
+    would accept nothing); an EAGLE one with EAGLE plus its token map; plain servers get no draft."""
+    from treespec_sglang.models import Eagle3DraftHead, EagleDraftHead, LlamaConfig
+    from treespec_sglang.serverbench.server import launch_command
+
+    cfg = LlamaConfig.from_dict({"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 8,
+                                 "num_attention_heads": 4, "num_key_value_heads": 2})
+    Eagle3DraftHead.for_target(cfg, list(range(16))).save(str(tmp_path / "e3"))
+    EagleDraftHead.for_target(cfg).save(str(tmp_path / "e1"))
+    eagle = parse_servers("eagle:4/3/8")[0]
+
+    def flag(argv, name):
+        return argv[argv.index(name) + 1] if name in argv else None
+
+    argv = launch_command("m", eagle, draft=str(tmp_path / "e3"), token_map=None, device="cpu", port=1)
+    assert flag(argv, "--speculative-algorithm") == "EAGLE3" and flag(argv, "--speculative-eagle-topk") == "4"
+    argv = launch_command("m", eagle, draft=str(tmp_path / "e1"), token_map="tm.pt", device="cpu", port=1)
+    assert flag(argv, "--speculative-algorithm") == "EAGLE" and flag(argv, "--speculative-token-map") == "tm.pt"
+    argv = launch_command("m", parse_servers("plain")[0], draft=str(tmp_path / "e3"), token_map=None, device="cpu",
+                          port=1)
+    assert "--speculative-algorithm" not in argv and "--speculative-draft-model-path" not in argv

@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default=None, help="a running server (its own setting; no restarts, no plain row)")
     p.add_argument("--model", default="demo", help="target model path, or 'demo' (the SmolLM2 demo target)")
-    p.add_argument("--draft", default="demo", help="EAGLE draft path, or 'demo' (the shipped head)")
+    p.add_argument("--draft", default="demo", help="EAGLE / EAGLE-3 draft path (the server's --speculative-algorithm follows its architecture), "
+                        "'demo' or 'demo-eagle3' (the shipped heads)")
     p.add_argument("--token-map", default="auto", help="'auto': <draft>/token_map.pt if present; 'none'; a path")
     p.add_argument("--tokenizer", default=None, help="default: the model path (or the server's)")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
@@ -55,10 +56,10 @@ def _paths(a):
 
         model = demo_target()
     draft = a.draft
-    if draft == "demo":
-        from ..engine.loading import demo_draft_dir
+    if draft in ("demo", "demo-eagle3"):
+        from .runs import draft_dir_of
 
-        draft = demo_draft_dir()
+        draft = draft_dir_of(draft)
     tmap = a.token_map
     if tmap == "auto":
         cand = os.path.join(draft, "token_map.pt") if draft else ""

@@ -48,10 +48,11 @@ class ServerSetting:
     def label(self) -> str:
         return "plain" if self.algorithm == "none" else f"eagle(k{self.topk},s{self.steps},N{self.n})"
 
-    def launch_args(self) -> List[str]:
+    def launch_args(self, algorithm: str = "EAGLE") -> List[str]:
+        """``launch_server`` flags; ``algorithm`` is ``EAGLE3`` for an EAGLE-3 draft (the draft decides)."""
         if self.algorithm == "none":
             return []
-        return ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", str(self.topk),
+        return ["--speculative-algorithm", algorithm, "--speculative-eagle-topk", str(self.topk),
                 "--speculative-num-steps", str(self.steps), "--speculative-num-draft-tokens", str(self.n)]
 
 

@@ -40,7 +40,8 @@ def get_json(url: str, timeout: float = 30) -> dict:
 
 def launch_command(model: str, setting: ServerSetting, *, draft: Optional[str], token_map: Optional[str],
                    device: str, port: int, extra: List[str] = ()) -> List[str]:
-    """The ``launch_server`` argv for one setting (the draft only for EAGLE settings)."""
+    """The ``launch_server`` argv for one setting (the draft only for EAGLE settings). A local draft directory
+    picks the algorithm: ``EAGLE3`` for an EAGLE-3 head (``LlamaForCausalLMEagle3``), else ``EAGLE``."""
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1",
             "--port", str(port), "--log-level", "warning"]
     if device == "cpu":
@@ -48,7 +49,13 @@ def launch_command(model: str, setting: ServerSetting, *, draft: Optional[str], 
     if setting.algorithm == "EAGLE":
         if not draft:
             raise ValueError(f"server {setting.label} needs --draft (an EAGLE draft model path)")
-        args += setting.launch_args() + ["--speculative-draft-model-path", draft]
+        algorithm = "EAGLE"
+        if os.path.isfile(os.path.join(draft, "config.json")):
+            from ..models import draft_arch
+            from ..models.eagle3_head import EAGLE3_ARCH
+
+            algorithm = "EAGLE3" if draft_arch(draft) == EAGLE3_ARCH else "EAGLE"
+        args += setting.launch_args(algorithm) + ["--speculative-draft-model-path", draft]
         if token_map:
             args += ["--speculative-token-map", token_map]
     return args + list(extra)
