@@ -16,19 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
 
 
 def main(argv=None):
@@ -50,6 +41,7 @@ def main(argv=None):
     from policy_table import policy_at
     from treespec_sglang.data import humaneval, mtbench
     from treespec_sglang.engine import SpecEngine
+    from treespec_sglang.engine.cost import _cpu_name
     from treespec_sglang.training.data import iter_sequences, load_shards, split_roles
     from treespec_sglang.training.trainer import TrainConfig, evaluate_alpha
 
@@ -58,7 +50,7 @@ def main(argv=None):
         roles = split_roles(a.data, 10)
         held = [s for s, r in zip(iter_sequences(load_shards(a.data)), roles) if r == "test"]
     texts = humaneval().every(10).take(a.prompts).prompts + mtbench().every(10).take(a.prompts).prompts
-    out = {"cpu": _cpu(), "threads": torch.get_num_threads(), "dtype": a.dtype, "max_new_tokens": a.max_new_tokens,
+    out = {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "dtype": a.dtype, "max_new_tokens": a.max_new_tokens,
            "prompts": len(texts), "heldout_sequences": len(held), "heads": {}}
     for d in a.drafts.split(","):
         t0 = time.time()

@@ -77,7 +77,7 @@ class SpecEngine:
         if fuse:  # the engine only runs the target forward: fused q/k/v and gate/up matmuls
             self.target.fuse_()
         self.draft = draft.to(device=device, dtype=dtype).eval().attach(self.target.model.embed_tokens)
-        self._feat = self._connect_features(target, self.draft)  # which target columns the draft reads
+        self._connect_features(target, self.draft)  # the target returns the states the draft reads
         # bf16 on a CPU whose oneDNN has the bf16 kernel: prepacked weights (bit-identical outputs, ~2x
         # faster small-M linears); elsewhere plain nn.Linear. Inference only, so not with fuse=False
         # (the training entry points keep plain modules)
@@ -136,17 +136,17 @@ class SpecEngine:
         return self.target.config.vocab_size if self.token_map is None else int(self.token_map.numel())
 
     @staticmethod
-    def _connect_features(target, draft) -> slice:
-        """Which columns of the target's output the draft reads. EAGLE: the final-norm states
-        (``[:hidden]``, the whole output). EAGLE-3: the target also returns the residual stream entering
-        the head's ``aux_layers`` (set here; SGLang's default when the checkpoint names none), and the
-        head reads those (``[hidden:]``); logits always come from ``[:hidden]``."""
+    def _connect_features(target, draft) -> None:
+        """Make the target return what the draft reads (``draft.feature_columns`` of its output). EAGLE: the
+        final-norm states (``[:hidden]``, the whole output). EAGLE-3: the target also returns the residual
+        stream entering the head's ``aux_layers`` (set here; SGLang's default when the checkpoint names none),
+        and the head reads those (``[hidden:]``); logits always come from ``[:hidden]``."""
         from ..models.eagle3_head import default_aux_layers
 
         H = target.config.hidden_size
         if not draft.owns_lm_head:
             target.aux_layers = ()
-            return draft.feature_columns
+            return
         if draft.aux_layers is None:
             draft.aux_layers = default_aux_layers(target.config.num_hidden_layers)
         L = target.config.num_hidden_layers
@@ -155,7 +155,6 @@ class SpecEngine:
             raise ValueError(f"EAGLE-3 head reads {len(draft.aux_layers)} x {draft.target_hidden} features from "
                              f"layers {draft.aux_layers}; the target has hidden {H} and {L} layers")
         target.aux_layers = draft.aux_layers
-        return draft.feature_columns
 
     @classmethod
     def from_pretrained(cls, target: str = "smollm2-135m", draft: Optional[str] = None, device="cpu",
@@ -450,6 +449,6 @@ class SpecEngine:
         pos = start[:, None] + torch.arange(m, device=self.device)  # kv (host) >= max(start) + m
         col = torch.arange(kv, device=self.device)[None, None, :]
         mask = (col >= 1) & (col <= pos[:, :, None])
-        out = self.draft(tokens, feats[..., self._feat].to(self.dtype), pos, dcache.stores(pos, kv)[0], mask)
+        out = self.draft(tokens, feats[..., self.draft.feature_columns].to(self.dtype), pos, dcache.stores(pos, kv)[0], mask)
         last = torch.gather(out, 1, (count - 1)[:, None, None].expand(bs, 1, out.shape[-1]))[:, 0]
         return last, self._draft_logprobs(last)
