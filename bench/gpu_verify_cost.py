@@ -1,7 +1,7 @@
-"""GPU: the verify cost curve t(T) of a real-size target, the curve the batch verify budget is
+"""GPU: the verify cost curve t(T) of a real-size target, the curve the batch's token cap is
 spent on. Where t(T) is flat, extra nodes are free and every request may keep its whole tree; past the knee
 (the compute-bound regime) the batch's total verified tokens is the constraint that
-``verify_budget`` / ``--treespec-batch-budget`` allocates.
+``token_cap`` / ``--treespec-token-cap`` allocates.
 
 The project's own Llama (``treespec_sglang.models.llama``) at Llama-3.1-8B's shape with random bf16 weights
 (timing does not depend on the values), ``bs`` requests with a ``--prefix``-token cache each, one verify

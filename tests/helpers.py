@@ -69,7 +69,7 @@ def random_batch(rng: random.Random, sizes, vocab: int = 20, max_children: int =
     return DraftTree.from_lists([t for t, _ in lists], [p for _, p in lists])
 
 
-# ------------------------------------------------------------------ batch verify budget oracles
+# ------------------------------------------------------------------ token cap oracles
 def calibration_weights(tree: DraftTree, accepted, predicted, prior: float, max_depth: int):
     """``[bs][n_nodes]`` per-node multipliers of a per-depth calibration, restated from its definition
     (``policies/calibration.py``): depth d's ratio is ``(accepted[d] + prior) / (predicted[d] + prior)``,
@@ -85,7 +85,7 @@ def calibration_weights(tree: DraftTree, accepted, predicted, prior: float, max_
 
 
 def oracle_node_values(tree: DraftTree, weight=None):
-    """``[bs][n_nodes]`` node values from the definition (``policies/batch_budget.py``), one node at a time:
+    """``[bs][n_nodes]`` node values from the definition (``policies/token_cap.py``), one node at a time:
     the path probability ``exp(logprob)`` (0 when not finite) times the weight (per request ``[bs]`` or
     per node ``[bs][n_nodes]``, lists or tensors), capped by the parent's value; root +inf, padding -inf."""
     if isinstance(weight, torch.Tensor):

@@ -16,7 +16,7 @@ from tests.e2e.law import DRAWS, Z2, chi2_stat, chi2_threshold, temperature_z
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 
-BATCH_BUDGET = 6  # mean verified tokens per sharing request (< N: the batch budget trims)
+TOKEN_CAP = 6  # mean verified tokens per sharing request (< N: the token cap trims)
 SPECS = [None, {"policy": "none"}] + [POLICIES[k] for k in sorted(POLICIES)]  # native, off, every policy
 
 
@@ -28,7 +28,7 @@ def digest_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tp2_eagle(host_factory, demo_target_dir, digest_dir):
     kw = cpu_engine_kwargs(demo_target_dir, tp_size=2, **eagle_kwargs(shipped_draft(), TOPK, STEPS, N),
-                           treespec_defaults={"policy": None, "batch_budget": BATCH_BUDGET})
+                           treespec_defaults={"policy": None, "token_cap": TOKEN_CAP})
     h = host_factory("tp2-eagle", kw, env={"TREESPEC_RANK_DIGESTS": digest_dir, "TREESPEC_TEST_PERTURB_RANK": "1"})
     yield h
     h.close()
@@ -90,7 +90,7 @@ def test_dp2_schedulers_serve_per_request_policies(host_factory, demo_target_dir
 
 def test_tp2_mixed_batch_equals_tp2_plain_and_every_rank_verifies_rank0s_tree(tp2_eagle, tp2_reference, prompt_ids,
                                                                            digest_dir):
-    """Every policy, native and speculation off in one batch, ragged verify and the batch budget on, a
+    """Every policy, native and speculation off in one batch, ragged verify and the token cap on, a
     faulty rank 1: token for token TP = 2 plain greedy; both ranks verified the same tree every round."""
     ids = [prompt_ids[i % len(prompt_ids)] for i in range(len(SPECS))]
     outs = tp2_eagle.generate(input_ids=ids, sampling_params=[greedy_params(s) for s in SPECS])
@@ -106,7 +106,7 @@ def test_tp2_mixed_batch_equals_tp2_plain_and_every_rank_verifies_rank0s_tree(tp
         assert all(1 <= s <= N for s in sizes) and (spec["policy"] != "none" or set(sizes) == {1})
     trimmed = [s for o, spec in zip(outs, SPECS) if spec and spec["policy"] != "none"
                for s in o["meta_info"]["treespec_tree_sizes"]]
-    assert min(trimmed) < N  # the batch budget (6 per request on average) trimmed some trees
+    assert min(trimmed) < N  # the token cap (6 per request on average) trimmed some trees
     rows = read_digests(digest_dir)
     assert len(rows[0]) == len(rows[1]) > 0
     assert [r[1] for r in rows[0]] == [r[1] for r in rows[1]]  # the verified trees agree round by round

@@ -108,8 +108,8 @@ def test_sampling_first_two_tokens_match_plain_sampling(aligned_engine, spec):
     assert d2 < 2 * tv_bound(len(keys2), n), d2
 
 
-@pytest.mark.parametrize("budget", [None, 6, "auto"])
-def test_a_round_syncs_once_per_draft_step_plus_one(aligned_engine, monkeypatch, budget):
+@pytest.mark.parametrize("cap", [None, 6, "auto"])
+def test_a_round_syncs_once_per_draft_step_plus_one(aligned_engine, monkeypatch, cap):
     """Host syncs in one speculative round: grow_tree's early-exit check per step and the single
     transfer of the round's results; nothing else (no .item()/.tolist()/bool-mask in the round)."""
     import treespec_sglang.engine.engine as E
@@ -126,9 +126,9 @@ def test_a_round_syncs_once_per_draft_step_plus_one(aligned_engine, monkeypatch,
 
     monkeypatch.setattr(E.SpecEngine, "_round", counted)
     aligned_engine.generate(prompts(3), max_new_tokens=10, policy=POLICIES[0],  # eagle2, depth 3
-                            verify_budget=budget)
+                            token_cap=cap)
     assert counts
-    extra = 0 if budget is None else 1  # a batch budget reads the kept sizes once (the ragged verify's shape)
+    extra = 0 if cap is None else 1  # a token cap reads the kept sizes once (the ragged verify's shape)
     for n, ops, _ in counts:
         assert set(ops) <= {"aten::_local_scalar_dense", "aten::is_nonzero", "Tensor.tolist"}, ops
         assert ops.get("Tensor.tolist", 0) == 1 + extra
@@ -230,37 +230,48 @@ def test_memory_estimate_scales_with_the_batch():
 
 
 @pytest.mark.parametrize("per_request", [1, 2, 5])
-def test_batch_verify_budget_is_lossless_and_respected(aligned_engine, per_request):
-    """One verify budget for the whole batch (roots included): greedy output == plain greedy for every
-    allocation, and every round's tree sizes sum to at most the budget across the requests still running."""
+def test_token_cap_is_lossless_and_respected(aligned_engine, per_request):
+    """One token cap for the whole batch (roots included): greedy output == plain greedy for every
+    allocation, and every round's tree sizes sum to at most the cap across the requests still running."""
     ps = prompts(6, seed=11)
     mix = [POLICIES[i % len(POLICIES)] for i in range(6)]
     plain = aligned_engine.generate(ps, max_new_tokens=14, policy=None)
-    budget = per_request * len(ps)
-    res = aligned_engine.generate(ps, max_new_tokens=14, policy=mix, verify_budget=budget)
+    cap = per_request * len(ps)
+    res = aligned_engine.generate(ps, max_new_tokens=14, policy=mix, token_cap=cap)
     assert [r.token_ids for r in res] == [r.token_ids for r in plain]
     sizes = [r.stats.tree_sizes for r in res]
     for rnd in range(max(len(s) for s in sizes)):
-        running = sum(1 for s in sizes if len(s) > rnd)  # the budget scales with the requests still running
-        assert sum(s[rnd] for s in sizes if len(s) > rnd) <= max(-(-budget * running // len(ps)), running)
+        running = sum(1 for s in sizes if len(s) > rnd)  # the cap scales with the requests still running
+        assert sum(s[rnd] for s in sizes if len(s) > rnd) <= max(-(-cap * running // len(ps)), running)
     if per_request == 1:
         assert all(x == 1 for s in sizes for x in s)  # only roots fit
     if per_request == 5:
-        assert max(x for s in sizes for x in s) > 5  # the budget moves between requests
-    with pytest.raises(ValueError, match="verify_budget must be an integer >= 1"):
-        aligned_engine.generate(ps, max_new_tokens=4, policy=mix, verify_budget=0)
+        assert max(x for s in sizes for x in s) > 5  # the cap moves between requests
+    with pytest.raises(ValueError, match="token_cap must be an integer >= 1"):
+        aligned_engine.generate(ps, max_new_tokens=4, policy=mix, token_cap=0)
 
 
-def test_calibrated_batch_budget_is_lossless_and_learns(aligned_engine):
+def test_the_deprecated_verify_budget_keyword_warns_and_means_token_cap(aligned_engine):
+    ps = prompts(3, seed=5)
+    mix = [POLICIES[i % len(POLICIES)] for i in range(3)]
+    new = aligned_engine.generate(ps, max_new_tokens=6, policy=mix, token_cap=7)
+    with pytest.warns(DeprecationWarning, match=r"generate\(token_cap=\.\.\.\)"):
+        old = aligned_engine.generate(ps, max_new_tokens=6, policy=mix, verify_budget=7)
+    assert [(r.token_ids, r.stats.tree_sizes) for r in old] == [(r.token_ids, r.stats.tree_sizes) for r in new]
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=r"give generate\(token_cap=\.\.\.\) only"):
+        aligned_engine.generate(ps, max_new_tokens=6, policy=mix, token_cap=7, verify_budget=7)
+
+
+def test_calibrated_token_cap_is_lossless_and_learns(aligned_engine):
     ps = prompts(6, seed=12)
     mix = [POLICIES[i % len(POLICIES)] for i in range(6)]
     plain = aligned_engine.generate(ps, max_new_tokens=14, policy=None)
-    res = aligned_engine.generate(ps, max_new_tokens=14, policy=mix, verify_budget=18, calibrate=True)
+    res = aligned_engine.generate(ps, max_new_tokens=14, policy=mix, token_cap=18, calibrate=True)
     assert [r.token_ids for r in res] == [r.token_ids for r in plain]
     cal = aligned_engine.calibration
     assert cal is not None and float(cal.predicted.sum()) > 0 and float(cal.accepted.sum()) > 0
     assert sum(cal.curve()["nodes"]) == sum(sum(s - 1 for s in r.stats.tree_sizes) for r in res)
-    with pytest.raises(ValueError, match="calibrate=True needs verify_budget"):
+    with pytest.raises(ValueError, match="calibrate=True needs token_cap"):
         aligned_engine.generate(ps, max_new_tokens=4, policy=mix, calibrate=True)
 
 
@@ -289,9 +300,9 @@ def test_each_round_allocates_under_the_calibration(aligned_engine, monkeypatch)
     rounds = []  # (candidates, T, verified trees)
     real = R.plan_round
 
-    def spy(tree, budget, *a, **k):
-        out = real(tree, budget, *a, **k)
-        rounds.append((tree, budget, out[0]))
+    def spy(tree, cap, *a, **k):
+        out = real(tree, cap, *a, **k)
+        rounds.append((tree, cap, out[0]))
         return out
 
     monkeypatch.setattr(E, "DepthCalibration", frozen)
@@ -300,7 +311,7 @@ def test_each_round_allocates_under_the_calibration(aligned_engine, monkeypatch)
     mix = [{"policy": "eagle2", "budget": 10, "topk": 3, "depth": 3}, {"policy": "chain", "length": 4},
            {"policy": "c2t", "budget": 8, "topk": 3, "beta": 0.2},
            {"policy": "salf", "budget": 8, "batch": 3, "th": 0.3}]
-    aligned_engine.generate(ps, max_new_tokens=6, policy=mix, verify_budget=10, calibrate=True)
+    aligned_engine.generate(ps, max_new_tokens=6, policy=mix, token_cap=10, calibrate=True)
     assert isinstance(aligned_engine.calibration, Frozen) and rounds
     prior, worse = aligned_engine.calibration.prior, 0
     for tree, total, out in rounds:
@@ -316,8 +327,8 @@ def test_each_round_allocates_under_the_calibration(aligned_engine, monkeypatch)
 
 
 @pytest.mark.parametrize("curve_kind", ["flat", "steep"])
-def test_auto_verify_budget_follows_the_round_cost_and_is_lossless(aligned_engine, monkeypatch, curve_kind):
-    """verify_budget="auto": T per round from the round-cost line. A flat line (verifying more is free)
+def test_auto_token_cap_follows_the_round_cost_and_is_lossless(aligned_engine, monkeypatch, curve_kind):
+    """token_cap="auto": T per round from the round-cost line. A flat line (verifying more is free)
     keeps every proposed node; a line where every extra token costs a whole round keeps the roots only
     (no node is worth an expected 1 token). Greedy output == plain greedy either way."""
     from treespec_sglang.engine import engine as E
@@ -330,17 +341,17 @@ def test_auto_verify_budget_follows_the_round_cost_and_is_lossless(aligned_engin
     slope = 0.0 if curve_kind == "flat" else 1e4  # pinned: the prior outweighs any measured round
     monkeypatch.setattr(E.SpecEngine, "_round_cost",
                         lambda self: RoundCost(slope, 10.0, strength=1e30, probes=(1.0,)))
-    res = aligned_engine.generate(ps, max_new_tokens=12, policy=mix, verify_budget="auto")
+    res = aligned_engine.generate(ps, max_new_tokens=12, policy=mix, token_cap="auto")
     assert [r.token_ids for r in res] == [r.token_ids for r in plain]
     if curve_kind == "flat":
         assert [r.stats.tree_sizes for r in res] == [r.stats.tree_sizes for r in full]
     else:  # roots only: 1 token per request per round
         assert all(x == 1 for r in res for x in r.stats.tree_sizes)
     with pytest.raises(ValueError, match="'auto' or None"):
-        aligned_engine.generate(ps, max_new_tokens=4, policy=mix, verify_budget="big")
+        aligned_engine.generate(ps, max_new_tokens=4, policy=mix, token_cap="big")
 
 
-def test_auto_verify_budget_probes_and_learns_from_its_rounds(aligned_engine, monkeypatch):
+def test_auto_token_cap_probes_and_learns_from_its_rounds(aligned_engine, monkeypatch):
     """The default round cost: probing rounds scale T, every round is observed, output stays lossless."""
     from treespec_sglang.engine import engine as E
 
@@ -358,7 +369,7 @@ def test_auto_verify_budget_probes_and_learns_from_its_rounds(aligned_engine, mo
     ps = prompts(4, seed=17)
     mix = [POLICIES[i % len(POLICIES)] for i in range(4)]
     plain = aligned_engine.generate(ps, max_new_tokens=16, policy=None)
-    res = aligned_engine.generate(ps, max_new_tokens=16, policy=mix, verify_budget="auto", calibrate=True)
+    res = aligned_engine.generate(ps, max_new_tokens=16, policy=mix, token_cap="auto", calibrate=True)
     assert [r.token_ids for r in res] == [r.token_ids for r in plain]
     (rc,) = made
     rounds = max(len(r.stats.tree_sizes) for r in res)
@@ -370,26 +381,26 @@ def test_auto_verify_budget_probes_and_learns_from_its_rounds(aligned_engine, mo
     assert all(ms > 0 for _, ms, _ in seen) and rc.level >= 0 and rc.slope >= 0
 
 
-def test_a_request_can_opt_out_of_the_batch_budget(aligned_engine):
-    """{"batch_budget": False} keeps that request's whole tree under a tight batch budget (its nodes
+def test_a_request_can_opt_out_of_the_token_cap(aligned_engine):
+    """{"token_cap": False} keeps that request's whole tree under a tight token cap (its nodes
     still count); the sharing requests are trimmed; greedy output == plain; a non-bool is refused alone."""
     ps = prompts(4, seed=19)
     own = {"policy": "eagle2", "budget": 6, "topk": 2, "depth": 3}
-    mix = [dict(own, batch_budget=False)] + [dict(own)] * 3
+    mix = [dict(own, token_cap=False)] + [dict(own)] * 3
     plain = aligned_engine.generate(ps, max_new_tokens=12, policy=None)
     whole = aligned_engine.generate(ps[:1], max_new_tokens=12, policy=own)
-    res = aligned_engine.generate(ps, max_new_tokens=12, policy=mix, verify_budget=8)
+    res = aligned_engine.generate(ps, max_new_tokens=12, policy=mix, token_cap=8)
     assert [r.token_ids for r in res] == [r.token_ids for r in plain]
     n0 = len(res[0].stats.tree_sizes)
     assert res[0].stats.tree_sizes == whole[0].stats.tree_sizes[:n0] and max(res[0].stats.tree_sizes) == 6
     assert all(x == 1 for r in res[1:] for x in r.stats.tree_sizes[:n0])  # 8 - 6 = 2 tokens: their roots
-    bad = aligned_engine.generate(ps[:2], max_new_tokens=4, policy=[dict(own, batch_budget="no"), own],
-                                  verify_budget=8)
-    assert "batch_budget must be true" in bad[0].error and bad[1].error is None and bad[1].token_ids
+    bad = aligned_engine.generate(ps[:2], max_new_tokens=4, policy=[dict(own, token_cap="no"), own],
+                                  token_cap=8)
+    assert "token_cap must be true" in bad[0].error and bad[1].error is None and bad[1].token_ids
 
 
 def test_auto_draft_pruning_is_lossless_and_drafts_less(aligned_engine, monkeypatch):
-    """verify_budget="auto" with draft pruning: a pinned marginal value of 0.3 (no node below it could be
+    """token_cap="auto" with draft pruning: a pinned marginal value of 0.3 (no node below it could be
     worth verifying) drafts fewer forwards than no pruning, every expanded node at depth >= 2 hangs off a
     parent at or above the threshold, opted-out requests are never pruned, and greedy output == plain."""
     from treespec_sglang.engine import engine as E
@@ -397,7 +408,7 @@ def test_auto_draft_pruning_is_lossless_and_drafts_less(aligned_engine, monkeypa
 
     ps = prompts(4, seed=23)
     deep = {"policy": "eagle2", "budget": 10, "topk": 3, "depth": 4}
-    mix = [deep, deep, deep, dict(deep, batch_budget=False)]
+    mix = [deep, deep, deep, dict(deep, token_cap=False)]
     plain = aligned_engine.generate(ps, max_new_tokens=12, policy=None)
     monkeypatch.setattr(RoundCost, "marginal_value", lambda self: 0.6)
     monkeypatch.setattr(E.SpecEngine, "_round_cost", lambda self: RoundCost(0.0, 10.0, strength=1e30, probes=(1.0,)))
@@ -406,7 +417,7 @@ def test_auto_draft_pruning_is_lossless_and_drafts_less(aligned_engine, monkeypa
 
     real = R.plan_round
     monkeypatch.setattr(R, "plan_round", lambda tree, *a, **k: trees.append(tree) or real(tree, *a, **k))
-    runs = {p: aligned_engine.generate(ps, max_new_tokens=12, policy=mix, verify_budget="auto", draft_prune=p)
+    runs = {p: aligned_engine.generate(ps, max_new_tokens=12, policy=mix, token_cap="auto", draft_prune=p)
             for p in (0.0, 0.5)}
     for res in runs.values():
         assert [r.token_ids for r in res] == [r.token_ids for r in plain]
@@ -422,4 +433,4 @@ def test_auto_draft_pruning_is_lossless_and_drafts_less(aligned_engine, monkeypa
     k = min(len(runs[0.0][3].stats.tree_sizes), len(runs[0.5][3].stats.tree_sizes))
     assert runs[0.5][3].stats.tree_sizes[:k] == runs[0.0][3].stats.tree_sizes[:k]
     with pytest.raises(ValueError, match=r"draft_prune must be a number in \[0, 1\]"):
-        aligned_engine.generate(ps, max_new_tokens=4, policy=mix, verify_budget="auto", draft_prune=1.5)
+        aligned_engine.generate(ps, max_new_tokens=4, policy=mix, token_cap="auto", draft_prune=1.5)

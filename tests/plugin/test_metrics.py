@@ -15,7 +15,7 @@ pytest.importorskip("prometheus_client")
     ("custom_params['treespec']: policy must be one of ['c2t'], got 'x'", "policy"),
     ("custom_params['treespec']: talon: unknown parameter(s) ['z']; allowed: ['budget']", "talon"),
     ("custom_params['treespec']: c2t.classifier must be one of the server's registered classifiers", "c2t.classifier"),
-    ("custom_params['treespec']: batch_budget must be true or false, got 3", "batch_budget"),
+    ("custom_params['treespec']: token_cap must be true or false, got 3", "token_cap"),
     ("something else entirely", "other"),
 ])
 def test_refused_field(message, field):

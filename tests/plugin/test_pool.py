@@ -10,7 +10,7 @@ from treespec_sglang.policies.classifier import C2TClassifier, entropy_topm, loa
 
 from tests.helpers import PathDraft, random_batch
 from tests.policies import oracles
-from treespec_sglang.plugin.pool import COLUMNS, policy_rows, request_row, select_from_pool, share_batch_budget, \
+from treespec_sglang.plugin.pool import COLUMNS, policy_rows, request_row, select_from_pool, share_token_cap, \
     unlink_filler
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.tree import DraftTree, sglang_retrive
@@ -326,8 +326,8 @@ def best_closed_value(parents, vals, cand, count):
 
 @pytest.mark.parametrize("seed,per_request,shares", [(0, 2, (1, 1, 1)), (1, 3, (1, 0, 1)), (2, 4, (1, 1, 0)),
                                                      (3, 1, (1, 1, 1)), (4, 9, (0, 1, 1))])
-def test_batch_budget_on_the_pool_is_optimal_and_closed(seed, per_request, shares):
-    """--treespec-batch-budget on SGLang's verify layout: the sharing rows keep the best ancestor-closed
+def test_token_cap_on_the_pool_is_optimal_and_closed(seed, per_request, shares):
+    """--treespec-token-cap on SGLang's verify layout: the sharing rows keep the best ancestor-closed
     set of (per_request - 1) x sharing nodes of the batch (brute force over 2^candidates), the other rows
     their whole policy tree, and the unlinked chains reach exactly the kept nodes."""
     draft, sl, tl, pl, paths = pool(topk=2, steps=3, seed=seed)
@@ -337,7 +337,7 @@ def test_batch_budget_on_the_pool_is_optimal_and_closed(seed, per_request, share
     parent_list, top, toks, keep = select_from_pool(sl, tl, pl, N, k, params)
     scores = torch.cat(sl, 1).flatten(1).float()
     share = torch.tensor(shares, dtype=torch.bool)
-    got = share_batch_budget(scores, top, keep, share, per_request)
+    got = share_token_cap(scores, top, keep, share, per_request)
     assert torch.equal(got[~share], keep[~share]) and not (got & ~keep).any() and got[:, 0].all()
     parents = [oracles_parents(parent_list[b], top[b], k, N) for b in range(3)]
     vals = [[0.0] + torch.gather(scores[b], 0, top[b]).tolist() for b in range(3)]

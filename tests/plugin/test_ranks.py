@@ -16,7 +16,7 @@ from treespec_sglang.plugin.request import request_params
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for k in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_BATCH_BUDGET", "TREESPEC_CLASSIFIERS",
+    for k in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP", "TREESPEC_BATCH_BUDGET", "TREESPEC_CLASSIFIERS",
               R.ENV_PERTURB, R.ENV_DIGESTS):
         monkeypatch.delenv(k, raising=False)
 
@@ -74,7 +74,7 @@ def test_a_rank_with_other_settings_stops_with_a_message(tmp_path):
 
 def test_the_settings_digest_follows_every_input(monkeypatch):
     base = R.settings_digest()
-    for var, value in (("TREESPEC_POLICY", "talon"), ("TREESPEC_BATCH_BUDGET", "7")):
+    for var, value in (("TREESPEC_POLICY", "talon"), ("TREESPEC_TOKEN_CAP", "7")):
         monkeypatch.setenv(var, value)
         assert R.settings_digest() != base
         monkeypatch.delenv(var)

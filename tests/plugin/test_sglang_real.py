@@ -155,7 +155,7 @@ def test_server_flags_are_added_and_exported(loaded, monkeypatch):
         _from_cli_args(chain_server, ServerArgs, args)
 
 
-def test_batch_budget_flag_is_added_validated_and_exported(loaded, monkeypatch):
+def test_token_cap_flag_is_added_validated_and_exported(loaded, monkeypatch):
     import argparse
 
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -167,19 +167,41 @@ def test_batch_budget_flag_is_added_validated_and_exported(loaded, monkeypatch):
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    for var in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_BATCH_BUDGET"):
+    for var in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP", "TREESPEC_BATCH_BUDGET"):
         monkeypatch.setenv(var, "")
-    _from_cli_args(None, ServerArgs, parser.parse_args(["--model-path", "dummy", "--treespec-batch-budget", "4"]))
-    assert os.environ["TREESPEC_BATCH_BUDGET"] == "4" and server_defaults().batch_budget == 4
-    assert not server_defaults().active  # a batch budget alone sets no default policy
-    with pytest.raises(ValueError, match=r"--treespec-batch-budget must be an integer in \[1, 1024\]"):
-        _from_cli_args(None, ServerArgs, parser.parse_args(["--model-path", "d", "--treespec-batch-budget", "0"]))
-    out = SamplingParams(max_new_tokens=8, custom_params={"treespec": {"policy": "talon", "batch_budget": False}})
+    _from_cli_args(None, ServerArgs, parser.parse_args(["--model-path", "dummy", "--treespec-token-cap", "4"]))
+    assert os.environ["TREESPEC_TOKEN_CAP"] == "4" and server_defaults().token_cap == 4
+    assert not server_defaults().active  # a token cap alone sets no default policy
+    with pytest.raises(ValueError, match=r"--treespec-token-cap must be an integer in \[1, 1024\]"):
+        _from_cli_args(None, ServerArgs, parser.parse_args(["--model-path", "d", "--treespec-token-cap", "0"]))
+    out = SamplingParams(max_new_tokens=8, custom_params={"treespec": {"policy": "talon", "token_cap": False}})
     out.verify(1000)
     assert not request_shares(out) and request_shares(SamplingParams(max_new_tokens=8))
-    bad = SamplingParams(max_new_tokens=8, custom_params={"treespec": {"policy": "talon", "batch_budget": 3}})
-    with pytest.raises(ValueError, match=r"custom_params\['treespec'\]: batch_budget must be true"):
+    bad = SamplingParams(max_new_tokens=8, custom_params={"treespec": {"policy": "talon", "token_cap": 3}})
+    with pytest.raises(ValueError, match=r"custom_params\['treespec'\]: token_cap must be true"):
         bad.verify(1000)
+
+
+def test_deprecated_batch_budget_flag_warns_and_sets_the_token_cap(loaded, monkeypatch):
+    """--treespec-batch-budget (the old name) still parses: a DeprecationWarning naming --treespec-token-cap,
+    the same value exported; both flags at once are refused."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from treespec_sglang.plugin import server_defaults
+    from treespec_sglang.plugin.hooks import _from_cli_args
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    for var in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP", "TREESPEC_BATCH_BUDGET"):
+        monkeypatch.setenv(var, "")
+    with pytest.warns(DeprecationWarning, match="--treespec-token-cap"):
+        _from_cli_args(None, ServerArgs, parser.parse_args(["--model-path", "d", "--treespec-batch-budget", "5"]))
+    assert os.environ["TREESPEC_TOKEN_CAP"] == "5" and server_defaults().token_cap == 5
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="give --treespec-token-cap only"):
+        _from_cli_args(None, ServerArgs, parser.parse_args(["--model-path", "d", "--treespec-batch-budget", "5",
+                                                            "--treespec-token-cap", "6"]))
 
 
 def test_organize_hook_keeps_sglang_selection_and_the_policies_run_on_the_stashed_pool(loaded):

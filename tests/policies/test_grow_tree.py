@@ -171,7 +171,7 @@ def test_input_validation_costs_exactly_one_sync():
     assert c.count == 0
 
 
-# ---- draft pruning (min_logprob): the batch verify budget's frontier threshold
+# ---- draft pruning (min_logprob): the token cap's frontier threshold
 @pytest.mark.parametrize("spec", MIXED)
 @pytest.mark.parametrize("theta", [0.02, 0.1, 0.3])
 def test_pruned_growth_never_expands_a_node_below_the_threshold(spec, theta):
@@ -199,7 +199,7 @@ def test_pruned_growth_never_expands_a_node_below_the_threshold(spec, theta):
 @pytest.mark.parametrize("theta", [0.05, 0.2, 0.5])
 def test_pruned_eagle2_keeps_every_node_above_the_threshold(theta):
     """EAGLE-2 (monotone path values): the nodes with path probability >= theta are exactly the unpruned
-    tree's, so a batch budget that verifies only such nodes loses nothing to the pruning."""
+    tree's, so a token cap that verifies only such nodes loses nothing to the pruning."""
     spec = {"policy": "eagle2", "budget": 40, "topk": 4, "depth": 5}
     draft = PathDraft(24, seed=9, sharpness=3.0)
     bs = 5

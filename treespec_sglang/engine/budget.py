@@ -1,83 +1,10 @@
-"""The reference engine's batch verify budget for one round: which candidate nodes each request
-verifies, and the ragged layout the verify forward then runs.
+"""Deprecated module name: the round's token cap lives in :mod:`treespec_sglang.engine.token_cap`
+(``AutoBudget`` is :class:`~treespec_sglang.engine.token_cap.AutoTokenCap`)."""
 
-:func:`plan_round` turns the round's candidate trees (every request's own policy, grown to its cap) into
-the verified trees: :func:`~treespec_sglang.policies.batch_budget.allocate_batch` keeps the batch's best
-nodes under ``T`` (a fixed int, or chosen by :func:`~treespec_sglang.policies.batch_budget.best_total`
-from a round-cost line, optionally scaled by a probe factor); requests that opted out keep their whole
-tree; the kept trees are compacted to the largest one, and the kept nodes' flat rows make the verify
-ragged (the target's linear layers run ``T`` tokens, not ``bs x width``).
-"""
+from ..utils.deprecation import warn_renamed
+from .token_cap import AutoTokenCap, plan_round  # noqa: F401
 
-from __future__ import annotations
+AutoBudget = AutoTokenCap
+__all__ = ["AutoBudget", "AutoTokenCap", "plan_round"]
 
-from dataclasses import dataclass
-from typing import List, Optional, Tuple, Union
-
-import torch
-
-from ..policies.batch_budget import allocate_batch, best_total
-from ..policies.calibration import DepthCalibration
-from ..tree import DraftTree, compact, kept_rows
-
-__all__ = ["AutoBudget", "plan_round"]
-
-
-@dataclass(frozen=True)
-class AutoBudget:
-    """``verify_budget="auto"`` for one round: ``ms`` ``[T_max + 1]`` float32 round cost per verified
-    tokens (:meth:`~treespec_sglang.engine.round_cost.RoundCost.costs`), the probe factor on the chosen T, and
-    ``min_prob``: the draft-pruning threshold (a frontier node whose path probability is below it is not
-    expanded: :func:`~treespec_sglang.policies.grow.grow_tree` ``min_logprob``); 0 = no pruning."""
-
-    ms: torch.Tensor
-    probe: float = 1.0
-    min_prob: float = 0.0
-
-    def __post_init__(self):
-        if self.ms.dim() != 1 or self.ms.shape[0] < 2:
-            raise ValueError(f"AutoBudget.ms must be [T_max + 1] with T_max >= 1, got {tuple(self.ms.shape)}")
-        if not self.probe > 0:
-            raise ValueError(f"AutoBudget.probe must be > 0, got {self.probe!r}")
-        if not 0.0 <= self.min_prob <= 1.0:
-            raise ValueError(f"AutoBudget.min_prob must be in [0, 1], got {self.min_prob!r}")
-
-
-def plan_round(tree: DraftTree, budget: Union[int, AutoBudget], calibration: Optional[DepthCalibration] = None,
-               shares: Optional[List[bool]] = None) -> Tuple[DraftTree, torch.Tensor]:
-    """The verified trees and their ragged rows.
-
-    Parameters
-    ----------
-    tree : DraftTree ``[bs, n_nodes]``, the candidates.
-    budget : int (T for the batch, roots included) or :class:`AutoBudget`.
-    calibration : weighs the path probabilities (per depth), optional.
-    shares : per request, False = keeps its whole tree (its nodes still count against T).
-
-    Returns
-    -------
-    (DraftTree ``[bs, width]`` with width = the largest kept tree, rows ``[T]`` int64: the kept nodes'
-    rows in the flattened ``[bs * width]`` grid, request-major). One host read (width and T: the
-    forward's shapes). Example: kept sizes [2, 1] -> width 2, rows [0, 1, 2].
-    """
-    bs, dev = tree.bs, tree.tokens.device
-    weight = None if calibration is None else calibration.weight(tree)
-    floor = None
-    if shares is not None and not all(shares):
-        own = torch.tensor([not x for x in shares], device=dev)
-        floor = torch.where(own, tree.size, 1)  # [bs] opted out: the whole tree is forced
-    if isinstance(budget, AutoBudget):  # the most expected tokens per ms (0-d tensor, no sync)
-        ms = budget.ms.to(dev)
-        need = bs * tree.n_nodes + 1
-        if ms.shape[0] < need:  # extend flat past the line's end
-            ms = torch.cat([ms, ms[-1:].expand(need - ms.shape[0])])
-        total = best_total(tree, ms, floor=floor, weight=weight)
-        if budget.probe != 1.0:
-            total = (total.float() * budget.probe).round().long()
-    else:
-        total = budget
-    keep = allocate_batch(tree, total, floor=floor, weight=weight)  # [bs, n_nodes]
-    width, count = torch.stack([keep.sum(1).max(), keep.sum()]).tolist()  # the round's one extra read
-    out = compact(tree, keep, width)
-    rows = kept_rows(out.valid, count)  # kept nodes are a prefix of each compacted row
-    return out, rows
+warn_renamed("treespec_sglang.engine.budget", "treespec_sglang.engine.token_cap", stacklevel=2)

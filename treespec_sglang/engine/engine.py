@@ -21,17 +21,18 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from ..policies import parse_spec
-from ..policies.batch_budget import split_batch_option
+from ..policies.token_cap import split_batch_option
 from ..policies.calibration import DepthCalibration
+from ..utils.deprecation import UNSET, renamed_arg
 from ..verify import sample
 from ..models.packing import PackedLinear, pack_linears_, packing_available
-from .budget import AutoBudget
 from .dtypes import explain_dtype, resolve_dtype
 from .kv_cache import KVCache, prefill
 from .round import Batch, RoundOptions, commit, draft, plan, record, verify
 from .loading import load_models
 from .memory import check_fits, estimate_generate_bytes
 from .options import GenerateOptions
+from .token_cap import AutoTokenCap
 
 __all__ = ["SpecEngine", "GenerationResult", "RequestStats"]
 
@@ -200,33 +201,36 @@ class SpecEngine:
     @torch.inference_mode()
     def generate(self, prompts, *, max_new_tokens: int, policy=None, temperature: float = 0.0, top_k: int = -1,
                  top_p: float = 1.0, seed: Optional[int] = None, chat: bool = True,
-                 progress=None, verify_budget: Optional[int] = None,
-                 calibrate: bool = False, draft_prune: float = 0.5) -> List[GenerationResult]:
+                 progress=None, token_cap: Optional[Union[int, str]] = None,
+                 calibrate: bool = False, draft_prune: float = 0.5, verify_budget=UNSET) -> List[GenerationResult]:
         """Generate for a batch of prompts; ``policy`` is one dict, a list (one per prompt), or None.
 
         ``prompts``: a list of texts / token-id lists (a single text is one prompt). A request whose
         prompt or policy dict is invalid gets ``error`` set and no tokens; the rest run.
         ``progress`` is an optional callable ``(n_new_tokens) -> None`` called after each round.
-        ``verify_budget``: total tokens the batch verifies per round (roots included), scaled down in
-        proportion as requests finish (ceil(T * running / batch)). Each request's policy still proposes
-        its own tree; :func:`~treespec_sglang.policies.batch_budget.allocate_batch` keeps the nodes with
+        ``token_cap``: the batch's token cap T, the tokens the batch verifies per round (roots included),
+        scaled down in proportion as requests finish (ceil(T * running / batch)). Each request's policy still
+        proposes its own tree; :func:`~treespec_sglang.policies.token_cap.allocate_batch` keeps the nodes with
         the highest path probabilities across the batch (ancestor-closed, every root kept; one host read
         per round sizes the verify to the largest kept tree). None: every request verifies its whole tree.
-        ``verify_budget="auto"``: T is chosen every round by
-        :func:`~treespec_sglang.policies.batch_budget.best_total`: the most expected tokens per millisecond
+        ``token_cap="auto"``: T is chosen every round by
+        :func:`~treespec_sglang.policies.token_cap.best_total`: the most expected tokens per millisecond
         under a round-cost line learned from this call's own rounds, its prior slope from this machine's
         start-up verify curve (:class:`~treespec_sglang.engine.round_cost.RoundCost`, :meth:`_round_cost`).
-        A request whose policy dict carries ``"batch_budget": False`` keeps its whole tree (its nodes
+        A request whose policy dict carries ``"token_cap": False`` keeps its whole tree (its nodes
         still count against T); the others share what is left.
-        ``calibrate`` (with ``verify_budget``): weigh the path probabilities by a per-depth acceptance
+        ``calibrate`` (with ``token_cap``): weigh the path probabilities by a per-depth acceptance
         correction learned online during the call (:class:`~treespec_sglang.policies.calibration.
         DepthCalibration`; left in ``self.calibration`` for its curve).
         ``draft_prune`` (with ``"auto"``): a sharing request's draft expands only the frontier nodes whose path
         probability is at least ``draft_prune`` x the round's marginal value (the last round's tokens per ms
         x the line's ms per verified token: a node below it is not worth verifying, nor is anything under
         it), and the draft runs on those nodes only; 0 drafts every policy's whole tree.
+        ``verify_budget``: the deprecated name of ``token_cap`` (a ``DeprecationWarning``; same meaning).
         """
-        o = GenerateOptions(max_new_tokens, temperature, top_k, top_p, seed, chat, verify_budget, calibrate,
+        token_cap = renamed_arg(token_cap, verify_budget, "generate(verify_budget=...)", "generate(token_cap=...)",
+                                stacklevel=5)  # past inference_mode's wrapper
+        o = GenerateOptions(max_new_tokens, temperature, top_k, top_p, seed, chat, token_cap, calibrate,
                             draft_prune)  # validated before any compute
         max_new_tokens = o.max_new_tokens
         if isinstance(prompts, str):
@@ -274,13 +278,13 @@ class SpecEngine:
             t0 = time.perf_counter()
             run = self._plain if plain else self._speculative
             self.calibration = DepthCalibration() if o.calibrate and not plain else None
-            if o.verify_budget == "auto" and not plain:
-                budget = "auto"
+            if o.token_cap == "auto" and not plain:
+                token_cap = "auto"
                 self.measured_cost_curve()  # measured (or cached) before the timed loop starts
             else:
-                budget = None if o.verify_budget is None else int(o.verify_budget)
-            extra = {} if plain else {"budget": budget, "calibration": self.calibration, "shares": shares,
-                                      "prune": o.draft_prune if budget == "auto" else 0.0}
+                token_cap = None if o.token_cap is None else int(o.token_cap)
+            extra = {} if plain else {"token_cap": token_cap, "calibration": self.calibration, "shares": shares,
+                                      "prune": o.draft_prune if token_cap == "auto" else 0.0}
             outs = run([ids[i] for i in ok], [parsed[j] for j in range(len(ok))],
                        [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress, **extra)
             dt = time.perf_counter() - t0
@@ -366,11 +370,11 @@ class SpecEngine:
                 stats[r].rounds += 1
 
     # ------------------------------------------------------------------ speculative decoding
-    def _speculative(self, ids, params, stats, max_new, sampling, gen, progress, budget=None, calibration=None,
+    def _speculative(self, ids, params, stats, max_new, sampling, gen, progress, token_cap=None, calibration=None,
                      shares=None, prune: float = 0.0):
         bs, dev = len(ids), self.device
         shares = [True] * bs if shares is None else shares
-        cost = self._round_cost() if budget == "auto" else None  # "auto": learned from this call's rounds
+        cost = self._round_cost() if token_cap == "auto" else None  # "auto": learned from this call's rounds
         max_nodes = max(p.max_nodes for p in params)
         max_len = max(len(x) for x in ids) + max_new + max_nodes + 2
         cache, inp, hidden, lens, logits = self._prefill(ids, max_len)
@@ -396,10 +400,10 @@ class SpecEngine:
                 running = [running[i] for i in keep]
             t0 = time.perf_counter()
             if cost is not None:  # a probing round scales the chosen T (the slope fit needs a spread of T)
-                this = AutoBudget(cost.costs(len(running) * max_nodes), cost.probe(),
+                this = AutoTokenCap(cost.costs(len(running) * max_nodes), cost.probe(),
                                   min(prune * cost.marginal_value(), 1.0))
             else:
-                this = None if budget is None else -(-budget * len(running) // bs)
+                this = None if token_cap is None else -(-token_cap * len(running) // bs)
             drafted = stats[running[0]].draft_forwards  # every running request counts the round's draft forwards
             opts = RoundOptions(sampling, gen, this, calibration, [shares[r] for r in running])
             pending = self._round(b, [params[r] for r in running], [stats[r] for r in running], opts)
@@ -436,7 +440,7 @@ class SpecEngine:
         return self.cost_curve, self._cost_from_disk
 
     def _round_cost(self):
-        """A fresh round-cost line for one ``verify_budget="auto"`` call, its prior from this machine's
+        """A fresh round-cost line for one ``token_cap="auto"`` call, its prior from this machine's
         start-up verify curve (:meth:`~treespec_sglang.engine.round_cost.RoundCost.from_curve`)."""
         from .round_cost import RoundCost
 

@@ -27,20 +27,20 @@ class GenerateOptions:
     top_p: float = 1.0
     seed: Optional[int] = None
     chat: bool = True
-    verify_budget: Optional[Union[int, str]] = None  # tokens the batch verifies per round, "auto" or None
+    token_cap: Optional[Union[int, str]] = None  # tokens the batch verifies per round, "auto" or None
     calibrate: bool = False
     draft_prune: float = 0.5
 
     def __post_init__(self):
         _int_at_least("max_new_tokens", self.max_new_tokens, 1)
         check_sampling(self.temperature, self.top_k, self.top_p)
-        if self.verify_budget is not None and self.verify_budget != "auto":
-            _int_at_least("verify_budget", self.verify_budget, 1, " (tokens per round for the batch), 'auto' or None")
+        if self.token_cap is not None and self.token_cap != "auto":
+            _int_at_least("token_cap", self.token_cap, 1, " (tokens per round for the batch), 'auto' or None")
         p = self.draft_prune
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
             raise ValueError(f"draft_prune must be a number in [0, 1] (0 = no draft pruning), got {p!r}")
-        if self.calibrate and self.verify_budget is None:
-            raise ValueError("calibrate=True needs verify_budget (it weighs the batch allocation)")
+        if self.calibrate and self.token_cap is None:
+            raise ValueError("calibrate=True needs token_cap (it weighs the batch allocation)")
         object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
 
     @property

@@ -18,7 +18,7 @@ from ..policies import grow_tree
 from ..policies.calibration import DepthCalibration
 from ..tree import DraftTree, dense_mask, to_grid
 from ..verify import emitted_tokens, verify_tree, walk_greedy
-from .budget import AutoBudget, plan_round
+from .token_cap import AutoTokenCap, plan_round
 from .expander import EntropyRecorder, TreeExpander
 from .kv_cache import KVCache
 
@@ -48,25 +48,25 @@ class Batch:
 
 @dataclass(frozen=True)
 class RoundOptions:
-    """How the batch verifies this round: sampling, one batch budget (optional) and its calibration."""
+    """How the batch verifies this round: sampling, the batch's token cap (optional) and its calibration."""
 
     sampling: dict  # temperature / top_k / top_p (verify_tree's keywords)
     generator: torch.Generator
-    budget: Optional[Union[int, AutoBudget]] = None  # tokens the batch verifies (None: every whole tree)
+    token_cap: Optional[Union[int, AutoTokenCap]] = None  # tokens the batch verifies (None: every whole tree)
     calibration: Optional[DepthCalibration] = None
-    shares: Optional[List[bool]] = None  # per request: its tree joins the batch budget
+    shares: Optional[List[bool]] = None  # per request: its tree joins the token cap
 
 
 def draft(e, b: Batch, params, opts: RoundOptions) -> Tuple[DraftTree, TreeExpander, Optional[EntropyRecorder]]:
     """Grow every request's tree with its own policy (one draft forward per step for the batch).
 
-    With an ``"auto"`` budget that prunes, a sharing request's frontier nodes below the marginal value are
+    With an ``"auto"`` token cap that prunes, a sharing request's frontier nodes below the marginal value are
     not expanded (``min_logprob``; a request that opted out is never pruned)."""
     bs = b.root.shape[0]
     min_lp = None  # [bs]
-    if isinstance(opts.budget, AutoBudget) and opts.budget.min_prob > 0:
+    if isinstance(opts.token_cap, AutoTokenCap) and opts.token_cap.min_prob > 0:
         share = torch.tensor([True] * bs if opts.shares is None else opts.shares, device=e.device)
-        min_lp = torch.where(share, math.log(opts.budget.min_prob), float("-inf"))
+        min_lp = torch.where(share, math.log(opts.token_cap.min_prob), float("-inf"))
     expand = TreeExpander(e, b.dcache, b.lens, b.f_root, max(b.lens_host), ragged=min_lp is not None)
     recorder = EntropyRecorder(expand, b.root_lp) if e.observer is not None else None
     tree = grow_tree(params, b.root, b.root_lp, recorder or expand, validate=False,  # log_softmax inputs
@@ -75,11 +75,11 @@ def draft(e, b: Batch, params, opts: RoundOptions) -> Tuple[DraftTree, TreeExpan
 
 
 def plan(e, tree: DraftTree, opts: RoundOptions) -> Tuple[DraftTree, Optional[torch.Tensor]]:
-    """Keep the batch budget's best nodes (``rows``: ``[T]`` flat rows of the kept nodes, for a ragged verify;
-    None without a budget) and map draft ids to target ids (a reduced draft vocabulary)."""
+    """Keep the best nodes under the token cap (``rows``: ``[T]`` flat rows of the kept nodes, for a ragged
+    verify; None without a cap) and map draft ids to target ids (a reduced draft vocabulary)."""
     rows = None
-    if opts.budget is not None:
-        tree, rows = plan_round(tree, opts.budget, opts.calibration, opts.shares)
+    if opts.token_cap is not None:
+        tree, rows = plan_round(tree, opts.token_cap, opts.calibration, opts.shares)
     if e.token_map is not None:
         tree = dataclasses.replace(tree, tokens=e._target_ids(tree.tokens, (tree.parents < 0)))
     return tree, rows

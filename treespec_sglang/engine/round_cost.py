@@ -1,4 +1,4 @@
-"""``RoundCost``: the online fit of a running call's round time (``verify_budget="auto"``), its prior from the
+"""``RoundCost``: the online fit of a running call's round time (``token_cap="auto"``), its prior from the
 start-up cost curve of :mod:`treespec_sglang.engine.cost`."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class RoundCost:
     the prefixes, drafting and Python that no bs-1 profile sees. Why the draft term: with draft pruning a
     confident batch runs more draft steps *and* verifies more tokens, so a fit on T alone charges the
     draft steps to the tokens (measured: the slope drifted from 2 to 5-6 ms per token at bs 32 and the
-    budget starved itself). The start-up curve gives the priors (``slope``, ``step``); each round adds
+    token cap starved itself). The start-up curve gives the priors (``slope``, ``step``); each round adds
     ``(T, D, ms)``; a weighted ridge fit with exponential forgetting (``decay`` per round) and ``strength``
     pseudo-observations of each prior gives the plane; every few rounds :meth:`probe` scales the chosen T
     so that the fit sees a spread of T (losslessness does not depend on T). When the batch shrinks (a
@@ -105,7 +105,7 @@ class RoundCost:
         """Expected tokens a verified node must bring to pay for itself: the recent rounds' tokens per ms
         times the fit's ms per verified token (0 before any round). A node whose path probability is
         below it lowers tokens/s, and so does every node under it (a child's path probability never
-        exceeds its parent's): the draft-pruning threshold of ``verify_budget="auto"``.
+        exceeds its parent's): the draft-pruning threshold of ``token_cap="auto"``.
 
         >>> rc = RoundCost(prior_slope=2.0, prior_level=50.0)
         >>> rc.observe(16, 80.0, bs=8, committed=16); round(rc.marginal_value(), 2)

@@ -6,11 +6,14 @@
 the environment variables below, which SGLang's spawned scheduler processes (every TP rank)
 inherit. With neither set, the plugin changes nothing.
 
-``--treespec-batch-budget B`` (``configure(..., batch_budget=B)``, ``TREESPEC_BATCH_BUDGET``) turns on one
-verify budget for the whole batch: the treespec requests of a round verify ``B`` tokens each
-*on average* (roots included), spent where the draft's path probabilities are highest across them
-(:func:`~treespec_sglang.plugin.pool.share_batch_budget`). A request opts out with
-``{"batch_budget": false}`` in its ``custom_params["treespec"]``: its own policy tree is kept whole.
+``--treespec-token-cap B`` (``configure(..., token_cap=B)``, ``TREESPEC_TOKEN_CAP``) turns on the batch's
+token cap: the treespec requests of a round verify ``B`` tokens each *on average* (roots included), spent
+where the draft's path probabilities are highest across them
+(:func:`~treespec_sglang.plugin.pool.share_token_cap`). A request opts out with
+``{"token_cap": false}`` in its ``custom_params["treespec"]``: its own policy tree is kept whole. The old
+names (``--treespec-batch-budget``, ``configure(..., batch_budget=B)``, ``TREESPEC_BATCH_BUDGET``,
+``ServerDefaults.batch_budget``, the request key ``"batch_budget"``) still work and warn
+(``DeprecationWarning``).
 
 ``--treespec-classifier NAME=PATH`` (repeatable; ``configure(..., classifiers={NAME: PATH})``,
 ``TREESPEC_CLASSIFIERS``) registers C2T classifiers that requests pick by name
@@ -26,15 +29,17 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..policies import parse_spec
+from ..utils.deprecation import UNSET, renamed_arg, warn_renamed
 from .classifiers import ENV_CLASSIFIERS, load_registry, parse_classifier_flags, resolve_request_classifier
 
-__all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_BATCH_BUDGET", "ServerDefaults", "configure", "server_defaults",
-           "draft_algorithm_mismatch"]
+__all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_TOKEN_CAP", "ENV_BATCH_BUDGET", "ServerDefaults", "configure",
+           "server_defaults", "draft_algorithm_mismatch"]
 
 ENV_POLICY = "TREESPEC_POLICY"
 ENV_CONFIG = "TREESPEC_CONFIG"
-ENV_BATCH_BUDGET = "TREESPEC_BATCH_BUDGET"
-MAX_BATCH_BUDGET = 1024
+ENV_TOKEN_CAP = "TREESPEC_TOKEN_CAP"
+ENV_BATCH_BUDGET = "TREESPEC_BATCH_BUDGET"  # the deprecated name of ENV_TOKEN_CAP, read when it is unset
+MAX_TOKEN_CAP = 1024
 
 
 @dataclass(frozen=True)
@@ -43,12 +48,12 @@ class ServerDefaults:
 
     policy: Optional[str] = None
     config: dict = field(default_factory=dict)
-    batch_budget: Optional[int] = None  # mean verified tokens per sharing request per round (None: off)
+    token_cap: Optional[int] = None  # mean verified tokens per sharing request per round (None: off)
 
     def __post_init__(self):
-        b = self.batch_budget
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH_BUDGET):
-            raise ValueError(f"--treespec-batch-budget must be an integer in [1, {MAX_BATCH_BUDGET}] (verified tokens "
+        b = self.token_cap
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_TOKEN_CAP):
+            raise ValueError(f"--treespec-token-cap must be an integer in [1, {MAX_TOKEN_CAP}] (verified tokens "
                              f"per request per round, on average over the batch), got {b!r}")
         if self.policy is None:
             if self.config:
@@ -57,6 +62,12 @@ class ServerDefaults:
         if not isinstance(self.config, dict):
             raise ValueError(f"--treespec-config must be a JSON object, got {type(self.config).__name__}")
         parse_spec(resolve_request_classifier(self.spec))  # raises ValueError naming the field and its range
+
+    @property
+    def batch_budget(self) -> Optional[int]:
+        """Deprecated name of :attr:`token_cap`."""
+        warn_renamed("ServerDefaults.batch_budget", "ServerDefaults.token_cap", stacklevel=2)
+        return self.token_cap
 
     @property
     def active(self) -> bool:
@@ -68,9 +79,11 @@ class ServerDefaults:
 
 
 def configure(policy: Optional[str] = None, config: Optional[dict] = None,
-              batch_budget: Optional[int] = None, classifiers: Optional[dict] = None) -> ServerDefaults:
+              token_cap: Optional[int] = None, classifiers: Optional[dict] = None, *,
+              batch_budget=UNSET) -> ServerDefaults:
     """Set (or with ``policy=None`` clear) the server-wide default; call before ``sgl.Engine``.
-    ``batch_budget``: one verify budget for the batch, in mean tokens per request (None: off).
+    ``token_cap``: the batch's token cap, in mean verified tokens per request (None: off); ``batch_budget`` is
+    its deprecated name.
     ``classifiers``: ``{name: path}`` of C2T classifiers requests may pick by name (``default``, the
     shipped one, is always there; files are checked and loaded here); ``{}`` clears them, None keeps them.
 
@@ -88,17 +101,19 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None,
             os.environ[ENV_CLASSIFIERS] = json.dumps(files)
         else:
             os.environ.pop(ENV_CLASSIFIERS, None)
-    d = ServerDefaults(policy, dict(config or {}), batch_budget)
+    token_cap = renamed_arg(token_cap, batch_budget, "configure(batch_budget=...)", "configure(token_cap=...)")
+    d = ServerDefaults(policy, dict(config or {}), token_cap)
     if d.policy is None:
         os.environ.pop(ENV_POLICY, None)
         os.environ.pop(ENV_CONFIG, None)
     else:
         os.environ[ENV_POLICY] = d.policy
         os.environ[ENV_CONFIG] = json.dumps(d.config)
-    if d.batch_budget is None:
-        os.environ.pop(ENV_BATCH_BUDGET, None)
+    os.environ.pop(ENV_BATCH_BUDGET, None)  # the deprecated name: never left to shadow a cleared cap
+    if d.token_cap is None:
+        os.environ.pop(ENV_TOKEN_CAP, None)
     else:
-        os.environ[ENV_BATCH_BUDGET] = str(d.batch_budget)
+        os.environ[ENV_TOKEN_CAP] = str(d.token_cap)
     return d
 
 
@@ -106,24 +121,29 @@ def server_defaults() -> ServerDefaults:
     """Read the defaults from the environment (validated; errors name the variable).
 
     Called on every draft step: each distinct (policy, config) pair is parsed and validated once."""
-    return _parse_defaults(os.environ.get(ENV_POLICY) or None, os.environ.get(ENV_CONFIG) or "{}",
-                           os.environ.get(ENV_BATCH_BUDGET) or None)
+    cap, env = os.environ.get(ENV_TOKEN_CAP) or None, ENV_TOKEN_CAP
+    if cap is None and os.environ.get(ENV_BATCH_BUDGET):
+        cap, env = os.environ[ENV_BATCH_BUDGET], ENV_BATCH_BUDGET
+    return _parse_defaults(os.environ.get(ENV_POLICY) or None, os.environ.get(ENV_CONFIG) or "{}", cap, env)
 
 
 @functools.lru_cache(maxsize=8)
-def _parse_defaults(policy: Optional[str], raw: str, batch: Optional[str] = None) -> ServerDefaults:
+def _parse_defaults(policy: Optional[str], raw: str, cap: Optional[str] = None,
+                    env: str = ENV_TOKEN_CAP) -> ServerDefaults:
+    if env != ENV_TOKEN_CAP:  # once per distinct setting (cached), not every draft step
+        warn_renamed(env, ENV_TOKEN_CAP, stacklevel=4)
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as e:
         raise ValueError(f"{ENV_CONFIG} must be a JSON object: {e}") from None
     try:
-        budget = None if batch is None else int(batch)
+        token_cap = None if cap is None else int(cap)
     except ValueError:
-        raise ValueError(f"{ENV_BATCH_BUDGET} must be an integer in [1, {MAX_BATCH_BUDGET}], got {batch!r}") from None
+        raise ValueError(f"{env} must be an integer in [1, {MAX_TOKEN_CAP}], got {cap!r}") from None
     try:
-        return ServerDefaults(policy, config, budget)
+        return ServerDefaults(policy, config, token_cap)
     except ValueError as e:
-        raise ValueError(f"{ENV_POLICY}/{ENV_CONFIG}/{ENV_BATCH_BUDGET}: {e}") from None
+        raise ValueError(f"{ENV_POLICY}/{ENV_CONFIG}/{env}: {e}") from None
 
 
 def draft_algorithm_mismatch(draft_class: str, eagle3: bool) -> Optional[str]:

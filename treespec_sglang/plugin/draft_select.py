@@ -21,7 +21,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .pool import PoolView, policy_rows, select_on_pool, share_batch_budget, COLUMNS
+from .pool import PoolView, policy_rows, select_on_pool, share_token_cap, COLUMNS
 from .ranks import agree, perturbed, record_digest, verify_group
 
 __all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing"]
@@ -93,7 +93,7 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
 
     Parameters
     ----------
-    step : the round's ``DraftStep`` (params, shares, batch budget; ``step.keep`` is set here)
+    step : the round's ``DraftStep`` (params, shares, token cap; ``step.keep`` is set here)
     rows : the replayed graph's batch size, or None when the draft ran eagerly (then ``bs``)
     native_top, native_tokens : ``[bs, N-1]`` SGLang's own ``top_scores_index`` / ``draft_tokens``
         (rows without a policy keep them verbatim)
@@ -110,8 +110,8 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
     rows_t = policy_rows(step.params, native_top.device, step.shares)  # cached per request: no list copy
     _, top, tokens, keep = select_on_pool(pool, num_draft_tokens, step.params, (None, native_top, native_tokens),
                                           rows_t)
-    if step.batch_budget is not None and any(step.shares):  # one verify budget for the sharing requests
-        keep = share_batch_budget(pool.scores, top, keep, rows_t[:, COLUMNS.index("shares")] > 0, step.batch_budget)
+    if step.token_cap is not None and any(step.shares):  # the token cap for the sharing requests
+        keep = share_token_cap(pool.scores, top, keep, rows_t[:, COLUMNS.index("shares")] > 0, step.token_cap)
     # every rank that verifies this batch takes rank 0's tree (one int64 broadcast; alone: a no-op)
     own = (top, tokens, keep)
     top, tokens, keep = agree(own, group)

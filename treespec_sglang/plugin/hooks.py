@@ -2,7 +2,7 @@
 
 | target | type | what it does |
 |---|---|---|
-| ``ServerArgs.add_cli_args`` | AFTER | adds ``--treespec-policy`` / ``-config`` / ``-batch-budget`` / ``-classifier`` |
+| ``ServerArgs.add_cli_args`` | AFTER | adds ``--treespec-policy`` / ``-config`` / ``-token-cap`` / ``-classifier`` |
 | ``ServerArgs.from_cli_args`` | AFTER | validates them (a default the server cannot draft stops it), exports the env |
 | ``SamplingParams.verify`` | AFTER | validates ``custom_params["treespec"]``: a bad value fails that request only |
 | ``TokenizerManager._handle_batch_request`` | BEFORE | marks malformed batch items instead of failing the whole call |
@@ -13,7 +13,7 @@
 | ``eagle_utils.organize_draft_results`` | AROUND | SGLang's own selection (kept inside its draft graph); the pool
   is copied into per-shape buffers (:mod:`.draft_select`) |
 | ``eagle_worker_common.build_eagle_verify_input`` | AROUND | per-request trees on the pool after the draft (eager or
-  replay), the batch verify budget (``--treespec-batch-budget``), rank 0's tree; unlinks the filler nodes |
+  replay), the batch's token cap (``--treespec-token-cap``), rank 0's tree; unlinks the filler nodes |
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | AROUND | ``treespec_*`` stats are per request |
 | ``_GenerationStreamAccumulator.accept`` | AROUND | a stream's chunks carry the rounds since the last chunk (.stats) |
 | ``ModelRunner.forward`` | AROUND | chain draft loop: feeds each step's logits to the C2T stop; target verify on the
@@ -63,6 +63,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..policies.params import NoneParams
+from ..utils.deprecation import UNSET, renamed_arg
 from .chain_stop import ChainStopper
 from .classifiers import parse_classifier_flags
 from .config import ServerDefaults, configure, draft_algorithm_mismatch, server_defaults
@@ -94,11 +95,11 @@ class DraftStep:
     """Per-step state shared by the draft-loop hooks: one policy (or None = native) per row."""
 
     def __init__(self, params: List, topk: int, shares: Optional[List[bool]] = None,
-                 batch_budget: Optional[int] = None):
+                 token_cap: Optional[int] = None):
         self.params = params
         self.topk = topk
-        self.shares = shares if shares is not None else [False] * len(params)  # rows in the batch budget
-        self.batch_budget = batch_budget  # mean verified tokens per sharing request (None: off)
+        self.shares = shares if shares is not None else [False] * len(params)  # rows under the token cap
+        self.token_cap = token_cap  # mean verified tokens per sharing request (None: off)
         self.keep: Optional[torch.Tensor] = None  # [bs, N] bool after selection
         self.chain: Optional[ChainStopper] = None  # chain mode (topk = 1) with C2T early stop
         self.runner = None  # SGLang's draft graph runner when this round's draft is a replay
@@ -117,10 +118,12 @@ def _add_cli_args(result, parser, *args, **kwargs):
                         "(eagle2, talon, salf, c2t, chain); unset = SGLang's own tree")
     g.add_argument("--treespec-config", type=str, default=None,
                    help='JSON object of the default policy\'s parameters, e.g. \'{"budget": 60, "mu": 0.03}\'')
-    g.add_argument("--treespec-batch-budget", type=int, default=None,
-                   help="one verify budget for the batch: the treespec requests of a round verify this many tokens "
+    g.add_argument("--treespec-token-cap", type=int, default=None,
+                   help="the batch's token cap: the treespec requests of a round verify this many tokens "
                         "each on average (roots included), spent where the draft's path probabilities are highest; "
-                        'a request opts out with {"batch_budget": false} in custom_params["treespec"]')
+                        'a request opts out with {"token_cap": false} in custom_params["treespec"]')
+    g.add_argument("--treespec-batch-budget", type=int, default=None,
+                   help="deprecated name of --treespec-token-cap")
     g.add_argument("--treespec-classifier", action="append", default=None, metavar="NAME=PATH",
                    help="register a C2T classifier file under NAME (repeatable); requests pick one with "
                         '{"classifier": "NAME"} and never name a file; "default" (the shipped one) is always there')
@@ -130,15 +133,17 @@ def _add_cli_args(result, parser, *args, **kwargs):
 def _from_cli_args(result, cls, args, *a, **k):
     policy = getattr(args, "treespec_policy", None)
     raw = getattr(args, "treespec_config", None)
-    batch = getattr(args, "treespec_batch_budget", None)
+    old = getattr(args, "treespec_batch_budget", None)
+    token_cap = renamed_arg(getattr(args, "treespec_token_cap", None), UNSET if old is None else old,
+                            "--treespec-batch-budget", "--treespec-token-cap", stacklevel=3)
     classifiers = parse_classifier_flags(getattr(args, "treespec_classifier", None))
-    if policy is None and raw is None and batch is None and not classifiers:
+    if policy is None and raw is None and token_cap is None and not classifiers:
         return result
     try:
         config = json.loads(raw) if raw else {}
     except json.JSONDecodeError as e:
         raise ValueError(f"--treespec-config must be a JSON object: {e}") from None
-    defaults = configure(policy, config, batch, classifiers or None)  # validates (ValueError naming field and
+    defaults = configure(policy, config, token_cap, classifiers or None)  # validates (ValueError naming field and
     # range), exports to the env; a default this server cannot draft stops it here, not every request later
     reason = unsupported_reason(request_params(None, defaults), result)
     if reason is not None:
@@ -220,7 +225,7 @@ def _draft(original, self, batch, *args, **kwargs):
     # a request with speculation off ({"policy": "none"}) verifies its root alone and shares nothing
     shares = [p is not None and not isinstance(p, NoneParams) and request_shares(r.sampling_params)
               for r, p in zip(reqs, params)]
-    step = DraftStep(params, self.topk, shares, defaults.batch_budget)
+    step = DraftStep(params, self.topk, shares, defaults.token_cap)
     if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)
         stopper = ChainStopper(params, self.speculative_num_steps, getattr(self, "device", "cpu"))
         step.chain = stopper if stopper.active else None

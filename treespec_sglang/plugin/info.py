@@ -1,7 +1,7 @@
 """The ``treespec`` section of SGLang's ``/server_info`` (no sglang import).
 
 What an operator needs to check a running server: the plugin and SGLang versions, the server default
-policy, the batch budget, the registered classifiers with their content hashes, the ragged-verify
+policy, the batch's token cap, the registered classifiers with their content hashes, the ragged-verify
 setting, the per-round stats cap and the policies a request may pick.
 """
 
@@ -18,7 +18,7 @@ def server_info() -> dict:
     Examples
     --------
     >>> sorted(server_info())[:3]
-    ['batch_budget', 'classifiers', 'default_policy']
+    ['classifiers', 'default_policy', 'policies']
     """
     from .. import __version__
     from ..policies import POLICIES
@@ -30,12 +30,12 @@ def server_info() -> dict:
 
     d = server_defaults()
     return {
-        "batch_budget": d.batch_budget,
         "classifiers": classifier_digests(),
         "default_policy": d.spec,
         "policies": sorted(POLICIES),
         "ragged_verify": os.environ.get(ENV_RAGGED, "auto").strip().lower() or "auto",
         "sglang": SGLANG_VERSION,
         "stats_max_rounds": max_rounds(),
+        "token_cap": d.token_cap,
         "version": __version__,
     }

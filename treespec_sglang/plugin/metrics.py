@@ -103,7 +103,7 @@ _FIELD = re.compile(r"^custom_params\['treespec'\]: (?:request \d+: )?([a-z0-9_]
 
 
 def refused_field(message: str) -> str:
-    """The field a refusal names: ``salf.budget``, ``c2t.classifier``, ``policy``, ``batch_budget``, or the
+    """The field a refusal names: ``salf.budget``, ``c2t.classifier``, ``policy``, ``token_cap``, or the
     policy alone for an unknown parameter (``salf``); ``other`` when no field can be read.
 
     Examples

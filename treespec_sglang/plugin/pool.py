@@ -30,13 +30,13 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..policies.batch_budget import select_best
+from ..policies.token_cap import select_best
 from ..policies.classifier import c2t_features, load_classifier
 from ..policies.params import C2TParams, ChainParams, Eagle2Params, NoneParams, PolicyParams, SalfParams, TalonParams
 from .pool_rules import arange, level_policies_keep, parent_entropy, salf_keep, salf_pops, static
 
-__all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_batch_budget", "unlink_filler", "request_row", "policy_rows",
-           "KIND", "COLUMNS"]
+__all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_token_cap", "unlink_filler", "request_row",
+           "policy_rows", "KIND", "COLUMNS"]
 
 # the row table: one float32 row per request, these columns
 COLUMNS = ("kind", "budget", "top", "rank_depth", "topk", "log_mu", "th", "batch", "max_depth", "beta", "clf", "shares")
@@ -298,16 +298,16 @@ def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Option
     return pool.parent_list, top_scores_index, draft_tokens, node_keep
 
 
-def share_batch_budget(scores: torch.Tensor, top_scores_index: torch.Tensor, keep: torch.Tensor,
-                       shares: torch.Tensor, per_request: int) -> torch.Tensor:
-    """One verify budget for the sharing requests of a batch on SGLang's verify layout.
+def share_token_cap(scores: torch.Tensor, top_scores_index: torch.Tensor, keep: torch.Tensor,
+                    shares: torch.Tensor, per_request: int) -> torch.Tensor:
+    """The batch's token cap for its sharing requests, on SGLang's verify layout.
 
     Parameters
     ----------
     scores : ``[bs, P]`` the pool's cumulative path probabilities (:class:`PoolView`).
     top_scores_index : ``[bs, N-1]`` pool index of verify nodes 1..N-1 (ascending: parents first).
     keep : ``[bs, N]`` bool, each request's own policy tree (:func:`select_from_pool`).
-    shares : ``[bs]`` bool, the requests that share the budget (the others keep their tree whole).
+    shares : ``[bs]`` bool, the requests that share the token cap (the others keep their tree whole).
     per_request : mean verified tokens per sharing request (roots included).
 
     Returns
@@ -323,7 +323,7 @@ def share_batch_budget(scores: torch.Tensor, top_scores_index: torch.Tensor, kee
     col = torch.arange(N, device=keep.device).expand(bs, N)
     vals = torch.cat([torch.full((bs, 1), float("inf"), device=scores.device),
                       torch.gather(scores, 1, top_scores_index)], dim=1)  # [bs, N] root: +inf
-    pool_rows = shares[:, None] & (col >= 1)  # [bs, N] the nodes the budget decides on
+    pool_rows = shares[:, None] & (col >= 1)  # [bs, N] the nodes the token cap decides on
     left = (per_request - 1) * shares.long().sum()  # non-root tokens of the sharing rows
     chosen = select_best(vals, col, keep & pool_rows, left)
     return (keep & ~pool_rows) | chosen

@@ -9,7 +9,7 @@ drift apart and the next collective hangs. The plugin makes that true by constru
   hash differs from rank 0's stops the server with a message naming both.
 - **Decisions agree** (:func:`agree`): after its own selection each rank takes rank 0's per-round
   decision (the verify node order ``top_scores_index``, the draft tokens and the kept-node mask: the
-  batch budget's shares and the ragged plan's sizes follow from it) in one int64 broadcast per round,
+  token cap's shares and the ragged plan's sizes follow from it) in one int64 broadcast per round,
   ``bs * (2 (N - 1) + N)`` integers. The C2T chain cut is broadcast the same way
   (:meth:`~treespec_sglang.plugin.chain_stop.ChainStopper.keep_mask`).
 - **Groups on the CPU** (:func:`cpu_parallel_group`): SGLang builds a PyNccl communicator for every
@@ -95,7 +95,7 @@ def settings_digest() -> str:
     from .stats import max_rounds
 
     d = server_defaults()
-    blob = json.dumps({"policy": d.policy, "config": d.config, "batch_budget": d.batch_budget,
+    blob = json.dumps({"policy": d.policy, "config": d.config, "token_cap": d.token_cap,
                        "classifiers": classifier_digests(), "max_rounds": max_rounds()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -109,7 +109,7 @@ def check_settings_agree(group=None) -> Optional[str]:
     t = torch.tensor(list(mine), dtype=torch.int64, device=_device(group))  # once, at start
     first = agree([t], group)[0]
     if not torch.equal(first, t):
-        raise RuntimeError("treespec: this rank's settings (TREESPEC_POLICY / TREESPEC_CONFIG / TREESPEC_BATCH_BUDGET, "
+        raise RuntimeError("treespec: this rank's settings (TREESPEC_POLICY / TREESPEC_CONFIG / TREESPEC_TOKEN_CAP, "
                            "the classifier files of TREESPEC_CLASSIFIERS, TREESPEC_STATS_MAX_ROUNDS) differ from rank "
                            f"0's: sha256 {mine.hex()[:16]} here vs {bytes(first.tolist()).hex()[:16]} on rank 0; "
                            "give every rank the same flags, environment and files")

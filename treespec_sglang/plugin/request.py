@@ -18,7 +18,7 @@ from typing import Optional
 
 from ..policies import PolicyParams, parse_spec
 from ..policies.params import ChainParams
-from ..policies.batch_budget import split_batch_option
+from ..policies.token_cap import split_batch_option
 from .classifiers import resolve_request_classifier
 from .config import ServerDefaults
 
@@ -97,8 +97,8 @@ def request_params(sampling_params, defaults: ServerDefaults) -> Optional[Policy
 
 
 def request_shares(sampling_params) -> bool:
-    """Whether the request shares the server's batch verify budget: False only for an explicit
-    ``{"batch_budget": false}`` (a malformed value was refused on arrival; here it counts as sharing)."""
+    """Whether the request shares the server's token cap: False only for an explicit
+    ``{"token_cap": false}`` (a malformed value was refused on arrival; here it counts as sharing)."""
     try:
         return split_batch_option(_raw(getattr(sampling_params, "custom_params", None)))[1]
     except ValueError:

@@ -5,7 +5,7 @@ node ``v`` (a briefly trained draft is over-confident deep in the tree). :class:
 one multiplicative correction per depth from the verify outcomes it is shown: ``ratio_d = (accepted_d +
 prior) / (predicted_d + prior)``, where ``predicted_d`` sums ``P(v)`` over verified nodes at depth d and
 ``accepted_d`` counts those of them on the accepted path. The ratios are the ``weight`` that
-:func:`~treespec_sglang.policies.batch_budget.allocate_batch` multiplies the path probabilities by.
+:func:`~treespec_sglang.policies.token_cap.allocate_batch` multiplies the path probabilities by.
 Updates are tensor ops on the tree's device (no host sync). :meth:`curve` gives the calibration curve
 (mean predicted vs empirical acceptance per probability bin), before and after the correction.
 """

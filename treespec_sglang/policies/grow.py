@@ -77,7 +77,7 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
     min_logprob : torch.Tensor, optional
         ``[bs]`` float: a request expands only frontier nodes whose path log-probability is at least
         this (-inf: no pruning). A pruned node gets no children (its policy sees an all ``-inf`` child
-        row), and ``expand`` never sees it: the batch verify budget's draft pruning, since a child's path
+        row), and ``expand`` never sees it: the token cap's draft pruning, since a child's path
         probability never exceeds its parent's, so nothing under a pruned node could be worth verifying.
         Every step then costs one host read of the live count (instead of the early-exit check), and an
         ``expand`` with ``ragged = True`` is called as ``expand(tree, frontier, n_live=count)`` so it can

@@ -1,6 +1,6 @@
 """Ragged batches: the kept entries of a ``[bs, n]`` grid as ``T`` flat rows and back.
 
-One vocabulary for every ragged forward (the engine's batch-budget verify, the draft's pruned frontier, the
+One vocabulary for every ragged forward (the engine's token-capped verify, the draft's pruned frontier, the
 target's ragged attention, the plugin's compacted verify): ``rows`` ``[T]`` int64 are flat indices
 ``b * n + i`` of the kept entries, request-major and in index order; a ``[T, ...]`` tensor holds one entry per
 row in that order.

@@ -166,7 +166,7 @@ def main(argv=None):
     from .. import configure
 
     if defaults:
-        configure(defaults["policy"], defaults.get("config", {}), defaults.get("batch_budget"))
+        configure(defaults["policy"], defaults.get("config", {}), defaults.get("token_cap"))
     t = time.time()
     try:
         llm = sgl.Engine(**kwargs)

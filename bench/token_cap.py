@@ -1,4 +1,4 @@
-"""The reference engine: one verify budget for the whole batch vs the best fixed tree size per request.
+"""The reference engine: one token cap for the whole batch vs the best fixed tree size per request.
 
 Same engine, same prompts, one run: the held-out split (every 10th prompt of HumanEval, MT-bench, GSM8K
 and the stdlib stubs, the sets the shipped draft was trained on the other 90% of), interleaved so every
@@ -17,12 +17,12 @@ batch mixes code, chat and math; greedy; bf16 on this CPU unless ``--dtype``. Fo
 
 Two throughputs: *full-batch* tok/s counts the rounds while every request of a batch is still running
 (what a continuously batched server sees: a finished request is replaced at once) and *static-batch*
-tok/s the whole ``generate`` call (whose wall time is its slowest request's, so moving budget to the
+tok/s the whole ``generate`` call (whose wall time is its slowest request's, so moving verified tokens to the
 confident requests finishes them early and leaves the batch waiting on the slowest).
 
 Lossless: greedy output vs plain greedy, with the bf16 near-tie verdict of ``treespec demo``.
 
-    python bench/batch_budget.py --bs 1,8,32 --sizes 2,4,6,8 --max-new-tokens 48 --out bench/results/batch_budget.json
+    python bench/token_cap.py --bs 1,8,32 --sizes 2,4,6,8 --max-new-tokens 48 --out bench/results/token_cap.json
 """
 
 import argparse
@@ -50,12 +50,12 @@ def full_phase(res, times):
     return sum(sum(r.stats.accepted[:k]) + k for r in res), times[k] - times[0]
 
 
-def run(engine, prompts, spec, bs, max_new, budget=None, calibrate=False):
+def run(engine, prompts, spec, bs, max_new, token_cap=None, calibrate=False):
     t0 = time.perf_counter()
     res, full_tok, full_s, curve = [], 0, 0.0, None
     for i in range(0, len(prompts), bs):
         times = []
-        part = engine.generate(prompts[i:i + bs], max_new_tokens=max_new, policy=spec, verify_budget=budget,
+        part = engine.generate(prompts[i:i + bs], max_new_tokens=max_new, policy=spec, token_cap=token_cap,
                                calibrate=calibrate, progress=lambda _n: times.append(time.perf_counter()))
         if calibrate:  # the curve of every call of the run, not just the last one's
             cal = engine.calibration
@@ -140,8 +140,8 @@ def main():
         for rep in range(a.repeats):
             if rep:
                 plains.append(run(engine, prompts, None, bs, a.max_new_tokens))
-            for mode, n, spec, budget, cal in configs:
-                r = run(engine, prompts, spec, bs, a.max_new_tokens, budget, cal)
+            for mode, n, spec, token_cap, cal in configs:
+                r = run(engine, prompts, spec, bs, a.max_new_tokens, token_cap, cal)
                 if cal:
                     r["calibration"] = r.pop("curve")
                     r["depth_ratios"] = [round(x, 3) for x in engine.calibration.ratios().tolist()[:8]]
@@ -150,14 +150,14 @@ def main():
             plain[key] = statistics.median(p[key] for p in plains)
         rows = []
 
-        def add(mode, n, spec, budget=None, cal=False):
+        def add(mode, n, spec, token_cap=None, cal=False):
             r = dict(reps[mode][0])
             for key in ("full_tok_s", "tok_s"):
                 r[key + "_runs"] = [x[key] for x in reps[mode]]
                 r[key] = statistics.median(r[key + "_runs"])
             r["lossless"] = verdict(engine, ids, base, PolicyRun(spec, r["seconds"], [_Res(o) for o in r["outputs"]]),
                                     0.0)
-            r.update(mode=mode, n=n, spec=spec, budget=budget, calibrate=cal)
+            r.update(mode=mode, n=n, spec=spec, token_cap=token_cap, calibrate=cal)
             r.pop("outputs")
             r.pop("curve", None)
             rows.append(r)

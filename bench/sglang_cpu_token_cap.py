@@ -1,16 +1,16 @@
-"""Inside real SGLang 0.5.23 on the CPU: ``--treespec-batch-budget`` vs fixed per-request tree sizes.
+"""Inside real SGLang 0.5.23 on the CPU: ``--treespec-token-cap`` vs fixed per-request tree sizes.
 
 One EAGLE server shape (topk 4 / steps 4 / N 16, the shipped draft + token map, ragged verify on). The fixed
 rows give every request an EAGLE-2 tree of n nodes (``custom_params["treespec"]``); the batch rows run an
-engine started with ``TREESPEC_BATCH_BUDGET=n`` where every request proposes its EAGLE-2 tree of N nodes and
+engine started with ``TREESPEC_TOKEN_CAP=n`` where every request proposes its EAGLE-2 tree of N nodes and
 the round keeps the batch's ``bs * n`` best nodes: equal verified tokens per round. Held-out prompts (every
 10th of HumanEval, MT-bench, GSM8K and the stdlib stubs, interleaved), greedy, 48 new tokens, at batch
 sizes 8 and 32 (bs 1 has nothing to share). Reported: accepted draft tokens per verified token, tau, tok/s
 of the whole call (median of ``--repeats`` interleaved runs), and whether the outputs equal the fixed-N
 rows' (all must equal plain greedy).
 
-    python bench/sglang_cpu_batch_budget.py --sizes 2,4 --fixed-sizes 2,4,8 --out bench/results/batch_budget
-    python bench/sglang_cpu_batch_budget.py --continuous 8 ...   # 32 requests, 8 running, refilled
+    python bench/sglang_cpu_token_cap.py --sizes 2,4 --fixed-sizes 2,4,8 --out bench/results/token_cap
+    python bench/sglang_cpu_token_cap.py --continuous 8 ...   # 32 requests, 8 running, refilled
 """
 
 import argparse
@@ -27,7 +27,7 @@ from treespec_sglang.models.demo import demo_target
 from treespec_sglang.plugin.cpu.host import EngineHost, cpu_engine_kwargs, eagle_kwargs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batch_budget import heldout_prompts  # noqa: E402
+from token_cap import heldout_prompts  # noqa: E402
 
 
 def measure(host, prompts, bs, spec, max_new):
@@ -63,7 +63,7 @@ def main():
     ap.add_argument("--continuous", type=int, default=None, metavar="R",
                     help="serve with max_running_requests=R and submit every prompt at once: SGLang refills the "
                          "batch as requests finish (a server's steady state) instead of static batches of bs")
-    ap.add_argument("--out", default="bench/results/batch_budget")
+    ap.add_argument("--out", default="bench/results/token_cap")
     a = ap.parse_args()
     enc = SpecEngine.from_pretrained("smollm2-135m", draft="demo", dtype="float32")
     prompts = enc.encode(heldout_prompts(a.per_set))
@@ -75,11 +75,11 @@ def main():
     full = {"policy": "eagle2", "budget": a.num_draft_tokens, "topk": a.topk, "depth": a.steps}
     sizes = [int(x) for x in a.sizes.split(",")]
     fixed_sizes = [int(x) for x in a.fixed_sizes.split(",")]
-    # one engine per TREESPEC_BATCH_BUDGET value, one at a time (an idle SGLang scheduler polls and would
+    # one engine per TREESPEC_TOKEN_CAP value, one at a time (an idle SGLang scheduler polls and would
     # slow the others down); each configuration runs --repeats times and reports the median
     runs = {}
     for env in [None] + sizes:
-        host = EngineHost(f"budget-{env}", kw, tempfile.mkdtemp(), env={"TREESPEC_BATCH_BUDGET": str(env)} if env else {})
+        host = EngineHost(f"token-cap-{env}", kw, tempfile.mkdtemp(), env={"TREESPEC_TOKEN_CAP": str(env)} if env else {})
         try:
             host.generate(input_ids=prompts[:1], sampling_params=[{"max_new_tokens": 4}])  # warm-up
             for rep in range(a.repeats):

@@ -1,5 +1,5 @@
-"""Batch-level verify budget: the allocation against a brute-force optimum on small trees (node values
-restated from their definition, calibration weights included), its invariants, no host sync, and the budget
+"""The batch's token cap: the allocation against a brute-force optimum on small trees (node values
+restated from their definition, calibration weights included), its invariants, no host sync, and the token cap
 choice from a cost curve against exhaustive search."""
 
 import itertools
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.helpers import closed_subsets, oracle_node_values, random_batch
-from treespec_sglang.policies.batch_budget import allocate_batch, best_total, node_values
+from treespec_sglang.policies.token_cap import allocate_batch, best_total, node_values
 from treespec_sglang.tree import DraftTree
 from treespec_sglang.utils import count_host_syncs
 
@@ -150,3 +150,29 @@ def test_best_total_maximises_expected_tokens_per_second(rng, curve):
     assert rate(got)[0] == pytest.approx(best, rel=1e-6)
     if curve == "flat":  # free tokens: verify everything allowed
         assert rate(got)[1] == int(allocate_batch(tree, n_max, cap, floor, weight).sum())
+
+
+def test_the_deprecated_batch_budget_key_warns_and_means_token_cap():
+    """``{"batch_budget": false}`` (the old request key) still opts out, with a warning naming "token_cap"."""
+    from treespec_sglang.policies.token_cap import split_batch_option
+
+    spec = {"policy": "talon", "budget": 8}
+    with pytest.warns(DeprecationWarning, match="'token_cap'"):
+        old = split_batch_option(dict(spec, batch_budget=False))
+    assert old == split_batch_option(dict(spec, token_cap=False)) == (spec, False)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="batch_budget must be true"):
+        split_batch_option(dict(spec, batch_budget=3))
+    with pytest.raises(ValueError, match="give token_cap only"):
+        split_batch_option(dict(spec, batch_budget=False, token_cap=False))
+
+
+def test_the_deprecated_module_name_warns_and_re_exports(monkeypatch):
+    import importlib
+    import sys
+
+    from treespec_sglang.policies import token_cap
+
+    monkeypatch.delitem(sys.modules, "treespec_sglang.policies.batch_budget", raising=False)
+    with pytest.warns(DeprecationWarning, match=r"treespec_sglang\.policies\.token_cap"):
+        old = importlib.import_module("treespec_sglang.policies.batch_budget")
+    assert all(getattr(old, n) is getattr(token_cap, n) for n in old.__all__)

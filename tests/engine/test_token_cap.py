@@ -1,4 +1,4 @@
-"""The reference engine's round plan under a batch verify budget: kept trees, ragged rows, opt-out, auto T,
+"""The reference engine's round plan under the batch's token cap: kept trees, ragged rows, opt-out, auto T,
 and the calibration's weights reaching the allocation (against a brute force over closed subsets of values
 restated from their definition)."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tests.helpers import best_allocation, calibration_weights, kept_indices, oracle_node_values, random_batch
-from treespec_sglang.engine.budget import AutoBudget, plan_round
+from treespec_sglang.engine.token_cap import AutoTokenCap, plan_round
 from treespec_sglang.engine.cost import CostCurve
 from treespec_sglang.engine.round_cost import RoundCost
-from treespec_sglang.policies.batch_budget import allocate_batch
+from treespec_sglang.policies.token_cap import allocate_batch
 from treespec_sglang.policies.calibration import DepthCalibration
 from treespec_sglang.tree import DraftTree
 
@@ -38,18 +38,18 @@ def test_an_opted_out_request_keeps_its_whole_tree():
     assert out.size.tolist()[1] == 6 and out.size.tolist()[0] == 1 and out.size.tolist()[2] == 1
 
 
-def test_auto_budget_probes_scale_the_chosen_total():
+def test_auto_token_cap_probes_scale_the_chosen_total():
     tree = random_batch(random.Random(3), [8, 8, 8, 8], vocab=30)
-    flat = AutoBudget(torch.full((33,), 10.0))  # verifying more is free: every candidate
+    flat = AutoTokenCap(torch.full((33,), 10.0))  # verifying more is free: every candidate
     assert int(plan_round(tree, flat)[0].size.sum()) == int(tree.size.sum())
-    half = AutoBudget(torch.full((33,), 10.0), probe=0.5)
+    half = AutoTokenCap(torch.full((33,), 10.0), probe=0.5)
     assert int(plan_round(tree, half)[0].size.sum()) == round(0.5 * int(tree.size.sum()))
     with pytest.raises(ValueError, match="probe must be > 0"):
-        AutoBudget(torch.ones(4), probe=0.0)
+        AutoTokenCap(torch.ones(4), probe=0.0)
     with pytest.raises(ValueError, match=r"ms must be \[T_max \+ 1\]"):
-        AutoBudget(torch.ones(1))
+        AutoTokenCap(torch.ones(1))
     with pytest.raises(ValueError, match=r"min_prob must be in \[0, 1\]"):
-        AutoBudget(torch.ones(4), min_prob=1.5)
+        AutoTokenCap(torch.ones(4), min_prob=1.5)
 
 
 def test_round_cost_prior_comes_from_the_startup_curve():
@@ -110,3 +110,14 @@ def test_plan_round_keeps_the_best_nodes_under_the_calibration(seed, total):
     best, _ = best_allocation(tree, values, max(total, tree.bs))
     got = sum(values[b][i] for b, k in enumerate(kept) for i in k[1:])
     assert got == pytest.approx(best, abs=1e-6)
+
+
+def test_the_deprecated_module_name_warns_and_re_exports(monkeypatch):
+    """``treespec_sglang.engine.budget`` (and its ``AutoBudget``) still import, with a warning naming the new module."""
+    import importlib
+    import sys
+
+    monkeypatch.delitem(sys.modules, "treespec_sglang.engine.budget", raising=False)
+    with pytest.warns(DeprecationWarning, match=r"treespec_sglang\.engine\.token_cap"):
+        old = importlib.import_module("treespec_sglang.engine.budget")
+    assert old.AutoBudget is AutoTokenCap and old.plan_round is plan_round
