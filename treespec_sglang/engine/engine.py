@@ -15,13 +15,10 @@ the pair (target hidden at p - 1, x_p) for p = 1..L_b; a tree node of depth d si
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
 import torch
 
-from ..policies import parse_spec
-from ..policies.token_cap import split_batch_option
 from ..policies.calibration import DepthCalibration
 from ..utils.deprecation import UNSET, renamed_arg
 from ..verify import sample
@@ -32,41 +29,10 @@ from .round import Batch, RoundOptions, commit, draft, plan, record, verify
 from .loading import load_models
 from .memory import check_fits, estimate_generate_bytes
 from .options import GenerateOptions
+from .requests import GenerationResult, RequestStats, admit
 from .token_cap import AutoTokenCap
 
 __all__ = ["SpecEngine", "GenerationResult", "RequestStats"]
-
-PLAIN = {"policy": "chain", "length": 0}  # a root-only tree: one target token per round
-
-
-@dataclass
-class RequestStats:
-    """Per-request counters; ``rounds`` counts target forwards (prefill included)."""
-
-    policy: Optional[str] = None
-    rounds: int = 0
-    draft_forwards: int = 0
-    accepted: List[int] = field(default_factory=list)  # accepted draft tokens per verify round
-    tree_sizes: List[int] = field(default_factory=list)  # nodes per verify round (root included)
-    time_s: float = 0.0
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens committed per verify round (accepted + bonus), EAGLE's tau."""
-        return 1.0 + sum(self.accepted) / len(self.accepted) if self.accepted else 1.0
-
-    @property
-    def delta(self) -> float:
-        """Draft forwards per verify round (TALON §5.3's draft cost per target forward)."""
-        return self.draft_forwards / len(self.accepted) if self.accepted else 0.0
-
-
-@dataclass
-class GenerationResult:
-    token_ids: List[int]
-    text: Optional[str]
-    stats: RequestStats
-    error: Optional[str] = None
 
 
 class SpecEngine:
@@ -232,68 +198,36 @@ class SpecEngine:
                                 stacklevel=5)  # past inference_mode's wrapper
         o = GenerateOptions(max_new_tokens, temperature, top_k, top_p, seed, chat, token_cap, calibrate,
                             draft_prune)  # validated before any compute
-        max_new_tokens = o.max_new_tokens
-        if isinstance(prompts, str):
-            prompts = [prompts]  # one text prompt, not one prompt per character
-        ids, bad_prompt = [], {}
-        ctx = getattr(self.target.config, "max_position_embeddings", None)
-        for i, p in enumerate(prompts):
-            try:
-                one = self._encode_one(i, p, o.chat)
-                if ctx and len(one) + max_new_tokens > ctx:
-                    raise ValueError(f"prompt {i} has {len(one)} tokens; with max_new_tokens {max_new_tokens} "
-                                     f"that is {len(one) + max_new_tokens} > the model's context {ctx} "
-                                     f"(max_position_embeddings): shorten the prompt or max_new_tokens")
-                ids.append(one)
-            except ValueError as e:
-                ids.append(None)
-                bad_prompt[i] = str(e)
-        specs = list(policy) if isinstance(policy, (list, tuple)) else [policy] * len(ids)
-        if len(specs) != len(ids):
-            raise ValueError(f"policy must be one dict or a list of {len(ids)} (one per prompt), got {len(specs)}")
-        results = [GenerationResult([], None, RequestStats(policy=(s or {}).get("policy") if isinstance(s, dict) else None))
-                   for s in specs]
-        ok, parsed, shares = [], [], []
-        for i, s in enumerate(specs):
-            if i in bad_prompt:
-                results[i].error = f"request {i}: {bad_prompt[i]}"
-                continue
-            try:
-                s, share = split_batch_option(s)
-                parsed.append(parse_spec(s if s is not None else PLAIN))
-                shares.append(share)
-                ok.append(i)
-            except ValueError as e:
-                results[i].error = f"request {i}: {e}"
+        a = admit(self, prompts, policy, o)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(o.seed if o.seed is not None else int(torch.randint(0, 2 ** 62, ()).item()))
-        sampling = o.sampling
-        if ok:
-            plain = all(specs[i] is None for i in ok)
-            max_nodes = 1 if plain else max(p.max_nodes for p in parsed)
-            check_fits(estimate_generate_bytes(
-                self.target.config, None if plain else self.draft.config, bs=len(ok),
-                max_prompt=max(len(ids[i]) for i in ok), max_new=max_new_tokens, max_nodes=max_nodes,
-                dtype=self.dtype, draft_vocab=self.draft_vocab), self.device, bs=len(ok), max_nodes=max_nodes)
-            t0 = time.perf_counter()
-            run = self._plain if plain else self._speculative
-            self.calibration = DepthCalibration() if o.calibrate and not plain else None
-            if o.token_cap == "auto" and not plain:
-                token_cap = "auto"
-                self.measured_cost_curve()  # measured (or cached) before the timed loop starts
-            else:
-                token_cap = None if o.token_cap is None else int(o.token_cap)
-            extra = {} if plain else {"token_cap": token_cap, "calibration": self.calibration, "shares": shares,
-                                      "prune": o.draft_prune if token_cap == "auto" else 0.0}
-            outs = run([ids[i] for i in ok], [parsed[j] for j in range(len(ok))],
-                       [results[i].stats for i in ok], max_new_tokens, sampling, gen, progress, **extra)
-            dt = time.perf_counter() - t0
-            for i, toks in zip(ok, outs):
-                results[i].token_ids = toks
-                results[i].stats.time_s = dt
-                if self.tokenizer is not None:
-                    results[i].text = self.tokenizer.decode(toks, skip_special_tokens=True)
-        return results
+        if not a.ok:
+            return a.results
+        plain = a.plain
+        max_nodes = 1 if plain else max(p.max_nodes for p in a.params)
+        check_fits(estimate_generate_bytes(
+            self.target.config, None if plain else self.draft.config, bs=len(a.ok),
+            max_prompt=max(len(x) for x in a.ids), max_new=o.max_new_tokens, max_nodes=max_nodes,
+            dtype=self.dtype, draft_vocab=self.draft_vocab), self.device, bs=len(a.ok), max_nodes=max_nodes)
+        t0 = time.perf_counter()
+        run = self._plain if plain else self._speculative
+        self.calibration = DepthCalibration() if o.calibrate and not plain else None
+        if o.token_cap == "auto" and not plain:
+            token_cap = "auto"
+            self.measured_cost_curve()  # measured (or cached) before the timed loop starts
+        else:
+            token_cap = None if o.token_cap is None else int(o.token_cap)
+        extra = {} if plain else {"token_cap": token_cap, "calibration": self.calibration, "shares": a.shares,
+                                  "prune": o.draft_prune if token_cap == "auto" else 0.0}
+        outs = run(a.ids, a.params, [a.results[i].stats for i in a.ok], o.max_new_tokens, o.sampling, gen, progress,
+                   **extra)
+        dt = time.perf_counter() - t0
+        for i, toks in zip(a.ok, outs):
+            a.results[i].token_ids = toks
+            a.results[i].stats.time_s = dt
+            if self.tokenizer is not None:
+                a.results[i].text = self.tokenizer.decode(toks, skip_special_tokens=True)
+        return a.results
 
     # ------------------------------------------------------------------ shared pieces
     def _prefill(self, ids: List[List[int]], max_len: int):
