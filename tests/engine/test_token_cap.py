@@ -9,8 +9,6 @@ import torch
 
 from tests.helpers import best_allocation, calibration_weights, kept_indices, oracle_node_values, random_batch
 from treespec_sglang.engine.token_cap import AutoTokenCap, plan_round
-from treespec_sglang.engine.cost import CostCurve
-from treespec_sglang.engine.round_cost import RoundCost
 from treespec_sglang.policies.token_cap import allocate_batch
 from treespec_sglang.policies.calibration import DepthCalibration
 from treespec_sglang.tree import DraftTree
@@ -50,12 +48,6 @@ def test_auto_token_cap_probes_scale_the_chosen_total():
         AutoTokenCap(torch.ones(1))
     with pytest.raises(ValueError, match=r"min_prob must be in \[0, 1\]"):
         AutoTokenCap(torch.ones(4), min_prob=1.5)
-
-
-def test_round_cost_prior_comes_from_the_startup_curve():
-    curve = CostCurve((16, 64), (40.0, 88.0), (4,), (2.0,))
-    rc = RoundCost.from_curve(curve)
-    assert rc.slope == pytest.approx(1.0) and rc.level == pytest.approx(48.0) and rc.step == pytest.approx(2.0)
 
 
 def frozen_calibration(accepted, predicted, max_depth):
