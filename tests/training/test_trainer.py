@@ -156,3 +156,31 @@ def test_shared_target_head_loss_equals_per_step_loss(engine, tmp_path):
         steps, th = ttt_forward(head, *batch_sequences(seqs, cfg.max_len), cfg.ttt_steps)
         per_step = [LOSSES["kl"](*step_logits(e.target.lm_head, f, th, v)[::-1], None, cfg, None) for f, v in steps]
         torch.testing.assert_close(_loss(cfg, e.target.lm_head, steps, th), multi_step_loss(per_step, cfg.gamma))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loss", ["kl", "lk-alpha"])
+def test_training_on_cuda_follows_the_cpu_run(engine, tmp_path, loss):
+    """The same seeded head trained on the same batches on a GPU ends where the CPU run ends: batches
+    are built on the host and moved to the head's device, nothing else changes."""
+    import copy
+
+    e = engine
+    e.tokenizer = None
+    distill_random_prompts(e, tmp_path / "d")
+    seqs = iter_sequences(load_shards(str(tmp_path / "d")))
+    cfg = TrainConfig(loss=loss, steps=20, lr=3e-3, batch_size=4, ttt_steps=2, eval_every=10)
+    runs = {}
+    for dev in ("cpu", "cuda"):
+        lm_head = copy.deepcopy(e.target.lm_head).to(dev)
+        embed = copy.deepcopy(e.target.model.embed_tokens).to(dev)  # shared, not the head's own module
+        head = type(e.draft).for_target(e.target.config, seed=1).to(dev).attach(embed)
+        log = train_draft(head, lm_head, seqs[:20], cfg, eval_seqs=seqs[20:], progress=False)
+        runs[dev] = (log, {k: v.detach().cpu() for k, v in head.state_dict().items()})
+    (log_c, w_c), (log_g, w_g) = runs["cpu"], runs["cuda"]
+    assert [x["step"] for x in log_c] == [x["step"] for x in log_g] == [10, 20]
+    for a, b in zip(log_c, log_g):
+        assert abs(a["loss"] - b["loss"]) < 1e-3 * max(1.0, abs(a["loss"])), (a, b)
+        assert max(abs(x - y) for x, y in zip(a["alpha"], b["alpha"])) < 1e-3
+    for k in w_c:
+        torch.testing.assert_close(w_g[k], w_c[k], rtol=1e-3, atol=1e-4)

@@ -10,6 +10,8 @@ from .runs import set_threads
 
 __all__ = ["add_parser"]
 
+DEVICE_HELP = "where the target (and the head) run: cpu, or cuda to train on a GPU"
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="self-distillation data and draft-head training")
@@ -24,6 +26,7 @@ def add_parser(sub) -> None:
     d.add_argument("--threads", type=int, default=None)
     d.add_argument("--dtype", default="auto", help="target dtype: auto (bf16 where the CPU has AMX / AVX512-BF16), "
                                                    "float32, bfloat16")
+    d.add_argument("--device", default="cpu", help=DEVICE_HELP)
     d.add_argument("--out", default="data/distill")
     d.set_defaults(fn=run_data)
     r = tsub.add_parser("trees", help="TALF: the target's EAGLE-2 beam tree at every loss position (resumable)")
@@ -48,6 +51,7 @@ def add_parser(sub) -> None:
     st.add_argument("--batch-size", type=int, default=8)
     st.add_argument("--threads", type=int, default=None)
     st.add_argument("--dtype", default="float32", help="target dtype (the states are stored as float16)")
+    st.add_argument("--device", default="cpu", help=DEVICE_HELP)
     st.add_argument("--out", default="data/distill-eagle3")
     st.set_defaults(fn=run_states)
     t = tsub.add_parser("draft", help="train an EAGLE or EAGLE-3 draft head (SGLang format checkpoints)")
@@ -80,6 +84,7 @@ def add_parser(sub) -> None:
     t.add_argument("--resume", action="store_true",
                    help="continue from <out>/train_state.pt (written at every --eval-every) if it exists")
     t.add_argument("--dtype", default="float32", help="the target's dtype while training (the head trains in float32)")
+    t.add_argument("--device", default="cpu", help=DEVICE_HELP)
     t.add_argument("--config", default=None, help="JSON file with any of the flags above")
     t.add_argument("--out", default="checkpoints/draft")
     t.set_defaults(fn=run_draft)
@@ -110,7 +115,7 @@ def run_data(a: argparse.Namespace) -> int:
     from ..training.data import generate_distill_data
 
     set_threads(a.threads)
-    engine = SpecEngine.from_pretrained(a.target, draft=None, dtype=a.dtype)
+    engine = SpecEngine.from_pretrained(a.target, draft=None, dtype=a.dtype, device=a.device)
     print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
     ids, prompts = [], []
     for name in [x.strip() for x in a.prompts.split(",") if x.strip()]:
@@ -155,8 +160,8 @@ def run_states(a: argparse.Namespace) -> int:
     from ..training.data import restate_distill_data
 
     set_threads(a.threads)
-    dtype = resolve_dtype(a.dtype, "cpu")
-    model = LlamaModel.from_pretrained(resolve_target(a.target), dtype=dtype)
+    dtype = resolve_dtype(a.dtype, a.device)
+    model = LlamaModel.from_pretrained(resolve_target(a.target), dtype=dtype).to(a.device)
     model.aux_layers = default_aux_layers(model.config.num_hidden_layers)
     man = restate_distill_data(model, a.data, a.out, batch_size=a.batch_size)
     print(f"{a.out}: {len(man['done'])} sequences, target states [final | layers {list(model.aux_layers)}], "
@@ -197,7 +202,8 @@ def run_draft(a: argparse.Namespace) -> int:
     if a.arch == "eagle3" and not a.init:
         engine = _eagle3_engine(a)
     else:
-        engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed, dtype=a.dtype, fuse=False)
+        engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed, dtype=a.dtype, fuse=False,
+                                            device=a.device)
     print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
     if a.token_map and not engine.draft.owns_lm_head:
         engine.set_token_map(read_token_map(a.token_map))
@@ -251,11 +257,11 @@ def _eagle3_engine(a: argparse.Namespace):
 
     if not a.token_map:
         raise SystemExit("--arch eagle3 needs --token-map (the draft vocabulary: `treespec train vocab`)")
-    dtype, note = resolve_dtype(a.dtype, "cpu"), explain_dtype(a.dtype, "cpu")
+    dtype, note = resolve_dtype(a.dtype, a.device), explain_dtype(a.dtype, a.device)
     target, _, tok, _ = load_models(a.target, None, dtype=dtype, seed=a.seed)
     head = Eagle3DraftHead.for_target(target.config, read_token_map(a.token_map), target.lm_head.weight,
                                       target.model.norm.weight, seed=a.seed)
-    return SpecEngine(target, head, tok, dtype=dtype, fuse=False, dtype_note=note)
+    return SpecEngine(target, head, tok, device=a.device, dtype=dtype, fuse=False, dtype_note=note)
 
 
 def run_c2t(a: argparse.Namespace) -> int:

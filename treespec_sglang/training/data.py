@@ -99,7 +99,7 @@ def generate_distill_data(engine, prompt_ids: Sequence[str], prompts: Sequence[s
         mask = torch.cat([torch.tensor([False] * len(x) + [True] * len(r.token_ids)) for x, r in zip(ids, res)])
         offsets = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
         name = f"shard-{len(man['shards']):05d}.safetensors"
-        save_file({"tokens": tokens, "hidden": torch.cat(hidden).half(), "loss_mask": mask, "offsets": offsets},
+        save_file({"tokens": tokens, "hidden": torch.cat(hidden).half().cpu(), "loss_mask": mask, "offsets": offsets},
                   os.path.join(out_dir, name))
         man["shards"].append(name)
         man["done"] += [i for i, _ in chunk]
@@ -139,7 +139,7 @@ def restate_distill_data(model, src_dir: str, out_dir: str, batch_size: int = 8,
         hidden = []
         for i in range(0, len(seqs), batch_size):
             hidden += target_hidden(model, seqs[i:i + batch_size])
-        save_file({**t, "hidden": torch.cat(hidden).half()}, os.path.join(out_dir, name))
+        save_file({**t, "hidden": torch.cat(hidden).half().cpu()}, os.path.join(out_dir, name))
         man["shards"].append(name)
         man["bytes"] = disk_usage(out_dir)
         write_manifest(os.path.join(out_dir, MANIFEST), man)

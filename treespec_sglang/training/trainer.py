@@ -122,6 +122,11 @@ def draft_logits(lm_head, feats, d2t: Optional[torch.Tensor] = None, head=None):
     return torch.nn.functional.linear(feats, lm_head.weight[d2t]).float()
 
 
+def _device(head) -> torch.device:
+    """Where the head's weights live: batches are built on the host and moved there (training on a GPU)."""
+    return next(head.parameters()).device
+
+
 def _target_width(head) -> int:
     """Width of the target's final-norm states at the front of a stored ``[final | aux]`` row."""
     return getattr(head, "target_hidden", head.config.hidden_size)
@@ -140,15 +145,17 @@ def step_logits(lm_head, feats, target_hidden, valid, d2t: Optional[torch.Tensor
 def talf_batch_loss(head, lm_head, seqs, cfg: TrainConfig, d2t: Optional[torch.Tensor] = None) -> torch.Tensor:
     """TALF (SALF & TALF Alg. 1) on a batch of (tokens, hidden, loss_mask, tree) items: mean CE over the
     root and every target-tree node; the LM head runs only at nodes that take a loss."""
-    tok, hid, msk, lens = batch_sequences(seqs, cfg.max_len)
+    dev = _device(head)
+    tok, hid, msk, lens = batch_sequences(seqs, cfg.max_len, dev)
     n = tok.shape[1] - 2
-    ntok, npar, nhid, has = batch_trees(seqs, n, cfg.max_len)
+    ntok, npar, nhid, has = (x.to(dev) for x in batch_trees(seqs, n, cfg.max_len))
     f0, ok, levels = talf_forward(head, tok, hid, msk, lens, ntok, npar, has)
     has = has & ok
     draft = torch.cat([f0[ok], levels[has].flatten(0, -2)])  # [nodes, hidden]
     with torch.no_grad():
         target = lm_head(torch.cat([hid[:, 1:n + 1, :_target_width(head)][ok], nhid[has].flatten(0, -2)])).float()
-    return talf_loss(target, draft_logits(lm_head, draft, d2t, head), torch.ones(draft.shape[0], dtype=torch.bool), d2t)
+    return talf_loss(target, draft_logits(lm_head, draft, d2t, head),
+                     torch.ones(draft.shape[0], dtype=torch.bool, device=dev), d2t)
 
 
 def _loss(cfg: TrainConfig, lm_head, steps, target_hidden, d2t=None, head=None) -> torch.Tensor:
@@ -172,7 +179,7 @@ def evaluate_alpha(head, lm_head, seqs, cfg: TrainConfig, d2t: Optional[torch.Te
     target distribution: with a token map, the mass outside it counts as rejected)."""
     sums, counts = [0.0] * cfg.ttt_steps, [0] * cfg.ttt_steps
     for i in range(0, len(seqs), cfg.batch_size):
-        tok, hid, msk, lens = batch_sequences(seqs[i:i + cfg.batch_size], cfg.max_len)
+        tok, hid, msk, lens = batch_sequences(seqs[i:i + cfg.batch_size], cfg.max_len, _device(head))
         steps, th = ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps)
         for k, (feats, valid) in enumerate(steps):
             dl, tl = step_logits(lm_head, feats, th, valid, d2t, head)
@@ -227,7 +234,7 @@ def train_draft(head, lm_head, train_seqs, cfg: TrainConfig, eval_seqs: Optional
         if cfg.loss == "talf":
             loss = talf_batch_loss(head, lm_head, batch, cfg, d2t)
         else:
-            tok, hid, msk, lens = batch_sequences(batch, cfg.max_len)
+            tok, hid, msk, lens = batch_sequences(batch, cfg.max_len, _device(head))
             loss = _loss(cfg, lm_head, *ttt_forward(head, tok, hid, msk, lens, cfg.ttt_steps), d2t=d2t, head=head)
         opt.zero_grad()
         loss.backward()
