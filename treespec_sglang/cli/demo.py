@@ -20,7 +20,9 @@ __all__ = ["add_parser"]
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="run the demo target with every policy vs plain decoding and print a table")
     p.add_argument("--target", default="smollm2-135m", help="HF Llama-family directory or 'smollm2-135m'")
-    p.add_argument("--draft", default="demo", help="EAGLE draft directory, 'demo' (shipped) or 'random'")
+    p.add_argument("--draft", default="demo-eagle3",
+                   help="draft directory (EAGLE or EAGLE-3), 'demo-eagle3' (the shipped EAGLE-3 head), 'demo' (the "
+                        "shipped EAGLE head) or 'random'")
     p.add_argument("--policies", default="eagle2,talon,salf,c2t,chain", help="comma-separated presets")
     p.add_argument("--policy-json", default=None, help="extra policy dict(s) as JSON")
     p.add_argument("--budget", type=int, default=None,
