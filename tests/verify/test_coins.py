@@ -15,8 +15,8 @@ from tests.verify.test_sampling import reference_target_probs
 from treespec_sglang.tree import DraftTree
 from treespec_sglang.verify import sampling as sampling_mod
 from treespec_sglang.verify import chain as chain_mod
-from treespec_sglang.verify import first_sibling_mask, sample, verify_chain, walk_tree
-from treespec_sglang.verify.sampling import check_sampling, top_p_renorm
+from treespec_sglang.verify import first_sibling_mask, sample, verify_chain, verify_tree, walk_tree
+from treespec_sglang.verify.sampling import check_sampling, sample_probs, top_p_renorm
 
 
 def inverse_cdf(weights, u):
@@ -81,6 +81,23 @@ def test_walk_tree_matches_the_loop_coin_by_coin(seed):
         assert int(r.num_accepted[b]) == len(path) - 1 and int(r.bonus[b]) == bonus
 
 
+@pytest.mark.parametrize("T, k, p", [(1.0, -1, 1.0), (0.6, 3, 0.9)])
+def test_verify_tree_walks_on_the_generator_coins(T, k, p):
+    """``verify_tree`` draws ``[bs, depth_bound + 1]`` coins from the generator: the loop fed the same draws
+    and the reference target distribution gives the same paths and bonus tokens."""
+    rng = random.Random(3)
+    V, sizes = 5, [1, 4, 7, 9, 3, 6]
+    lists = [random_tree_lists(rng, n, vocab=V, max_children=V) for n in sizes]
+    tree = DraftTree.from_lists([t for t, _ in lists], [q for _, q in lists])
+    logits = torch.randn(len(sizes), tree.n_nodes, V, generator=torch.Generator().manual_seed(4)) * 2
+    r = verify_tree(tree, logits, temperature=T, top_k=k, top_p=p, generator=torch.Generator().manual_seed(9))
+    coins = torch.rand(len(sizes), tree.depth_bound + 1, generator=torch.Generator().manual_seed(9)).tolist()
+    probs = reference_target_probs(logits.reshape(-1, V), T, k, p).view(len(sizes), tree.n_nodes, V).tolist()
+    for b, (tokens, parents) in enumerate(lists):
+        path, bonus = walk_oracle(tokens, parents, len(tokens), probs[b], coins[b])
+        assert r.path[b].tolist()[:len(path)] == path and int(r.bonus[b]) == bonus
+
+
 @pytest.mark.parametrize("coin, want_path", [(0.0, [0, 2]), (0.25, [0, 3]), (0.4921875, [0, 3]), (0.5, [0, -1])])
 def test_a_coin_on_a_cumulative_mass_rejects_that_child(coin, want_path):
     """The root's children in index order: node 1 (token 3, p 0), node 2 (token 1, p 0.25), node 3 (token 2,
@@ -143,6 +160,13 @@ def test_sample_defaults_to_greedy_and_follows_the_generator():
         u = torch.rand(64, generator=torch.Generator().manual_seed(5)).tolist()
         ref = reference_target_probs(logits, T, k, p).tolist()
         assert got.tolist() == [inverse_cdf(ref[b], u[b]) for b in range(64)]
+
+
+def test_sample_probs_never_draws_a_zero_probability_token():
+    """Inverse CDF with ``right=True``: a coin landing exactly on a plateau of the CDF moves past the
+    zero-probability tokens; a row without mass still yields a token id in range (the last)."""
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5], [0.0, 0.5, 0.0, 0.5], [0.0, 0.0, 0.0, 0.0]])
+    assert sample_probs(probs, u=torch.tensor([0.0, 0.5, 0.25])).tolist() == [1, 3, 3]
 
 
 @pytest.mark.parametrize("kw, msg", [
