@@ -26,6 +26,14 @@ def test_target_probs_defaults_to_greedy():
     assert torch.equal(target_probs(logits), want)
 
 
+def test_disabled_top_k_and_top_p_leave_the_plain_softmax():
+    """top_k 0 / -1 and top_p 1 are off: the result is softmax(logits / T) bit for bit (no renormalisation)."""
+    logits = torch.randn(64, 33, generator=torch.Generator().manual_seed(3)) * 3
+    want = torch.softmax(logits / 0.9, -1)
+    for k in (0, -1):
+        assert torch.equal(target_probs(logits, 0.9, k, 1.0), want)
+
+
 def test_target_probs_refuses_a_fractional_top_k_and_a_misshaped_tensor():
     with pytest.raises(ValueError, match=r"top_k must be an integer"):
         target_probs(torch.zeros(2, 5), 1.0, top_k=2.5)
@@ -36,13 +44,13 @@ def test_target_probs_refuses_a_fractional_top_k_and_a_misshaped_tensor():
 def test_tensor_parameters_of_any_dtype_give_float32_probs():
     """Per-row tensors arrive as float64 / int32 (a batch's own dtypes): the result is the float32
     distribution of the scalar path, row by row."""
-    logits = torch.randn(3, 9, generator=torch.Generator().manual_seed(2)) * 2
-    T = torch.tensor([0.7, 1.0, 1.5], dtype=torch.float64)
-    k = torch.tensor([3, -1, 5], dtype=torch.int32)
-    p = torch.tensor([1.0, 0.8, 0.9], dtype=torch.float64)
+    logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(2)) * 2
+    T = torch.tensor([0.7, 1.0, 1.5, 1.2], dtype=torch.float64)
+    k = torch.tensor([3, -1, 5, 0], dtype=torch.int32)  # -1 and 0: top-k off for that row
+    p = torch.tensor([1.0, 0.8, 0.9, 1.0], dtype=torch.float64)
     got = target_probs(logits, T, k, p)
     assert got.dtype == torch.float32
-    want = torch.cat([reference_target_probs(logits[b:b + 1], float(T[b]), int(k[b]), float(p[b])) for b in range(3)])
+    want = torch.cat([reference_target_probs(logits[b:b + 1], float(T[b]), int(k[b]), float(p[b])) for b in range(4)])
     torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-6)
 
 
