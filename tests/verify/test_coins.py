@@ -150,6 +150,8 @@ def test_top_p_keeps_a_token_only_while_the_mass_before_it_is_below_p():
     # row 2: sorted 1 (0.5), 3 (0.25) -> 0.75 before token 0 -> dropped
     want = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0], [0.0, 2 / 3, 0.0, 1 / 3]])
     torch.testing.assert_close(got, want)
+    flat = torch.full((1, 64), 1 / 64)  # 64 tied tokens (long enough for an unstable sort to reorder them)
+    assert top_p_renorm(flat, torch.tensor([[0.25]])).tolist() == [[1 / 16] * 16 + [0.0] * 48]
 
 
 def test_sample_defaults_to_greedy_and_follows_the_generator():
