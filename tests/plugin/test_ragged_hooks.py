@@ -147,3 +147,23 @@ def test_amx_metadata_of_a_ragged_verify_and_its_token_check():
             amx_extend_metadata(None, "backend", fb)
     finally:
         ragged._PLAN.reset(token)
+
+
+def test_plan_defaults_to_the_cpu_path_and_refuses_misshaped_rows():
+    plan = plan_ragged(KEEP, None)
+    assert plan.mode == "cpu" and plan.keep is KEEP and plan.n == 4 and plan.total == 5
+    one = torch.zeros(2, dtype=torch.long)
+    msg = r"rows must be \[T\]; lens and starts \[bs\]"
+    for rows, lens, starts in [(one[None], one, one), (one, one[None], one[None]), (one, one, one[:1])]:
+        with pytest.raises(ValueError, match=msg):
+            ragged.RaggedVerify(rows, lens, starts, None, 4)
+
+
+def test_compacted_paged_args_are_int32_like_sglangs():
+    kv_indptr = torch.tensor([0, 6, 11], dtype=torch.int32)  # prefixes 2 and 1, N 4
+    kv_indices = torch.arange(11, dtype=torch.int32)
+    mask = torch.ones(4 * 11, dtype=torch.bool)
+    kv, kv_ptr, qo_ptr, m = ragged.compact_paged_verify_args(kv_indices, kv_indptr, mask, KEEP)
+    assert kv.dtype == kv_ptr.dtype == qo_ptr.dtype == torch.int32 and m.dtype == torch.bool
+    assert kv_ptr.tolist() == [0, 5, 8] and qo_ptr.tolist() == [0, 3, 5]
+    assert kv.tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
