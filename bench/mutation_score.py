@@ -121,9 +121,11 @@ def classify(survivors: list, diffs: dict, equivalent: dict):
     return real, equiv, stale
 
 
-def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None) -> dict:
-    """Mutate and test one group in a fresh copy (or, with ``reuse``, only re-read a kept work dir's results,
-    e.g. after recording equivalent mutants). Returns the group's row of the report."""
+def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, retest=False) -> dict:
+    """Mutate and test one group in a fresh copy. With ``reuse`` (a kept work dir): only re-read its results,
+    e.g. after recording equivalent mutants; with ``retest`` too, first copy the current tests in and run
+    the mutants that survived there again (tests only added since: a killed mutant stays killed).
+    Returns the group's row of the report."""
     work = reuse or tempfile.mkdtemp(prefix=f"mutmut-{group}-")
     if not reuse:
         prepare(group, work, only)
@@ -134,6 +136,17 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None) 
     if not reuse:
         subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=work,
                        env=env)
+    elif retest:
+        for d in ("tests", "bench"):  # the current tests, in the work dir and in mutmut's copy of it
+            for dst in (os.path.join(work, d), os.path.join(work, "mutants", d)):
+                shutil.copytree(os.path.join(ROOT, d), dst, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("__pycache__", "measured", "data"))
+        res = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work, env=env, capture_output=True,
+                             text=True).stdout
+        again = [x.split(":")[0].strip() for x in res.splitlines() if x.rstrip().endswith(("survived", "no tests"))]
+        if again:
+            subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
+                           cwd=work, env=env)
     wall = time.time() - t0
     subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=work, env=env, capture_output=True)
     stats_file = os.path.join(work, "mutants", "mutmut-cicd-stats.json")
@@ -147,7 +160,7 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None) 
     real, equiv, stale = classify(survivors + no_tests, diffs, load_equivalent())
     no_tests = [m for m in no_tests if m in real]  # a mutant no test runs counts as survived
     killed = stats.get("killed", 0)
-    out = dict(group=group, files=only or GROUPS[group][0], wall_s=None if reuse else round(wall),
+    out = dict(group=group, files=only or GROUPS[group][0], wall_s=None if reuse and not retest else round(wall),
                total=stats.get("total"), killed=killed, survived=len(real), equivalent=len(equiv),
                other={k: v for k, v in stats.items() if k not in ("killed", "survived", "no_tests", "total") and v},
                score=round(killed / max(killed + len(real), 1), 3), survivors=real, equivalent_mutants=equiv,
@@ -167,10 +180,13 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="comma-separated files of ONE group to mutate instead of all of "
                     "its files (a large group one file at a time)")
     ap.add_argument("--reuse", default="", help="a kept work dir of ONE group: re-read its results (no new run)")
+    ap.add_argument("--retest", action="store_true", help="with --reuse: copy the current tests in and run the "
+                    "surviving mutants again")
     a = ap.parse_args(argv)
     rows = []
     for g in a.groups.split(","):
-        r = run_group(g, a.max_children, a.keep, [f for f in a.only.split(",") if f] or None, a.reuse or None)
+        r = run_group(g, a.max_children, a.keep, [f for f in a.only.split(",") if f] or None, a.reuse or None,
+                      a.retest)
         rows.append(r)
         print(f"{g}: killed {r['killed']}, survived {r['survived']}, equivalent {r['equivalent']} (excluded), "
               f"other {r['other']}, score {r['score']}", flush=True)
