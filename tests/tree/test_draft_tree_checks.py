@@ -249,3 +249,13 @@ def test_compact_matches_a_loop(seed, slack):
         assert int(out.size[b]) == len(kept)
     assert out.depth_bound == min(tree.depth_bound, n_out - 1)
     out.check()
+
+
+def test_buffer_gathers_depth_and_logprob_by_node_index_with_minus_one_for_none():
+    buf = TreeBuffer(torch.tensor([7]), capacity=4)
+    buf.append(torch.tensor([[3, 4]]), torch.tensor([[0, 0]]), torch.tensor([[-0.5, -1.5]]),
+               torch.tensor([[True, True]]))
+    buf.append(torch.tensor([[5]]), torch.tensor([[2]]), torch.tensor([[-2.0]]), torch.tensor([[True]]))
+    idx = torch.tensor([[0, 3, -1, 2, 1]])
+    assert buf.gather_depth(idx).tolist() == [[0, 2, -1, 1, 1]]
+    assert buf.gather_logprob(idx).tolist() == [[0.0, -2.0, NEG, -1.5, -0.5]]
