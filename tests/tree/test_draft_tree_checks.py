@@ -71,8 +71,9 @@ def put(name, b, i, v):
 @pytest.mark.parametrize("edit, msg", [
     (put("size", 1, None, 0), r"size must be in \[1, 4\], got \[4, 0\]"),
     (put("size", 0, None, 5), r"size must be in \[1, 4\], got \[5, 2\]"),
-    (put("parents", 1, 0, 0), r"root parent != -1"),
-    (put("depth", 1, 0, 1), r"root depth != 0"),
+    (put("parents", 1, 0, 0), r"^invalid DraftTree: root parent != -1$"),
+    (put("depth", 1, 0, 1), r"^invalid DraftTree: root depth != 0;"),
+    (put("parents", 0, 3, 9), r"parents must precede children at \[\[0, 3\]\]"),  # out of range: no gather error
     (put("parents", 0, 2, 2), r"parents must precede children at \[\[0, 2\]\]"),  # itself
     (put("parents", 0, 3, 3), r"parents must precede children at \[\[0, 3\]\]"),
     (put("parents", 1, 1, -1), r"parents must precede children at \[\[1, 1\]\]"),  # a real node unlinked
@@ -81,7 +82,7 @@ def put(name, b, i, v):
     (put("logprob", 0, 3, -0.4), r"path logprob increases or is NaN at \[\[0, 3\]\]"),
     (put("logprob", 1, 1, float("nan")), r"path logprob increases or is NaN at \[\[1, 1\]\]"),
     (put("tokens", 0, 2, -3), r"negative token at \[\[0, 2\]\]"),
-    (put("tokens", 1, 3, 6), r"padding must be token/parent/depth -1"),
+    (put("tokens", 1, 3, 6), r"^invalid DraftTree: padding must be token/parent/depth -1$"),
     (put("parents", 1, 2, 0), r"padding must be token/parent/depth -1"),
     (put("depth", 1, 2, 1), r"padding must be token/parent/depth -1"),
 ])
@@ -100,7 +101,18 @@ def test_check_reports_every_problem_and_the_depth_bound():
     DraftTree(**fields(good_tree()), depth_bound=2).check()  # the deepest node is at depth 2
 
 
-@pytest.mark.parametrize("delta, ok", [(0.0, True), (5e-6, True), (1e-3, False)])
+@pytest.mark.parametrize("field, value, msg", [
+    ("parents", 9, "parents must precede children"), ("depth", 7, r"depth != parent depth \+ 1"),
+    ("logprob", 1.0, "path logprob increases or is NaN"), ("tokens", -2, "negative token")])
+def test_check_lists_the_first_five_bad_nodes(field, value, msg):
+    t = DraftTree.from_lists([[0] * 8], [[-1] + [0] * 7])
+    f = fields(t)
+    f[field][0, 1:] = value  # all 7 children broken
+    with pytest.raises(ValueError, match=msg + r" at \[\[0, 1\], \[0, 2\], \[0, 3\], \[0, 4\], \[0, 5\]\]"):
+        DraftTree(**f).check()
+
+
+@pytest.mark.parametrize("delta, ok", [(0.0, True), (5e-6, True), (1e-5, True), (1e-3, False)])
 def test_check_allows_rounding_in_the_path_logprob_only(delta, ok):
     f = fields(good_tree())
     f["logprob"][0, 3] = f["logprob"][0, 1] + delta  # the child of node 1
@@ -174,6 +186,7 @@ def test_empty_buffer_holds_the_roots_only():
     assert buf.logprob.dtype == torch.float32
     t = buf.view(depth_bound=0)
     t.check()
+    assert t.depth_bound == 0
     assert t.n_nodes == 4 and t.paths() == [[(7,)], [(3,)], [(5,)]]
 
 
