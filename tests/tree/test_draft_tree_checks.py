@@ -44,7 +44,7 @@ def test_constructor_names_the_bad_field(field, bad, msg):
 
 
 def test_constructor_rejects_no_root_and_a_negative_depth_bound():
-    with pytest.raises(ValueError, match=r"n_nodes must be >= 1"):
+    with pytest.raises(ValueError, match=r"^n_nodes must be >= 1 \(the root\)$"):
         DraftTree(*(torch.zeros(2, 0, dtype=torch.int64) for _ in range(3)), torch.zeros(2, 0), torch.ones(2).long())
     with pytest.raises(ValueError, match=r"depth_bound must be >= 0, got -1"):
         DraftTree(**fields(good_tree()), depth_bound=-1)
