@@ -153,7 +153,7 @@ def test_plan_defaults_to_the_cpu_path_and_refuses_misshaped_rows():
     plan = plan_ragged(KEEP, None)
     assert plan.mode == "cpu" and plan.keep is KEEP and plan.n == 4 and plan.total == 5
     one = torch.zeros(2, dtype=torch.long)
-    msg = r"rows must be \[T\]; lens and starts \[bs\]"
+    msg = r"^rows must be \[T\]; lens and starts \[bs\]$"
     for rows, lens, starts in [(one[None], one, one), (one, one[None], one[None]), (one, one, one[:1])]:
         with pytest.raises(ValueError, match=msg):
             ragged.RaggedVerify(rows, lens, starts, None, 4)
@@ -167,3 +167,21 @@ def test_compacted_paged_args_are_int32_like_sglangs():
     assert kv.dtype == kv_ptr.dtype == qo_ptr.dtype == torch.int32 and m.dtype == torch.bool
     assert kv_ptr.tolist() == [0, 5, 8] and qo_ptr.tolist() == [0, 3, 5]
     assert kv.tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
+
+
+def test_spec_and_logits_without_the_optional_attributes(monkeypatch):
+    """SGLang objects that lack the attribute altogether: a chain verify input without ``custom_mask`` under
+    FlashInfer runs padded; a logits output without ``hidden_states`` comes back without it."""
+    monkeypatch.setenv(ENV_RAGGED, "1")
+    runner, fb = verify_batch(FlashInferAttnBackend(), KEEP)
+    fb.spec_info = SimpleNamespace(tree_topk=1)
+    seen, recorded = [], []
+    ragged_verify_forward(recording_forward(seen), runner, fb, KEEP, recorded.extend)
+    assert seen[0]["plan"] is None and recorded == [4, 4]
+
+    def no_hidden(runner, fb):
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=fb.input_ids.float()[:, None]))
+    monkeypatch.setenv(ENV_RAGGED, "auto")
+    runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
+    lo = ragged_verify_forward(no_hidden, runner, fb, KEEP, recorded.extend).logits_output
+    assert not hasattr(lo, "hidden_states") and lo.next_token_logits[ROWS, 0].tolist() == [float(r) for r in ROWS]
