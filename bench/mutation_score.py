@@ -10,8 +10,15 @@ output); each survivor is listed with ``mutmut show``-style diffs for review.
     python bench/mutation_score.py                      # every group (hours on 2 cores)
     python bench/mutation_score.py --groups pool --max-children 2
 
-Prints killed / survived / other per group and the score killed / (killed + survived), and writes
-``--out`` (JSON: counts and surviving mutant names per group).
+Equivalent mutants (they cannot change any output) are recorded in ``bench/mutation_equivalent.json``:
+per mutant its name, the mutated line (the ``+`` line of its diff) and why it is equivalent. A survivor is
+counted as equivalent only while its current diff still holds that line (mutmut numbers mutants per
+function, so an edited function renumbers them: a stale entry no longer matches and the survivor counts
+again); equivalents are excluded from the score and printed separately, stale entries too.
+
+Prints killed / survived / equivalent / other per group and the score killed / (killed + survived), where
+survived includes the mutants no test covers ("no tests"), and
+writes ``--out`` (JSON: counts, surviving and equivalent mutant names per group, and each survivor's diff).
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the CPU name comes from the package's own helper
+EQUIVALENT = os.path.join(ROOT, "bench", "mutation_equivalent.json")
 
 GROUPS = {  # name -> (files to mutate, tests that guard them)
     "tree": (["treespec_sglang/tree/"], ["tests/tree", "tests/policies"]),  # the policies build every tree
@@ -32,7 +42,9 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     "policies": (["treespec_sglang/policies/"], ["tests/policies"]),
     "pool": (["treespec_sglang/plugin/pool.py", "treespec_sglang/plugin/pool_rules.py"],
              ["tests/plugin/test_pool.py", "tests/plugin/test_draft_select.py", "tests/policies/test_none.py"]),
-    "ragged": (["treespec_sglang/plugin/ragged.py"], ["tests/plugin/test_ragged.py"]),
+    "ragged": (["treespec_sglang/plugin/ragged.py"],
+               ["tests/plugin/test_ragged.py", "tests/plugin/test_ragged_tokens.py",
+                "tests/plugin/test_ragged_hooks.py", "tests/plugin/test_ragged_flashinfer.py"]),
 }
 
 
@@ -40,45 +52,120 @@ def _toml_list(xs):
     return "[" + ", ".join(json.dumps(x) for x in xs) + "]"
 
 
-def prepare(group: str, work: str) -> str:
-    """A copy of the tracked tree in ``work`` whose pyproject.toml names the group for mutmut."""
+def prepare(group: str, work: str, only=None) -> str:
+    """A copy of the tracked tree in ``work`` whose pyproject.toml names the group for mutmut (``only``: a
+    subset of the group's files to mutate, e.g. one file of a large group)."""
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for f in files:
-        if f.startswith(("treespec_sglang/", "tests/", "pyproject.toml")):
+        # bench/*.py: a test may import a bench helper (the FlashInfer verify layouts)
+        bench_py = f.startswith("bench/") and f.endswith(".py")
+        if f.startswith(("treespec_sglang/", "tests/", "pyproject.toml")) or bench_py:
             dst = os.path.join(work, f)
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             shutil.copy2(os.path.join(ROOT, f), dst)
     paths, tests = GROUPS[group]
+    if only:
+        outside = [f for f in only if not any(f.startswith(p) for p in paths)]
+        if outside:
+            raise SystemExit(f"--only {outside}: not in group {group!r} ({paths})")
+        paths = only
     with open(os.path.join(work, "pyproject.toml"), "a") as fh:
         only = [x + "*" if x.endswith("/") else x for x in paths]  # glob patterns
         fh.write(f"\n[tool.mutmut]\nsource_paths = [\"treespec_sglang\"]\nonly_mutate = {_toml_list(only)}\n"
                  f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
                  f"pytest_add_cli_args = [\"-x\", \"-q\", \"-p\", \"no:cacheprovider\", \"-m\", \"not gpu and not slow "
-                 f"and not e2e and not sglang\"]\nalso_copy = [\"tests\"]\n"
+                 f"and not e2e and not sglang\"]\nalso_copy = [\"tests\", \"bench\"]\n"
                  # each mutant in a fresh child of a server that only collected the tests: the per-process
                  # caches (parameter rows, index tables) start empty, so a mutated builder is exercised
                  f"process_isolation = \"forkserver\"\nforkserver_warmup = \"collect\"\n")
     return work
 
 
-def run_group(group: str, max_children: int, keep: bool) -> dict:
-    work = tempfile.mkdtemp(prefix=f"mutmut-{group}-")
-    prepare(group, work)
+# run inside a group's work dir: the unified diff of each named mutant (JSON on stdout)
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = get_diff_for_mutant(name)
+    except Exception as e:  # noqa: BLE001 (a mutant mutmut can no longer locate)
+        out[name] = f"<no diff: {e!r}>"
+print(json.dumps(out))
+"""
+
+
+def load_equivalent(path: str = EQUIVALENT) -> dict:
+    """``{mutant name: (mutated line, reason)}`` from the recorded equivalent mutants (all groups)."""
+    if not os.path.exists(path):
+        return {}
+    return {e["mutant"]: (e["line"], e["reason"]) for e in json.load(open(path))["equivalent"]}
+
+
+def mutated_lines(diff: str) -> list:
+    """The ``+`` lines of a unified diff (stripped), headers excluded."""
+    return [x[1:].strip() for x in diff.splitlines() if x.startswith("+") and not x.startswith("+++")]
+
+
+def classify(survivors: list, diffs: dict, equivalent: dict):
+    """Split survivors into (real, equivalent, stale): a listed survivor is equivalent while its diff still
+    holds the recorded line; a listed one whose line no longer matches is stale (and counts as real)."""
+    real, equiv, stale = [], [], []
+    for name in survivors:
+        if name in equivalent:
+            if equivalent[name][0].strip() in mutated_lines(diffs.get(name, "")):
+                equiv.append(name)
+                continue
+            stale.append(name)
+        real.append(name)
+    return real, equiv, stale
+
+
+def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, retest=False) -> dict:
+    """Mutate and test one group in a fresh copy. With ``reuse`` (a kept work dir): only re-read its results,
+    e.g. after recording equivalent mutants; with ``retest`` too, first copy the current tests in and run
+    the mutants that survived there again (tests only added since: a killed mutant stays killed).
+    Returns the group's row of the report."""
+    work = reuse or tempfile.mkdtemp(prefix=f"mutmut-{group}-")
+    if not reuse:
+        prepare(group, work, only)
     # one OpenMP thread: mutmut forks its test runs from a process that already ran torch ops, and a forked
     # child of a multi-threaded OpenMP runtime can hang (mutants then end as timeouts)
     env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=work, env=env)
+    t0 = time.time()
+    if not reuse:
+        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=work,
+                       env=env)
+    elif retest:
+        for d in ("tests", "bench"):  # the current tests, in the work dir and in mutmut's copy of it
+            for dst in (os.path.join(work, d), os.path.join(work, "mutants", d)):
+                shutil.copytree(os.path.join(ROOT, d), dst, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("__pycache__", "measured", "data"))
+        res = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work, env=env, capture_output=True,
+                             text=True).stdout
+        again = [x.split(":")[0].strip() for x in res.splitlines() if x.rstrip().endswith(("survived", "no tests"))]
+        if again:
+            subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
+                           cwd=work, env=env)
+    wall = time.time() - t0
     subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=work, env=env, capture_output=True)
     stats_file = os.path.join(work, "mutants", "mutmut-cicd-stats.json")
     stats = json.load(open(stats_file)) if os.path.exists(stats_file) else {}
     res = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work, env=env, capture_output=True,
                          text=True).stdout
     survivors = [line.split(":")[0].strip() for line in res.splitlines() if "survived" in line]
-    killed, survived = stats.get("killed", 0), stats.get("survived", len(survivors))
-    out = dict(group=group, killed=killed, survived=survived,
-               other={k: v for k, v in stats.items() if k not in ("killed", "survived")},
-               score=round(killed / max(killed + survived, 1), 3), survivors=survivors, workdir=work)
-    if not keep:
+    no_tests = [line.split(":")[0].strip() for line in res.splitlines() if line.rstrip().endswith("no tests")]
+    diffs = json.loads(subprocess.run([sys.executable, "-c", _DIFFS, *survivors, *no_tests], cwd=work, env=env,
+                                      capture_output=True, text=True).stdout or "{}")
+    real, equiv, stale = classify(survivors + no_tests, diffs, load_equivalent())
+    no_tests = [m for m in no_tests if m in real]  # a mutant no test runs counts as survived
+    killed = stats.get("killed", 0)
+    out = dict(group=group, files=only or GROUPS[group][0], wall_s=None if reuse and not retest else round(wall),
+               total=stats.get("total"), killed=killed, survived=len(real), equivalent=len(equiv),
+               other={k: v for k, v in stats.items() if k not in ("killed", "survived", "no_tests", "total") and v},
+               score=round(killed / max(killed + len(real), 1), 3), survivors=real, equivalent_mutants=equiv,
+               stale_equivalent=stale, no_tests=no_tests, diffs=diffs, workdir=work)
+    if not keep and not reuse:
         shutil.rmtree(work, ignore_errors=True)
         out.pop("workdir")
     return out
@@ -90,19 +177,47 @@ def main(argv=None):
     ap.add_argument("--max-children", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep each group's work dir (to run `mutmut show NAME`)")
     ap.add_argument("--out", default="bench/results/mutation_score.json")
+    ap.add_argument("--only", default="", help="comma-separated files of ONE group to mutate instead of all of "
+                    "its files (a large group one file at a time)")
+    ap.add_argument("--reuse", default="", help="a kept work dir of ONE group: re-read its results (no new run)")
+    ap.add_argument("--retest", action="store_true", help="with --reuse: copy the current tests in and run the "
+                    "surviving mutants again")
     a = ap.parse_args(argv)
     rows = []
     for g in a.groups.split(","):
-        r = run_group(g, a.max_children, a.keep)
+        r = run_group(g, a.max_children, a.keep, [f for f in a.only.split(",") if f] or None, a.reuse or None,
+                      a.retest)
         rows.append(r)
-        print(f"{g}: killed {r['killed']}, survived {r['survived']}, other {r['other']}, score {r['score']}",
-              flush=True)
+        print(f"{g}: killed {r['killed']}, survived {r['survived']}, equivalent {r['equivalent']} (excluded), "
+              f"other {r['other']}, score {r['score']}", flush=True)
         for s in r["survivors"]:
             print("  survived:", s)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as fh:
-        json.dump(rows, fh, indent=1)
+        for s in r["no_tests"]:
+            print("  no tests:", s)
+        for s in r["equivalent_mutants"]:
+            print("  equivalent:", s)
+        for s in r["stale_equivalent"]:
+            print("  stale equivalent entry (diff changed, counted as survived):", s)
+    write_report(a.out, rows)
     return rows
+
+
+def write_report(path: str, rows: list) -> None:
+    """Merge ``rows`` into the JSON report at ``path`` (one entry per group; a group run one file at a time
+    keeps one entry per file set), so groups scored in separate runs share one file."""
+    from treespec_sglang.engine.cost import _cpu_name
+
+    report = json.load(open(path)) if os.path.exists(path) else {}
+    if not isinstance(report, dict):  # an older list-shaped report
+        report = {}
+    runs = report.get("runs", {})
+    for r in rows:
+        key = r["group"] if r["files"] == GROUPS[r["group"]][0] else f"{r['group']}:{','.join(r['files'])}"
+        runs[key] = {k: v for k, v in r.items() if k != "workdir"}
+    report.update(cpu=f"{_cpu_name()}, {os.cpu_count()} cores", mutmut="3.8.1", runs=runs)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(report, fh, indent=1)
 
 
 if __name__ == "__main__":

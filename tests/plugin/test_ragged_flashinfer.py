@@ -1,14 +1,15 @@
-"""GPU: FlashInfer's paged prefill kernel run with the ragged verify arguments (SGLang's padded ones
-compacted by :func:`compact_paged_verify_args`) on heterogeneous trees equals a per-request torch oracle
-that starts from the padded, uncompacted arguments (bf16 tolerance): a compaction bug is caught, not
-shared by the kernel and its oracle. Skipped without CUDA + flashinfer."""
+"""Ragged FlashInfer verify: attention run with the ragged verify arguments (SGLang's padded ones compacted by
+:func:`compact_paged_verify_args`, the queries compacted by the plan's rows and the output scattered back to
+SGLang's ``[bs, N]`` grid) equals a per-request torch oracle that starts from the uncompacted grid (the padded
+arguments and queries, filler rows included): a compaction bug is caught, not shared by the kernel and its
+oracle. The torch attention runs everywhere (float32, CPU); FlashInfer's paged prefill kernel needs CUDA and
+``flashinfer`` (bf16 tolerance) and is skipped without them.
+"""
 
 import pytest
 import torch
 
-from treespec_sglang.plugin.ragged import compact_paged_verify_args
-
-pytestmark = pytest.mark.gpu
+from treespec_sglang.plugin.ragged import compact_paged_verify_args, plan_ragged, scatter_rows
 
 
 def closed_keep(g, anc, size):
@@ -45,48 +46,85 @@ def ragged_case(bs, sizes, prefixes, device, n=64, heads=8, kv_heads=2, d=128, d
 
 
 def padded_oracle(q, k_cache, v_cache, kv_indices, kv_indptr, mask, keep, scale):
-    """Per request (request-major, kept nodes in index order): attention of its kept nodes' query rows
-    ``b * N + i`` over its prefix slots and its kept nodes' slots, masked by those rows and columns of the
-    request's padded ``[N, P_b + N]`` block. ``[sum_b n_b, heads, d]`` float32."""
+    """From the uncompacted grid: per request and per padded verify slot i of ``[bs, N]``, the attention of
+    query row ``b * N + i`` over its prefix slots and its kept nodes' slots, masked by row i of the request's
+    padded ``[N, P_b + N]`` block at those columns; filler slots (not kept) stay zero.
+    ``[bs, N, heads, d]`` float32."""
     bs, n = keep.shape
-    out, off = [], 0
+    out, off = torch.zeros(bs, n, q.shape[1], q.shape[2]), 0
     for b in range(bs):
         lo, hi = int(kv_indptr[b]), int(kv_indptr[b + 1])
         prefix = hi - lo - n
-        block = mask[off:off + n * (hi - lo)].reshape(n, hi - lo)  # [N, P_b + N]
+        block = mask[off:off + n * (hi - lo)].reshape(n, hi - lo).cpu()  # [N, P_b + N]
         off += n * (hi - lo)
-        kept = [i for i in range(n) if keep[b, i]]
-        cols = list(range(prefix)) + [prefix + j for j in kept]
+        cols = list(range(prefix)) + [prefix + j for j in range(n) if keep[b, j]]
         slots = kv_indices[lo:hi].long()[cols]
-        kb, vb = k_cache[slots].float(), v_cache[slots].float()  # [cols, kv_heads, d]
+        kb, vb = k_cache[slots].float().cpu(), v_cache[slots].float().cpu()  # [cols, kv_heads, d]
         rep = q.shape[1] // kb.shape[1]
         kb, vb = kb.repeat_interleave(rep, 1), vb.repeat_interleave(rep, 1)
-        qb = q[[b * n + i for i in kept]].float()  # [n_b, heads, d]
-        s = torch.einsum("qhd,khd->hqk", qb, kb) * scale  # [heads, n_b, cols]
-        s = s.masked_fill(~block[kept][:, cols][None], float("-inf"))
-        out.append(torch.einsum("hqk,khd->qhd", s.softmax(-1), vb))
-    return torch.cat(out)
+        for i in range(n):
+            if not keep[b, i]:
+                continue
+            s = torch.einsum("hd,khd->hk", q[b * n + i].float().cpu(), kb) * scale  # [heads, cols]
+            s = s.masked_fill(~block[i, cols][None], float("-inf"))
+            out[b, i] = torch.einsum("hk,khd->hd", s.softmax(-1), vb)
+    return out
 
 
-@pytest.mark.parametrize("bs, sizes, prefixes", [
-    (1, [8], [512]),
-    (4, [64, 1, 17, 40], [4096, 600, 512, 2048]),
-    (16, [8, 64] * 8, [512, 4096] * 8),
-])
-def test_ragged_flashinfer_verify_equals_the_oracle(bs, sizes, prefixes):
-    pytest.importorskip("flashinfer")
+def torch_attention(q, k_cache, v_cache, kv_indices, kv_indptr, qo_indptr, mask, heads, kv_heads, d):
+    """The ragged arguments run by plain torch (float32), FlashInfer's layout: request b's query rows
+    ``qo_indptr[b]:qo_indptr[b + 1]``, its KV slots ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`` and its
+    ``[qo_len, kv_len]`` mask block row-major."""
+    from bench.flashinfer_ragged_verify import oracle
+
+    return oracle(q, k_cache, v_cache, kv_indices, kv_indptr, qo_indptr, mask, d ** -0.5)
+
+
+def flashinfer_run(q, k_cache, v_cache, kv_indices, kv_indptr, qo_indptr, mask, heads, kv_heads, d):
     import flashinfer
 
     from bench.flashinfer_ragged_verify import WORKSPACE, flashinfer_attention
 
-    heads, kv_heads, d = 8, 2, 128
-    keep, kv_indices, kv_indptr, mask, k_cache, v_cache, q = ragged_case(bs, sizes, prefixes, "cuda", heads=heads,
-                                                                         kv_heads=kv_heads, d=d)
-    rkv, rkv_indptr, rqo, rmask = compact_paged_verify_args(kv_indices, kv_indptr, mask, keep)
-    assert int(rqo[-1]) == sum(sizes)
-    rq = q[keep.reshape(-1)]
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(torch.empty(WORKSPACE, dtype=torch.uint8,
-                                                                         device="cuda"), "NHD")
-    out = flashinfer_attention(wrapper, rq, k_cache, v_cache, rkv, rkv_indptr, rqo, rmask, heads, kv_heads, d)
-    ref = padded_oracle(q, k_cache, v_cache, kv_indices, kv_indptr, mask, keep, d ** -0.5)
-    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+                                                                         device=q.device), "NHD")
+    return flashinfer_attention(wrapper, q, k_cache, v_cache, kv_indices, kv_indptr, qo_indptr, mask, heads,
+                                kv_heads, d)
+
+
+def flashinfer_device():
+    pytest.importorskip("flashinfer")
+    if not torch.cuda.is_available():
+        pytest.skip("FlashInfer's kernels need CUDA")
+    return "cuda"
+
+
+BACKENDS = {  # name -> (device getter, run, dtype, head dim, tolerance)
+    "torch": (lambda: "cpu", torch_attention, torch.float32, 32, 1e-5),
+    "flashinfer": (flashinfer_device, flashinfer_run, torch.bfloat16, 128, 2e-2),
+}
+
+
+CASES = [  # bs, tree sizes, prefix lengths, N
+    (1, [8], [512], 64),
+    (4, [64, 1, 17, 40], [4096, 600, 512, 2048], 64),
+    (3, [5, 1, 9], [7, 0, 30], 9),
+    (16, [8, 64] * 8, [512, 4096] * 8, 64),  # GPU only (about 20 s of torch loops on 2 CPU cores)
+]
+
+
+@pytest.mark.parametrize("backend, bs, sizes, prefixes, n", [("torch",) + c for c in CASES[:3]] + [
+    pytest.param("flashinfer", *c, marks=pytest.mark.gpu) for c in CASES])
+def test_ragged_verify_equals_the_oracle_on_the_padded_grid(backend, bs, sizes, prefixes, n):
+    get_device, run, dtype, d, tol = BACKENDS[backend]
+    device = get_device()
+    heads, kv_heads = 8, 2
+    keep, kv_indices, kv_indptr, mask, k_cache, v_cache, q = ragged_case(bs, sizes, prefixes, device, n=n,
+                                                                         heads=heads, kv_heads=kv_heads, d=d,
+                                                                         dtype=dtype)
+    plan = plan_ragged(keep, None, "flashinfer")  # the plugin's plan: the query rows the forward runs
+    rkv, rkv_indptr, rqo, rmask = compact_paged_verify_args(kv_indices, kv_indptr, mask, keep)
+    out = run(q[plan.rows], k_cache, v_cache, rkv, rkv_indptr, rqo, rmask, heads, kv_heads, d)
+    grid = scatter_rows(out.float(), plan, bs).cpu()  # back on SGLang's [bs * N] rows, filler zero
+    ref = padded_oracle(q, k_cache, v_cache, kv_indices, kv_indptr, mask, keep.cpu(), d ** -0.5)
+    assert int(rqo[-1]) == sum(sizes)
+    torch.testing.assert_close(grid.view(bs, n, heads, d), ref, rtol=tol, atol=tol)

@@ -55,3 +55,20 @@ def test_engine_with_none_equals_plain_decoding(tiny_engine):
                                                                                        "budget": 6}])
     assert [r.token_ids for r in out] == plain
     assert set(out[0].stats.tree_sizes) == {1} and set(out[0].stats.accepted) == {0}
+
+
+def test_none_policy_alone_frontier_tree_and_step():
+    """The policy object itself: an empty int64 frontier per request, a one-node tree of depth bound 0, and
+    a step that refuses to run (max_steps is 0)."""
+    from treespec_sglang.policies.off import NonePolicy
+
+    pol = NonePolicy([NoneParams(), NoneParams()], torch.device("cpu"))
+    frontier = pol.start(torch.tensor([7, 9]), torch.zeros(2, 5))
+    assert frontier.shape == (2, 0) and frontier.dtype == torch.int64
+    assert pol.max_steps == 0 and pol.depth_bound == 0
+    with pytest.raises(RuntimeError, match=r"^the none policy drafts nothing$"):
+        pol.step(torch.zeros(2, 0, 5))
+    tree = pol.finish()
+    tree.check()
+    assert tree.n_nodes == 1 and tree.depth_bound == 0
+    assert tree.tokens.tolist() == [[7], [9]] and tree.size.tolist() == [1, 1]

@@ -70,3 +70,13 @@ def test_compact_renumbers_parents():
     assert c.tokens.tolist() == [[9, 2, 4, -1]]
     assert c.parents.tolist() == [[-1, 0, 1, -1]]
     assert c.paths() == [[(9,), (9, 2), (9, 2, 4)]]
+
+
+@pytest.mark.parametrize("dtype, fill", [(torch.int32, -1), (torch.float64, float("-inf")), (torch.bool, False)])
+def test_pack_left_keeps_the_values_dtype(dtype, fill):
+    keep = torch.tensor([[False, True, True], [True, False, False]])
+    vals = torch.tensor([[4, 5, 6], [7, 8, 9]]).to(dtype)
+    got = pack_left(keep, vals, 2, fill)
+    assert got.dtype == dtype
+    want = [[vals[0, 1].item(), vals[0, 2].item()], [vals[1, 0].item(), fill]]
+    assert got.tolist() == want

@@ -142,11 +142,12 @@ class DraftTree:
         bad_par = inner & ((self.parents < 0) | (self.parents >= ar[None, :]))
         if bool(bad_par.any()):
             problems.append(f"parents must precede children at {bad_par.nonzero().tolist()[:5]}")
-        pdepth = torch.gather(self.depth, 1, self.parents.clamp(min=0))
+        pidx = self.parents.clamp(0, n - 1)  # a parent index out of range is reported above, not a gather error
+        pdepth = torch.gather(self.depth, 1, pidx)
         bad_depth = inner & (self.depth != pdepth + 1)
         if bool(bad_depth.any()):
             problems.append(f"depth != parent depth + 1 at {bad_depth.nonzero().tolist()[:5]}")
-        plp = torch.gather(self.logprob, 1, self.parents.clamp(min=0))
+        plp = torch.gather(self.logprob, 1, pidx)
         bad_lp = inner & ~(self.logprob <= plp + 1e-5)
         if bool(bad_lp.any()):
             problems.append(f"path logprob increases or is NaN at {bad_lp.nonzero().tolist()[:5]}")

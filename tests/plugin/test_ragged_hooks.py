@@ -1,0 +1,187 @@
+"""The ragged verify hook bodies as SGLang calls them: arguments passed through to the wrapped method
+unchanged, which attention path a batch takes (CPU tree / chain, FlashInfer with or without a custom mask,
+a batch that keeps every node), the plan the forward sees, the outputs it returns and its errors."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from treespec_sglang.plugin import ragged
+from treespec_sglang.plugin.ragged import (ENV_RAGGED, amx_extend_metadata, eager_while_ragged, flashinfer_verify_args,
+                                           plan_ragged, ragged_mode, ragged_verify_forward)
+
+
+class Backend:
+    def __init__(self):
+        self.planned = 0
+
+    def init_forward_metadata(self, fb):
+        self.planned += 1
+
+
+class IntelAMXAttnBackend(Backend):  # named like SGLang's backends (ragged_mode reads the class names)
+    pass
+
+
+class FlashInferAttnBackend(Backend):
+    pass
+
+
+def verify_batch(backend, keep, custom_mask=True, tree_topk=4):
+    bs, n = keep.shape
+    spec = SimpleNamespace(custom_mask=torch.ones(bs * n * n, dtype=torch.bool) if custom_mask else None,
+                           tree_topk=tree_topk)
+    fb = SimpleNamespace(input_ids=torch.arange(bs * n), positions=torch.arange(bs * n) + 100,
+                         out_cache_loc=torch.arange(bs * n) + 200, spec_info=spec)
+    return SimpleNamespace(attn_backend=backend), fb
+
+
+def recording_forward(seen, hidden=True):
+    """``ModelRunner.forward`` stand-in: records what it was called with and the plan in force; returns one
+    logits row and one hidden row per token (the token's input id)."""
+    def forward(runner, fb, *args, **kwargs):
+        seen.append(dict(args=args, kwargs=kwargs, ids=fb.input_ids.tolist(), pos=fb.positions.tolist(),
+                         loc=fb.out_cache_loc.tolist(), plan=ragged._PLAN.get()))
+        x = fb.input_ids.float()[:, None].repeat(1, 3) + 1
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=x, hidden_states=x.clone()
+                                                             if hidden else None))
+    return forward
+
+
+KEEP = torch.tensor([[1, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)  # 3 + 2 of 2 x 4 nodes
+ROWS = [0, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("backend, env, mask, topk, want_mode, want_tree", [
+    (IntelAMXAttnBackend, None, True, 4, "cpu", True),
+    (IntelAMXAttnBackend, None, True, 1, "cpu", False),  # a chain: causal, no tree mask
+    (FlashInferAttnBackend, "1", True, 4, "flashinfer", False),  # the mask is compacted in the paged args
+])
+@pytest.mark.parametrize("hidden", [True, False])
+def test_a_ragged_verify_runs_the_kept_rows_with_its_plan(monkeypatch, backend, env, mask, topk, want_mode,
+                                                          want_tree, hidden):
+    monkeypatch.delenv(ENV_RAGGED, raising=False) if env is None else monkeypatch.setenv(ENV_RAGGED, env)
+    runner, fb = verify_batch(backend(), KEEP, mask, topk)
+    seen, recorded = [], []
+    out = ragged_verify_forward(recording_forward(seen, hidden), runner, fb, KEEP, recorded.extend, "a1",
+                                key="k1")
+    (call,) = seen
+    assert call["args"] == ("a1",) and call["kwargs"] == {"key": "k1"}
+    assert call["ids"] == ROWS and call["pos"] == [r + 100 for r in ROWS] and call["loc"] == [r + 200 for r in ROWS]
+    assert call["plan"].mode == want_mode and (call["plan"].tree_mask is not None) == want_tree
+    assert runner.attn_backend.planned == 1  # planned again for the compacted batch
+    assert recorded == [3, 2] and ragged._PLAN.get() is None
+    assert fb.input_ids.tolist() == list(range(8))  # restored
+    want = torch.zeros(8, 3)
+    want[ROWS] = torch.tensor(ROWS).float()[:, None] + 1
+    lo = out.logits_output
+    assert torch.equal(lo.next_token_logits, want)
+    assert torch.equal(lo.hidden_states, want) if hidden else lo.hidden_states is None
+
+
+@pytest.mark.parametrize("backend, env, keep, mask", [
+    (IntelAMXAttnBackend, "0", KEEP, True),  # ragged verify off
+    (FlashInferAttnBackend, None, KEEP, True),  # FlashInfer: opt-in only
+    (FlashInferAttnBackend, "1", KEEP, False),  # a chain verify without a custom mask: nothing to compact
+    (IntelAMXAttnBackend, None, torch.ones(2, 4, dtype=torch.bool), True),  # every node kept
+])
+def test_padded_verify_runs_sglangs_batch_untouched(monkeypatch, backend, env, keep, mask):
+    monkeypatch.delenv(ENV_RAGGED, raising=False) if env is None else monkeypatch.setenv(ENV_RAGGED, env)
+    runner, fb = verify_batch(backend(), keep, mask)
+    seen, recorded = [], []
+    out = ragged_verify_forward(recording_forward(seen), runner, fb, keep, recorded.extend, "a1", key="k1")
+    (call,) = seen
+    assert call["args"] == ("a1",) and call["kwargs"] == {"key": "k1"}
+    assert call["ids"] == list(range(8)) and call["plan"] is None
+    assert runner.attn_backend.planned == 0  # SGLang's own plan for bs * N tokens stands
+    assert recorded == [4, 4]
+    assert out.logits_output.next_token_logits[:, 0].tolist() == [i + 1.0 for i in range(8)]
+
+
+@pytest.mark.parametrize("env, want", [(" OFF ", None), ("False", None), ("On", "flashinfer"), ("YES", "flashinfer")])
+def test_ragged_mode_reads_the_env_case_insensitively(monkeypatch, env, want):
+    monkeypatch.setenv(ENV_RAGGED, env)
+    backend = IntelAMXAttnBackend if want is None else FlashInferAttnBackend
+    assert ragged_mode(SimpleNamespace(attn_backend=backend())) == want
+
+
+def test_ragged_mode_of_a_runner_without_an_attention_backend_is_none(monkeypatch):
+    monkeypatch.setenv(ENV_RAGGED, "1")
+    assert ragged_mode(SimpleNamespace()) is None
+
+
+def test_hooks_pass_their_arguments_through_outside_a_ragged_verify():
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "sglang's"
+
+    verify = SimpleNamespace(is_target_verify=lambda: True)
+    fb = SimpleNamespace(forward_mode=verify)
+    assert amx_extend_metadata(original, "backend", fb, 1, k=2) == "sglang's"
+    assert flashinfer_verify_args(original, "spec", 1, k=2) == "sglang's"
+    assert eager_while_ragged(original, "runner", fb, 1, k=2) == "sglang's"
+    assert calls == [(("backend", fb, 1), {"k": 2}), (("spec", 1), {"k": 2}), (("runner", fb, 1), {"k": 2})]
+    token = ragged._PLAN.set(plan_ragged(KEEP, None))
+    try:  # during a ragged verify, the metadata of a non-verify forward (a draft extend) is SGLang's
+        other = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: False))
+        assert amx_extend_metadata(original, "backend", other, 3, k=4) == "sglang's"
+    finally:
+        ragged._PLAN.reset(token)
+    assert calls[-1] == (("backend", other, 3), {"k": 4})
+
+
+def test_amx_metadata_of_a_ragged_verify_and_its_token_check():
+    plan = plan_ragged(KEEP, torch.ones(32, dtype=torch.bool))
+    fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True), input_ids=torch.arange(5),
+                         seq_lens=torch.tensor([10, 20]))
+    token = ragged._PLAN.set(plan)
+    try:
+        seq, ext, start, mask = amx_extend_metadata(None, "backend", fb)
+        assert seq.tolist() == [13, 22] and ext.tolist() == [3, 2] and start.tolist() == [0, 3]
+        assert ext.dtype == start.dtype == torch.int32 and mask is plan.tree_mask
+        fb.input_ids = torch.arange(7)
+        with pytest.raises(RuntimeError, match=r"ragged verify: 7 tokens in the forward, 5 planned"):
+            amx_extend_metadata(None, "backend", fb)
+    finally:
+        ragged._PLAN.reset(token)
+
+
+def test_plan_defaults_to_the_cpu_path_and_refuses_misshaped_rows():
+    plan = plan_ragged(KEEP, None)
+    assert plan.mode == "cpu" and plan.keep is KEEP and plan.n == 4 and plan.total == 5
+    one = torch.zeros(2, dtype=torch.long)
+    msg = r"^rows must be \[T\]; lens and starts \[bs\]$"
+    for rows, lens, starts in [(one[None], one, one), (one, one[None], one[None]), (one, one, one[:1])]:
+        with pytest.raises(ValueError, match=msg):
+            ragged.RaggedVerify(rows, lens, starts, None, 4)
+
+
+def test_compacted_paged_args_are_int32_like_sglangs():
+    kv_indptr = torch.tensor([0, 6, 11], dtype=torch.int32)  # prefixes 2 and 1, N 4
+    kv_indices = torch.arange(11, dtype=torch.int32)
+    mask = torch.ones(4 * 11, dtype=torch.bool)
+    kv, kv_ptr, qo_ptr, m = ragged.compact_paged_verify_args(kv_indices, kv_indptr, mask, KEEP)
+    assert kv.dtype == kv_ptr.dtype == qo_ptr.dtype == torch.int32 and m.dtype == torch.bool
+    assert kv_ptr.tolist() == [0, 5, 8] and qo_ptr.tolist() == [0, 3, 5]
+    assert kv.tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
+
+
+def test_spec_and_logits_without_the_optional_attributes(monkeypatch):
+    """SGLang objects that lack the attribute altogether: a chain verify input without ``custom_mask`` under
+    FlashInfer runs padded; a logits output without ``hidden_states`` comes back without it."""
+    monkeypatch.setenv(ENV_RAGGED, "1")
+    runner, fb = verify_batch(FlashInferAttnBackend(), KEEP)
+    fb.spec_info = SimpleNamespace(tree_topk=1)
+    seen, recorded = [], []
+    ragged_verify_forward(recording_forward(seen), runner, fb, KEEP, recorded.extend)
+    assert seen[0]["plan"] is None and recorded == [4, 4]
+
+    def no_hidden(runner, fb):
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=fb.input_ids.float()[:, None]))
+    monkeypatch.setenv(ENV_RAGGED, "auto")
+    runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
+    lo = ragged_verify_forward(no_hidden, runner, fb, KEEP, recorded.extend).logits_output
+    assert not hasattr(lo, "hidden_states") and lo.next_token_logits[ROWS, 0].tolist() == [float(r) for r in ROWS]
