@@ -37,3 +37,23 @@ def test_each_request_keeps_its_own_k_best_frontier_nodes():
         got = [i for i in nxt[b].tolist() if i >= 0]
         assert len(got) == k
         assert sorted(round(lp[b][i], 5) for i in got) == sorted(round(v, 5) for v, _ in best)
+
+
+def test_tied_path_values_go_to_the_lower_flat_index():
+    """64 candidates with one path value (uniform distributions): the next frontier is the first k in
+    SGLang's flat order (frontier node j, child c) -> j * k + c, i.e. node j = 0's k children, in order.
+    A deterministic tie rule is what keeps every rank's tree the same. Example, k = 2 and all tied:
+    candidates (0, 0) (0, 1) (1, 0) (1, 1) -> frontier (0, 0), (0, 1)."""
+    import math
+
+    k, V = 8, 16
+    pol = Eagle2Policy([parse_spec({"policy": "eagle2", "budget": 40, "topk": k, "depth": 3})], torch.device("cpu"))
+    frontier = pol.start(torch.tensor([1]), torch.full((1, V), -math.log(V)))
+    first = frontier[0].tolist()
+    assert len(first) == k and min(first) >= 0
+    before = int(pol.buf.size[0])
+    nxt = pol.step(torch.full((1, k, V), -math.log(V)))[0].tolist()
+    # the appended candidates, in flat order (a plain loop over the buffer rows added by this step)
+    cands = [i for i in range(before, before + k * k) if int(pol.buf.parents[0, i]) >= 0]
+    assert [int(pol.buf.parents[0, i]) for i in cands] == [p for p in first for _ in range(k)]
+    assert nxt == cands[:k]
