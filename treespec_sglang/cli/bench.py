@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from .runs import (add_dtype, draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets,
+from .runs import (add_dtype, draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets, PACK,
                    run_policy, set_threads, verdict)
 
 __all__ = ["add_parser", "write_outputs"]
@@ -47,8 +47,9 @@ def run(a: argparse.Namespace) -> int:
     specs = [None] + parse_policies(a.policies, a.policy_json, a.budget)
     sets = [load_prompt_set(n.strip()).every(a.every).take(a.limit) for n in a.prompts.split(",") if n.strip()]
     engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed,
-                                        dtype=a.dtype)
-    print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
+                                        dtype=a.dtype, pack=PACK[a.pack])
+    # stdout: an error after it stays one line
+    print(f"dtype {engine.dtype_note}; linears {engine.pack_note}", flush=True)
     if a.auto_budgets:
         picked, notes = pick_budgets(engine, specs[1:], draft_dir_of(a.draft), a.budget, bs=a.batch_size)
         specs = [None] + picked

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .runs import (add_dtype, draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets,
+from .runs import (add_dtype, draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets, PACK,
                    plan_vs_measured, run_policy, set_threads, verdict)
 
 __all__ = ["add_parser"]
@@ -52,8 +52,9 @@ def run(a: argparse.Namespace) -> int:
     prompts = humaneval().every(10).take(a.humaneval).prompts + mtbench().every(10).take(a.mtbench).prompts
     print(f"loading {a.target} + draft {a.draft} ...", flush=True)
     engine = SpecEngine.from_pretrained(a.target, draft=None if a.draft == "random" else a.draft, seed=a.seed,
-                                        dtype=a.dtype)
-    print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
+                                        dtype=a.dtype, pack=PACK[a.pack])
+    # stdout: an error after it stays one line
+    print(f"dtype {engine.dtype_note}; linears {engine.pack_note}", flush=True)
     engine.generate(prompts[:1], max_new_tokens=2)  # warm-up (allocator, threads)
     plans = {}
     specs, notes = pick_budgets(engine, specs, draft_dir_of(a.draft), a.budget, bs=a.batch_size, plans=plans)

@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence
 import torch
 
 __all__ = ["PRESETS", "parse_policies", "PolicyRun", "run_policy", "format_table", "failed_requests", "verdict",
-           "draft_dir_of", "pick_budgets", "add_dtype"]
+           "draft_dir_of", "pick_budgets", "add_dtype", "PACK"]
 
 # CPU-sized defaults (shared/notes/measurements.md: a 60-node tree costs ~3.3 decode steps on CPU)
 PRESETS = {
@@ -218,8 +218,14 @@ DTYPE_HELP = ("auto (bf16 where the CPU has AMX / AVX512-BF16 or the GPU support
               "(bit-exact), bfloat16; plain decoding runs in the same dtype")
 
 
+PACK = {"auto": None, "on": True, "off": False}  # --pack -> SpecEngine(pack=...)
+
+
 def add_dtype(p, default: str = "auto") -> None:
     p.add_argument("--dtype", default=default, help=DTYPE_HELP)
+    p.add_argument("--pack", default="auto", choices=sorted(PACK),
+                   help="oneDNN-prepacked linears on the CPU: auto (where the kernel passes its probe: bf16 "
+                        "bit-identical, float32 batch-invariant), on (required: an error where not), off")
 
 
 def set_threads(n: Optional[int]) -> None:

@@ -120,6 +120,7 @@ def measure_cost_curve(engine, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 3
                        cache_dir: Optional[str] = None, model_id: str = "") -> Tuple[CostCurve, bool]:
     """-> (curve, whether it came from the cache). ``cache_dir`` None: measure, store nothing."""
     key = json.dumps([_cpu_name(), torch.__version__, str(engine.dtype), str(engine.device), torch.get_num_threads(),
+                      getattr(engine, "packed", False),
                       model_id, engine.target.config.hidden_size, engine.target.config.num_hidden_layers,
                       engine.draft_vocab, type(engine.draft).__name__, list(sizes), list(widths), prefix])
     path = None

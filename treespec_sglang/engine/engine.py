@@ -22,7 +22,7 @@ import torch
 from ..policies.calibration import DepthCalibration
 from ..utils.deprecation import UNSET, renamed_arg
 from ..verify import sample
-from ..models.packing import PackedLinear, pack_linears_, packing_available
+from ..models.packing import PackedLinear, pack_linears_, resolve_pack
 from .dtypes import explain_dtype, resolve_dtype
 from .kv_cache import KVCache, prefill
 from .round import Batch, RoundOptions, commit, draft, plan, record, verify
@@ -39,16 +39,19 @@ class SpecEngine:
     """Reference engine. Build with :meth:`from_pretrained`; run with :meth:`generate`."""
 
     def __init__(self, target, draft, tokenizer=None, device="cpu", dtype=torch.float32,
-                 token_map: Optional[torch.Tensor] = None, fuse: bool = True, dtype_note: Optional[str] = None):
+                 token_map: Optional[torch.Tensor] = None, fuse: bool = True, dtype_note: Optional[str] = None,
+                 pack: Optional[bool] = None):
         self.target = target.to(device=device, dtype=dtype).eval()
         if fuse:  # the engine only runs the target forward: fused q/k/v and gate/up matmuls
             self.target.fuse_()
         self.draft = draft.to(device=device, dtype=dtype).eval().attach(self.target.model.embed_tokens)
         self._connect_features(target, self.draft)  # the target returns the states the draft reads
-        # bf16 on a CPU whose oneDNN has the bf16 kernel: prepacked weights (bit-identical outputs, ~2x
-        # faster small-M linears); elsewhere plain nn.Linear. Inference only, so not with fuse=False
-        # (the training entry points keep plain modules)
-        self.packed = fuse and packing_available(dtype, device)
+        # oneDNN-prepacked linears where the kernel passes its probe (bf16: bit-identical; float32:
+        # batch-invariant, ~1.5-2.5x faster small-M linears on AVX2): ``models/packing.py``. Inference
+        # only, so not with fuse=False (the training entry points keep plain modules)
+        if pack and not fuse:
+            raise ValueError("pack=True needs fuse=True (fuse=False keeps plain trainable modules)")
+        self.packed, self.pack_note = resolve_pack(pack if fuse else False, dtype, device)
         if self.packed:
             pack_linears_(self.target)
             pack_linears_(self.draft)
@@ -125,18 +128,20 @@ class SpecEngine:
 
     @classmethod
     def from_pretrained(cls, target: str = "smollm2-135m", draft: Optional[str] = None, device="cpu",
-                        dtype="auto", seed: int = 0, fuse: bool = True) -> "SpecEngine":
+                        dtype="auto", seed: int = 0, fuse: bool = True, pack: Optional[bool] = None) -> "SpecEngine":
         """``target``: a HF Llama-family directory or ``"smollm2-135m"``; ``draft``: an EAGLE
         directory, ``"demo"`` for the shipped head, or None for a seeded random head (tests). A
         ``token_map.pt`` in the draft directory restricts the draft's vocabulary (:meth:`set_token_map`).
         ``dtype``: ``"auto"`` (bf16 where the CPU / GPU runs it natively, else float32:
         :func:`~treespec_sglang.engine.dtypes.resolve_dtype`), a name or a ``torch.dtype``; float32 is
         the bit-exact mode. ``fuse=False`` keeps plain trainable modules (no fused / prepacked
-        weights): what ``treespec train draft`` needs, since it trains ``engine.draft``."""
+        weights): what ``treespec train draft`` needs, since it trains ``engine.draft``. ``pack``: None
+        prepacks the linears where oneDNN passes its probe, False never, True requires it
+        (:func:`~treespec_sglang.models.packing.resolve_pack`; ``self.pack_note`` says which and why)."""
         note = explain_dtype(dtype, device)
         dtype = resolve_dtype(dtype, device)
         t, d, tok, tmap = load_models(target, draft, dtype=dtype, seed=seed)
-        return cls(t, d, tok, device=device, dtype=dtype, token_map=tmap, fuse=fuse, dtype_note=note)
+        return cls(t, d, tok, device=device, dtype=dtype, token_map=tmap, fuse=fuse, dtype_note=note, pack=pack)
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompts: Sequence[Union[str, Sequence[int]]], chat: bool = True) -> List[List[int]]:

@@ -1,16 +1,25 @@
-"""oneDNN-prepacked bf16 linears for CPU inference.
+"""oneDNN-prepacked linears for CPU inference (bf16 and float32).
 
-``nn.Linear`` in bf16 on a CPU calls oneDNN with the weight in PyTorch's plain layout, so every call
-reorders it into the blocked layout the AMX / AVX512-BF16 kernel wants. Reordering once at load
-(``torch.ops.mkldnn._reorder_linear_weight``, what inductor's CPU freezing does) halves a 576x1536
-linear at M=1 (87 -> 44 us, one thread) and saves ~25% at M=16. The results are bit-identical to
-``nn.Linear`` at every M (checked at pack time and in ``tests/models``), so packing changes speed,
-never outputs.
+``nn.Linear`` on a CPU calls its GEMM with the weight in PyTorch's plain layout. Reordering the weight
+once at load into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's
+CPU freezing does) makes the small-M linears of decoding and tree verification cheaper:
 
-Not every CPU has that kernel: oneDNN's bf16 reorder needs AVX512 (BW / VL / DQ) or AVX-NE-CONVERT
-and raises on an AVX2-only CPU. :func:`onednn_bf16_supported` asks the kernel itself once (a 16x16
-probe) and :func:`packing_available` is False where it says no: those CPUs keep plain ``nn.Linear``
-(bf16 then runs emulated, slower but correct).
+- **bf16** (AMX / AVX512-BF16): a 576x1536 linear at M=1 halves (87 -> 44 us, one thread) and M=16
+  saves ~25%. The results are bit-identical to ``nn.Linear`` at every M.
+- **float32**: on a 2-core AMD EPYC with AVX2 only (2 threads) the 576x1536 linear costs 62 / 124 /
+  210 us at M = 1 / 8 / 16 against 90 / 223 / 323 us, and the 576x49152 LM head 4.0 / 6.0 / 8.7 ms
+  against 9.8 / 16.7 / 19.6 ms. The results are not bit-identical to ``nn.Linear`` (a few ulp), but
+  they are **batch-invariant**: a row's output is the same bit for bit whether it is computed alone or
+  among M rows. Default float32 ``nn.Linear`` is not (MKL's M=1 path sums in another order than its
+  M>1 path), so packing makes a token's target logits independent of how many tree nodes are verified
+  beside it, which is what token-for-token lossless tree verification leans on.
+
+Neither is taken on trust. :func:`onednn_bf16_supported` and :func:`onednn_fp32_supported` ask the
+kernel itself once per process (a small probe) and :func:`packing_available` is False where they say
+no: oneDNN's bf16 reorder needs AVX512 (BW / VL / DQ) or AVX-NE-CONVERT and raises on an AVX2-only CPU;
+a float32 kernel that is not batch-invariant, or drifts from ``nn.Linear`` by more than float32
+rounding, is refused. Those CPUs keep plain ``nn.Linear``. :func:`pack_linears_` probes every linear
+again before swapping it in.
 
 Inference only: a packed linear has no gradient. The plain ``weight`` is kept (tied embeddings and
 ``SpecEngine.set_token_map`` read it), so a packed model holds its linear weights twice.
@@ -24,12 +33,15 @@ from typing import Tuple
 import torch
 from torch import nn
 
-__all__ = ["PackedLinear", "pack_linears_", "packing_available", "onednn_bf16_supported"]
+__all__ = ["PackedLinear", "pack_linears_", "packing_available", "onednn_bf16_supported", "onednn_fp32_supported",
+           "agrees"]
+
+PROBE_ROWS = (1, 2, 5, 8, 17)  # M values a probe runs at: decode, small trees, and past one 16-row block
 
 
 def _reorder(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
-    """``weight`` ``[out, in]`` bf16 -> oneDNN's blocked layout (opaque). Raises ``RuntimeError`` on a
-    CPU without the bf16 kernel."""
+    """``weight`` ``[out, in]`` (bf16 or float32) -> oneDNN's blocked layout (opaque). Raises
+    ``RuntimeError`` on a CPU without the kernel for that dtype."""
     return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
 
 
@@ -44,61 +56,154 @@ def _ops_present() -> bool:
             and hasattr(ops, "_linear_pointwise"))
 
 
-@functools.lru_cache(maxsize=None)
-def onednn_bf16_supported() -> Tuple[bool, str]:
-    """Whether oneDNN packs and runs bf16 linears on this CPU -> (yes, why not).
+def agrees(packed_fn, weight: torch.Tensor, bias=None, seed: int = 0) -> Tuple[bool, str]:
+    """Whether ``packed_fn(x)`` may stand in for ``F.linear(x, weight, bias)`` -> (yes, why not).
 
-    Asks the kernel rather than the CPU flags: a 16x16 bf16 weight is packed and applied once; the
-    answer is yes only if that runs and equals ``nn.functional.linear`` bit for bit. Cached per process.
+    ``packed_fn``: ``x [M, in] -> [M, out]``. bf16: equal bit for bit at every M of :data:`PROBE_ROWS`.
+    float32: every row equal bit for bit to that row computed alone (batch-invariant), and within float32
+    rounding of ``F.linear`` (``|diff| <= 1e-5 * (1 + |y|)``, about 80 ulp at |y| = 1; oneDNN and MKL
+    differ by a few ulp from their summation order, a wrong kernel by far more).
+
+    Examples
+    --------
+    >>> w = torch.randn(8, 4).to(torch.bfloat16)
+    >>> agrees(lambda x: torch.nn.functional.linear(x, w), w)
+    (True, '')
+    >>> w = torch.randn(8, 4)
+    >>> agrees(lambda x: torch.nn.functional.linear(x, w) * 1.01, w)
+    (False, 'differs from nn.Linear by more than float32 rounding at M=1')
     """
+    g = torch.Generator().manual_seed(seed)
+    dt = weight.dtype
+    with torch.inference_mode():
+        for m in PROBE_ROWS:
+            x = torch.randn(m, weight.shape[1], generator=g).to(dt)
+            y, want = packed_fn(x), nn.functional.linear(x, weight, bias)
+            if dt == torch.bfloat16:
+                if not torch.equal(y, want):
+                    return False, f"differs from nn.Linear at M={m}"
+                continue
+            if not bool(((y - want).abs() <= 1e-5 * (1 + want.abs())).all()):
+                return False, f"differs from nn.Linear by more than float32 rounding at M={m}"
+            alone = torch.cat([packed_fn(x[r:r + 1]) for r in range(m)])
+            if not torch.equal(alone, y):
+                return False, f"not batch-invariant: a row computed among M={m} differs from the row alone"
+    return True, ""
+
+
+def _kernel_check(dtype: torch.dtype) -> Tuple[bool, str]:
     if not _ops_present():
         return False, "this torch build has no oneDNN weight prepacking"
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(16, 16, generator=g).to(torch.bfloat16)
-    x = torch.randn(2, 16, generator=g).to(torch.bfloat16)
+    w = torch.randn(48, 40, generator=g).to(dtype)
     try:
-        with torch.inference_mode():
-            same = torch.equal(_packed_linear(x, _reorder(w, 16), None), nn.functional.linear(x, w))
+        packed = _reorder(w, 16)
+        ok, why = agrees(lambda x: _packed_linear(x, packed, None), w)
     except RuntimeError as e:  # e.g. "bf16 path needs the cpu support avx_ne_convert or avx512bw, ..."
-        return False, f"oneDNN has no bf16 linear kernel for this CPU ({str(e).splitlines()[0][:120]})"
-    return (True, "") if same else (False, "oneDNN's packed bf16 linear differs from nn.Linear on this CPU")
+        return False, f"oneDNN has no {dtype_label(dtype)} linear kernel for this CPU ({str(e).splitlines()[0][:120]})"
+    return (True, "") if ok else (False, f"oneDNN's packed {dtype_label(dtype)} linear {why} on this CPU")
+
+
+def dtype_label(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float32: "float32"}.get(dtype, str(dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_bf16_supported() -> Tuple[bool, str]:
+    """Whether oneDNN packs and runs bf16 linears on this CPU, bit-identical to ``nn.Linear`` -> (yes, why
+    not). Asks the kernel (:func:`agrees` on a 48x40 probe weight) rather than the CPU flags; cached."""
+    return _kernel_check(torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_fp32_supported() -> Tuple[bool, str]:
+    """Whether oneDNN packs and runs float32 linears on this CPU batch-invariantly and within float32
+    rounding of ``nn.Linear`` -> (yes, why not). A kernel probe (:func:`agrees`); cached per process."""
+    return _kernel_check(torch.float32)
 
 
 def packing_available(dtype: torch.dtype, device) -> bool:
-    """True for bf16 on a CPU whose oneDNN packs bf16 linears (:func:`onednn_bf16_supported`)."""
-    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and onednn_bf16_supported()[0]
+    """True on a CPU whose oneDNN passes the probe for ``dtype`` (bf16 or float32); False elsewhere."""
+    if torch.device(device).type != "cpu":
+        return False
+    if dtype == torch.bfloat16:
+        return onednn_bf16_supported()[0]
+    if dtype == torch.float32:
+        return onednn_fp32_supported()[0]
+    return False
 
 
 class PackedLinear(nn.Module):
-    """``y = x @ W.T + b`` with ``W`` prepacked for oneDNN; ``x`` ``[..., in]`` -> ``[..., out]``."""
+    """``y = x @ W.T + b`` with ``W`` prepacked for oneDNN; ``x`` ``[..., in]`` -> ``[..., out]``.
+
+    The packed copy follows the plain ``weight``: an in-place change (``weight.copy_``, ``load_state_dict``,
+    an optimizer step) or a new ``weight`` tensor is seen on the next call (the tensor's version counter and
+    storage, two host integers: no device sync) and the weight is packed again.
+    """
 
     def __init__(self, lin: nn.Linear, batch_hint: int = 16):
         super().__init__()
         self.weight = lin.weight  # plain layout, shared with whatever else holds it
         self.bias = lin.bias
         self.in_features, self.out_features = lin.in_features, lin.out_features
-        self.register_buffer("packed", _reorder(lin.weight.detach(), batch_hint), persistent=False)
+        self.batch_hint = batch_hint
+        self._repack()
+
+    def _stamp(self):
+        return self.weight._version, self.weight.data_ptr()
+
+    def _repack(self) -> None:
+        self.register_buffer("packed", _reorder(self.weight.detach(), self.batch_hint), persistent=False)
+        self._packed_from = self._stamp()
 
     def forward(self, x):  # x: [..., in] -> [..., out]
+        if self._stamp() != self._packed_from:
+            self._repack()
         return _packed_linear(x, self.packed, self.bias)
 
 
 def pack_linears_(module: nn.Module, batch_hint: int = 16) -> int:
-    """Replace every bf16 CPU ``nn.Linear`` inside ``module`` by a :class:`PackedLinear` that gives the
-    same output on a probe input (else it is left alone). Returns how many were packed; 0 where
-    :func:`packing_available` says no (the module is then untouched)."""
+    """Replace every bf16 / float32 CPU ``nn.Linear`` inside ``module`` by a :class:`PackedLinear` that
+    passes :func:`agrees` against it (else it is left alone). Returns how many were packed; 0 where
+    :func:`packing_available` says no for a linear's dtype (that linear is then untouched)."""
     n = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
             if not packing_available(child.weight.dtype, child.weight.device):
                 continue
             p = PackedLinear(child, batch_hint)
-            with torch.inference_mode():
-                probe = torch.randn(3, child.in_features, generator=torch.Generator().manual_seed(0)).to(child.weight.dtype)
-                same = torch.equal(p(probe), child(probe))
-            if same:
+            if agrees(p, child.weight.detach(), None if child.bias is None else child.bias.detach())[0]:
                 setattr(module, name, p)
                 n += 1
         else:
             n += pack_linears_(child, batch_hint)
     return n
+
+
+def resolve_pack(pack, dtype: torch.dtype, device) -> Tuple[bool, str]:
+    """An engine's ``pack`` option -> (pack its linears, one line saying what its linears are and why).
+
+    ``pack``: None = where :func:`packing_available` (the default), False = never, True = required (raises
+    ``ValueError`` with the probe's reason where it is not available: no silent fallback).
+
+    Examples
+    --------
+    >>> resolve_pack(False, torch.float32, "cpu")
+    (False, 'plain nn.Linear (pack=False)')
+    """
+    if pack is not None and not isinstance(pack, bool):
+        raise ValueError(f"pack must be None (auto), True or False, got {pack!r}")
+    if pack is False:
+        return False, "plain nn.Linear (pack=False)"
+    dev = torch.device(device)
+    if dev.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+        why = f"prepacking is for bf16 / float32 on a CPU, this engine runs {dtype_label(dtype)} on {dev.type}"
+    else:
+        ok, why = (onednn_bf16_supported if dtype == torch.bfloat16 else onednn_fp32_supported)()
+        if ok:
+            what = ("bit-identical to nn.Linear" if dtype == torch.bfloat16 else
+                    "batch-invariant, within float32 rounding of nn.Linear")
+            return True, f"oneDNN-prepacked {dtype_label(dtype)} ({what})"
+    if pack:
+        raise ValueError(f"pack=True: {why}")
+    return False, f"plain nn.Linear ({why})"
