@@ -196,3 +196,18 @@ def test_pack_option_is_explicit(tmp_path, capability):
         SpecEngine.from_pretrained(str(tmp_path), draft=None, dtype="float32", pack=True)
     with pytest.raises(ValueError, match="pack=True: prepacking is for bf16 / float32 on a CPU"):
         P.resolve_pack(True, torch.float16, "cpu")
+
+
+def test_a_packed_linear_trains_like_nn_linear(capability):
+    """With grad mode on and a weight that requires grad, the gradient is ``nn.Linear``'s (the packed op has
+    none): a draft head fine-tuned inside a packed engine learns."""
+    if not P.packing_available(torch.float32, "cpu"):
+        capability(torch.float32, True, _row_by_row)
+    lin = torch.nn.Linear(16, 8)
+    p = P.PackedLinear(lin)
+    x = torch.randn(4, 16)
+    p(x).square().sum().backward()
+    g = lin.weight.grad.clone()
+    lin.weight.grad = None
+    F.linear(x, lin.weight, lin.bias).square().sum().backward()
+    assert g.abs().sum() > 0 and torch.allclose(g, lin.weight.grad, atol=1e-5)

@@ -138,7 +138,9 @@ class PackedLinear(nn.Module):
 
     The packed copy follows the plain ``weight``: an in-place change (``weight.copy_``, ``load_state_dict``,
     an optimizer step) or a new ``weight`` tensor is seen on the next call (the tensor's version counter and
-    storage, two host integers: no device sync) and the weight is packed again.
+    storage, two host integers: no device sync) and the weight is packed again. Where autograd needs a
+    gradient (grad mode on and the weight or the input requires one) it runs ``nn.functional.linear`` on the
+    plain weight, since oneDNN's packed op has no backward: training a head inside a packed engine works.
     """
 
     def __init__(self, lin: nn.Linear, batch_hint: int = 16):
@@ -157,6 +159,8 @@ class PackedLinear(nn.Module):
         self._packed_from = self._stamp()
 
     def forward(self, x):  # x: [..., in] -> [..., out]
+        if torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad):
+            return nn.functional.linear(x, self.weight, self.bias)  # the packed op has no backward
         if self._stamp() != self._packed_from:
             self._repack()
         return _packed_linear(x, self.packed, self.bias)
