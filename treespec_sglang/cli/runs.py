@@ -186,20 +186,31 @@ def plan_vs_measured(runs: List["PolicyRun"], plans: dict) -> List[str]:
     return lines
 
 
-def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Optional[dict] = None):
+def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Optional[dict] = None,
+                 overheads: bool = True):
     """Replace each preset's budget by the one this machine's cost curve favours -> (specs, lines).
-    ``plans`` (a dict) receives each planned policy's ``BudgetChoice``."""
+    ``plans`` (a dict) receives each planned policy's ``BudgetChoice``. ``overheads``: price each round with
+    its measured overhead too (:mod:`~treespec_sglang.engine.overhead`: a few real rounds per policy at the
+    budget the curve alone picks, then the choice is made again)."""
     from ..engine.cost import choose_budgets, load_policy_table
+    from ..engine.overhead import measure_overheads
 
     table = load_policy_table(draft_dir)
     if budget_flag is not None or table is None:
         why = "--budget" if budget_flag is not None else f"no policy_table.json beside the draft ({draft_dir})"
         return specs, [f"budgets: the presets' ({why})"]
     curve, cached = engine.measured_cost_curve()
-    picks = choose_budgets({s["policy"]: table[s["policy"]] for s in specs if s and s["policy"] in table}, curve, bs=bs)
+    rows = {s["policy"]: table[s["policy"]] for s in specs if s and s["policy"] in table}
+    picks = choose_budgets(rows, curve, bs=bs)
     lines = [f"cost curve ({'cached' if cached else 'measured now'}, {engine.dtype}): verify "
              + ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in zip(curve.sizes, curve.verify_ms) if n in (1, 4, 8, 16, 32))
              + f"; draft step {curve.draft_ms[0]:.1f} ms"]
+    if overheads and picks:
+        at = {p: rows[p][str(c.budget)] for p, c in picks.items()}
+        ov = measure_overheads(engine, curve, [dict(r["spec"]) for r in at.values()],
+                               {p: r.get("width", 1.0) for p, r in at.items()}, bs=bs)
+        curve_only, picks = picks, choose_budgets(rows, curve, bs=bs, overheads=ov)
+        lines.append(ov.lines())
     out = []
     for s in specs:
         c = picks.get(s["policy"]) if s else None
@@ -209,8 +220,10 @@ def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Opti
         out.append(dict(table[s["policy"]][str(c.budget)]["spec"]))
         if plans is not None:
             plans[s["policy"]] = c
+        was = f"; the curve alone: budget {curve_only[s['policy']].budget}, {curve_only[s['policy']].speedup:.2f}x" \
+            if overheads else ""
         lines.append(f"  {s['policy']:<7} budget {c.budget:<3} (acceptance table tau {c.tau:.2f}, "
-                     f"{c.round_ms:.1f} ms/round -> expected {c.speedup:.2f}x)")
+                     f"{c.round_ms:.1f} ms/round -> expected {c.speedup:.2f}x{was})")
     return out, [f"budgets: per policy, the best expected tokens/s at batch {bs} on this machine's cost curve"] + lines
 
 

@@ -160,7 +160,7 @@ class BudgetChoice:
 
 
 def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve, overhead_ms: float = 0.0,
-                   bs: int = 1) -> Dict[str, BudgetChoice]:
+                   bs: int = 1, overheads=None) -> Dict[str, BudgetChoice]:
     """Per policy, the budget with the highest expected tokens/s (module docstring's formula).
 
     ``bs`` > 1 approximates a batch's round by the bs-1 curve at ``bs`` times the tokens (one forward
@@ -170,17 +170,22 @@ def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve, overhead
     ``table[policy][str(budget)]`` holds ``tau`` (tokens per round), ``delta`` (draft forwards per
     round), ``tree`` (mean verified tokens per round) and ``width`` (mean frontier per draft step).
 
+    ``overhead_ms`` is added to a plain step and to every round alike; ``overheads``
+    (:class:`~treespec_sglang.engine.overhead.Overheads`, measured by running real rounds) adds its own
+    per-step and per-policy round times on top, the part of a round the curve's forwards do not price.
+
     Example: with verify 40 ms at 1 token and 48 ms at 8, draft 2 ms, tau(4) = 2.0 with delta 2 and
     tau(8) = 2.4 with delta 3, budget 8 wins: 2.4 / (48 + 6) > 2.0 / (44 + 4).
     """
     if bs < 1:
         raise ValueError(f"bs must be >= 1, got {bs}")
-    plain = curve.verify(bs) + overhead_ms
+    plain = curve.verify(bs) + overhead_ms + (overheads.step_ms if overheads is not None else 0.0)
     out = {}
     for policy, rows in table.items():
         best = None
+        extra = overhead_ms + (overheads.round_ms.get(policy, 0.0) if overheads is not None else 0.0)
         for budget, r in rows.items():
-            ms = curve.verify(bs * r["tree"]) + r["delta"] * curve.draft(bs * r.get("width", 1)) + overhead_ms
+            ms = curve.verify(bs * r["tree"]) + r["delta"] * curve.draft(bs * r.get("width", 1)) + extra
             c = BudgetChoice(policy, int(budget), r["tau"], ms, (r["tau"] / ms) * plain)
             if best is None or c.speedup > best.speedup:
                 best = c

@@ -1,0 +1,88 @@
+"""Measured round overheads: real rounds are timed, the part the cost curve does not price is what is
+left, a step change in a round's host work shows up in it (and only for the rounds that do it), and the
+budget choice prices it (plain arithmetic oracles)."""
+
+import time
+
+import pytest
+
+from tests.models.tiny import make_tiny_llama
+from treespec_sglang.engine import SpecEngine
+from treespec_sglang.engine.cost import CostCurve, choose_budgets
+from treespec_sglang.engine.overhead import Overheads, measure_overheads, round_times_ms
+
+CHAIN = {"policy": "chain", "length": 3}
+ZERO = CostCurve((1, 64), (0.0, 0.0), (1, 16), (0.0, 0.0))  # prices nothing: overhead = the whole round
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    make_tiny_llama(d)
+    return SpecEngine.from_pretrained(str(d), draft=None, dtype="float32")
+
+
+def test_round_times_are_one_per_verify_round(tiny_engine):
+    res, ts = round_times_ms(tiny_engine, [[5, 9, 2, 7]], CHAIN, max_new_tokens=9)
+    assert len(ts) == len(res[0].stats.tree_sizes) >= 2 and all(t > 0 for t in ts)
+    res, ts = round_times_ms(tiny_engine, [[5, 9, 2, 7]], None, max_new_tokens=6)
+    assert len(ts) == 5  # plain: one token per step, 6 steps, 5 gaps
+
+
+def test_a_slower_round_shows_in_its_overhead_and_not_in_plain(tiny_engine, monkeypatch):
+    """Add 30 ms of host work to every speculative round (the KV commit stage): the chain's measured
+    overhead grows by about 30 ms; a plain step, which never commits a tree, does not."""
+    import treespec_sglang.engine.engine as E
+
+    base = measure_overheads(tiny_engine, ZERO, [CHAIN], rounds=6)
+    real = E.commit
+
+    def slow_commit(*a, **k):
+        time.sleep(0.030)
+        return real(*a, **k)
+
+    monkeypatch.setattr(E, "commit", slow_commit)
+    slow = measure_overheads(tiny_engine, ZERO, [CHAIN], rounds=6)
+    assert 25 < slow.round_ms["chain"] - base.round_ms["chain"] < 45, (base, slow)
+    assert abs(slow.step_ms - base.step_ms) < 10, (base, slow)
+    assert base.step_ms > 0 and base.round_ms["chain"] > 0
+
+
+def test_overhead_is_what_the_curve_does_not_price(tiny_engine, monkeypatch):
+    """With a curve that prices each verified token at 1 ms and each draft step at 2 ms, the overhead is the
+    measured round minus exactly that (the round times and stats are pinned, so the oracle is arithmetic)."""
+    import treespec_sglang.engine.overhead as O
+
+    curve = CostCurve((1, 64), (1.0, 64.0), (1, 16), (2.0, 32.0))
+    real = O.round_times_ms
+
+    def pinned(engine, prompts, spec, max_new_tokens):
+        res, _ = real(engine, prompts, spec, max_new_tokens)
+        return res, [50.0, 70.0]
+
+    monkeypatch.setattr(O, "round_times_ms", pinned)
+    ov = measure_overheads(tiny_engine, curve, [CHAIN], widths={"chain": 1.0}, rounds=4)
+    res, _ = real(tiny_engine, [[1] * 64], CHAIN, 5)  # the same kind of run, for its stats
+    assert ov.step_ms == pytest.approx(60.0 - 1.0)
+    sizes = [s for s in res[0].stats.tree_sizes]
+    # chain of length 3: every round verifies 4 tokens and runs 3 draft steps, whatever is accepted
+    assert set(sizes) == {4}
+    assert ov.round_ms["chain"] == pytest.approx(60.0 - (4 * 1.0 + 3 * 2.0), abs=1.0)
+    with pytest.raises(ValueError, match="bs and rounds must be >= 1"):
+        measure_overheads(tiny_engine, curve, [CHAIN], bs=0)
+
+
+def test_budget_choice_prices_the_overheads():
+    """A per-round overhead favours bigger trees (it is paid once per round); it counts only for its own
+    policy; a plain-step overhead lowers every speedup's denominator less than the round's."""
+    c = CostCurve((1, 4, 8), (40.0, 44.0, 48.0), (1,), (2.0,))
+    rows = {"4": dict(tau=2.0, delta=2, tree=4, width=1), "8": dict(tau=2.25, delta=3, tree=8, width=1)}
+    table = {"p": rows, "q": rows}
+    # curve only: 2.0 / 48 = .04167 > 2.25 / 54 = .04167 ... tie broken by the first (4); with 30 ms per round
+    # of p: 2.0 / 78 = .02564 < 2.25 / 84 = .02679, so p moves to 8 and q stays at 4
+    picks = choose_budgets(table, c, overheads=Overheads(0.0, {"p": 30.0}))
+    assert (picks["p"].budget, picks["q"].budget) == (8, 4)
+    assert picks["p"].round_ms == pytest.approx(48 + 3 * 2 + 30)
+    assert picks["p"].speedup == pytest.approx(2.25 / 84 * 40)
+    picks = choose_budgets(table, c, overheads=Overheads(10.0, {"p": 30.0}))
+    assert picks["p"].speedup == pytest.approx(2.25 / 84 * 50) and picks["q"].speedup == pytest.approx(2.0 / 48 * 50)
