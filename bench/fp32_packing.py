@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -31,14 +30,9 @@ sys.path.insert(0, ROOT)
 
 
 def _median_us(fn, repeats=30):
-    for _ in range(5):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(1e6 * (time.perf_counter() - t0))
-    return statistics.median(ts)
+    from treespec_sglang.engine.cost import _median_ms
+
+    return 1e3 * _median_ms(fn, repeats)
 
 
 @torch.inference_mode()
