@@ -211,3 +211,24 @@ def test_a_packed_linear_trains_like_nn_linear(capability):
     lin.weight.grad = None
     F.linear(x, lin.weight, lin.bias).square().sum().backward()
     assert g.abs().sum() > 0 and torch.allclose(g, lin.weight.grad, atol=1e-5)
+
+
+def test_a_packed_linear_copies_moves_and_saves_like_nn_linear(capability):
+    """``copy.deepcopy`` (which an opaque oneDNN tensor refuses), ``.to(dtype)`` and ``state_dict`` see the
+    plain weight only; the copy packs again on first use and gives the original's output."""
+    import copy
+
+    if not P.packing_available(torch.float32, "cpu"):
+        capability(torch.float32, True, _row_by_row)
+    lin = torch.nn.Linear(16, 8)
+    p = P.PackedLinear(lin)
+    x = torch.randn(3, 16)
+    with torch.inference_mode():
+        want = p(x)
+        q = copy.deepcopy(p)
+        assert torch.equal(q(x), want) and q.weight is not p.weight
+    assert list(p.state_dict()) == ["weight", "bias"]
+    p.to(torch.float64)
+    with torch.inference_mode():
+        y = p(x.double())
+    assert y.dtype == torch.float64 and torch.allclose(y, x.double() @ lin.weight.double().T + lin.bias.double())

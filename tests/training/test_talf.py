@@ -109,3 +109,45 @@ def test_talf_training_raises_heldout_acceptance(engine, tmp_path):
     cfg = TrainConfig(loss="talf", steps=60, lr=1e-2, batch_size=4, ttt_steps=2, eval_every=60)
     before, after = alpha_before_after(e, seqs[:20], seqs[20:], cfg)
     assert after[0] > before[0] + 0.1 and after[1] > before[1] + 0.05, (before, after)
+
+
+def _trees_and_pass_on(engine, dev):
+    """The target's beam trees and the TALF tree pass run on ``dev`` against the same on the CPU."""
+    import copy
+
+    seq = torch.tensor(SEQ)
+    msk = torch.tensor([False] * 4 + [True] * (len(SEQ) - 4))
+    pos = loss_positions(len(SEQ), msk)
+    moved = copy.deepcopy(engine.target).to(dev)
+    with torch.no_grad():
+        cpu = target_tree(engine.target, seq, pos, topk=3, depth=4)
+        got = target_tree(moved, seq, pos, topk=3, depth=4)
+    assert all(x.device.type == "cpu" for x in got)  # stored from the host
+    assert torch.equal(cpu[0], got[0]) and torch.equal(cpu[1], got[1])
+    torch.testing.assert_close(got[2], cpu[2], rtol=1e-4, atol=1e-4)
+    h = target_hidden(engine.target, [SEQ])[0][None]  # [1, T, hidden]
+    n = len(SEQ) - 2
+    nt, np_, _, has = batch_trees([(seq, h[0], msk, cpu)], n, 64)
+    args = (seq[None], h, msk[None], torch.tensor([len(SEQ)]), nt, np_, has)
+    head = copy.deepcopy(engine.draft)
+    with torch.no_grad():
+        want = talf_forward(head, *args)
+        out = talf_forward(copy.deepcopy(head).to(dev), *(a.to(dev) for a in args))
+    assert out[2].shape[2] == 3 and out[0].device.type == torch.device(dev).type  # 3 levels below the root
+    for a, b in zip(want, out):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-4)
+
+
+def test_target_trees_and_the_talf_pass_follow_the_model_device_on_the_cpu(engine):
+    """The device plumbing of ``train trees --device`` (every index tensor on the model's device, results
+    back on the host) runs here with the device the CPU; the GPU twin below checks a real move."""
+    _trees_and_pass_on(engine, "cpu")
+
+
+@pytest.mark.gpu
+def test_target_trees_and_the_talf_pass_on_cuda_equal_the_cpu_ones(engine):
+    """``train trees --device cuda``: the target's beam trees built on a GPU are the CPU's (same tokens and
+    parents, states within float32 rounding), and the TALF tree pass over them runs on the GPU too."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    _trees_and_pass_on(engine, "cuda")

@@ -35,6 +35,7 @@ def add_parser(sub) -> None:
     r.add_argument("--topk", type=int, default=4, help="beam width k (SALF & TALF App. D: 4)")
     r.add_argument("--depth", type=int, default=3, help="tree levels, root included (App. D: 3)")
     r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--device", default="cpu", help=DEVICE_HELP)
     r.add_argument("--out", default="data/talf-trees")
     r.set_defaults(fn=run_trees)
     v = tsub.add_parser("vocab", help="a reduced draft vocabulary (token map) from the distillation data")
@@ -138,7 +139,8 @@ def run_trees(a: argparse.Namespace) -> int:
 
     set_threads(a.threads)
     t0 = time.time()
-    man = generate_talf_trees(LlamaModel.from_pretrained(resolve_target(a.target)), a.data, a.out, topk=a.topk, depth=a.depth)
+    model = LlamaModel.from_pretrained(resolve_target(a.target)).to(a.device)  # float32: trees are its argmaxes
+    man = generate_talf_trees(model, a.data, a.out, topk=a.topk, depth=a.depth)
     print(f"{a.out}: {man['nodes']} target-tree nodes (k={a.topk}, depth={a.depth}), "
           f"{man.get('bytes', 0) / 2**20:.1f} MiB on disk, {time.time() - t0:.0f} s")
     return 0

@@ -141,6 +141,9 @@ class PackedLinear(nn.Module):
     storage, two host integers: no device sync) and the weight is packed again. Where autograd needs a
     gradient (grad mode on and the weight or the input requires one) it runs ``nn.functional.linear`` on the
     plain weight, since oneDNN's packed op has no backward: training a head inside a packed engine works.
+    The packed copy is neither a parameter nor a buffer: ``.to(...)``, ``copy.deepcopy`` and ``state_dict``
+    see only the plain weight and bias; after a move off the CPU (or to another dtype) it runs
+    ``nn.functional.linear``, and a copy packs again on its first call.
     """
 
     def __init__(self, lin: nn.Linear, batch_hint: int = 16):
@@ -149,21 +152,31 @@ class PackedLinear(nn.Module):
         self.bias = lin.bias
         self.in_features, self.out_features = lin.in_features, lin.out_features
         self.batch_hint = batch_hint
+        self._packed, self._packed_from = None, None
         self._repack()
 
     def _stamp(self):
-        return self.weight._version, self.weight.data_ptr()
+        w = self.weight
+        # an inference tensor (made under inference_mode, e.g. by a copy there) has no version counter
+        return (-1 if w.is_inference() else w._version), w.data_ptr()
 
     def _repack(self) -> None:
-        self.register_buffer("packed", _reorder(self.weight.detach(), self.batch_hint), persistent=False)
+        self._packed = _reorder(self.weight.detach(), self.batch_hint)  # opaque oneDNN tensor
         self._packed_from = self._stamp()
 
+    def __getstate__(self):  # copy / pickle: an opaque oneDNN tensor has no storage to copy
+        state = self.__dict__.copy()
+        state["_packed"], state["_packed_from"] = None, None
+        return state
+
     def forward(self, x):  # x: [..., in] -> [..., out]
-        if torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad):
-            return nn.functional.linear(x, self.weight, self.bias)  # the packed op has no backward
-        if self._stamp() != self._packed_from:
+        w = self.weight
+        if (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)) or w.device.type != "cpu" \
+                or w.dtype not in (torch.bfloat16, torch.float32):
+            return nn.functional.linear(x, w, self.bias)  # autograd (no packed backward), or moved off the CPU
+        if self._packed is None or self._stamp() != self._packed_from:
             self._repack()
-        return _packed_linear(x, self.packed, self.bias)
+        return _packed_linear(x, self._packed, self.bias)
 
 
 def pack_linears_(module: nn.Module, batch_hint: int = 16) -> int:

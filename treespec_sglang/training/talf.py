@@ -65,6 +65,8 @@ def target_tree(model, tokens: torch.Tensor, positions: torch.Tensor, topk: int 
     H = model.config.hidden_size
     if P == 0:
         return (torch.zeros(0, L, k, dtype=torch.long), torch.zeros(0, L, k, dtype=torch.long), torch.zeros(0, L, k, H))
+    dev = next(model.parameters()).device  # the model's device (cuda with `train trees --device cuda`)
+    positions = positions.to(dev)
     lm_head = model.lm_head
     cache, _, hidden, _ = prefill(model, [tokens.tolist()], T + L * k * min(chunk, max(P, 1)))
     outs = ([], [], [])
@@ -73,8 +75,8 @@ def target_tree(model, tokens: torch.Tensor, positions: torch.Tensor, topk: int 
         p = t.shape[0]
         logv = torch.log_softmax(lm_head(hidden[0, t + 1]).float(), -1)  # [p, vocab] root's child law
         logv, tok = logv.topk(k, dim=-1)  # level 1: [p, k]
-        par = torch.zeros(p, k, dtype=torch.long)
-        anc = torch.empty(p, k, 0, dtype=torch.long)  # cache slots of each node's ancestors below the root
+        par = torch.zeros(p, k, dtype=torch.long, device=dev)
+        anc = torch.empty(p, k, 0, dtype=torch.long, device=dev)  # cache slots of each node's ancestors below the root
         level_tok, level_par, level_hid = [], [], []
         for lvl in range(L):
             if lvl > 0:  # beam step: the best k of the k^2 children by path log-probability
@@ -84,12 +86,12 @@ def target_tree(model, tokens: torch.Tensor, positions: torch.Tensor, topk: int 
                 logv, flat = score.topk(k, dim=-1)  # [p, k]
                 par = flat // k
                 tok = ctok.flatten(1).gather(1, flat)
-                prev_slots = T + (lvl - 1) * p * k + torch.arange(p)[:, None] * k + par  # [p, k]
+                prev_slots = T + (lvl - 1) * p * k + torch.arange(p, device=dev)[:, None] * k + par  # [p, k]
                 anc = torch.cat([anc.gather(1, par[:, :, None].expand(-1, -1, anc.shape[2])),
                                  prev_slots[:, :, None]], dim=2)
-            slots = T + lvl * p * k + torch.arange(p * k).view(p, k)  # [p, k]
+            slots = T + lvl * p * k + torch.arange(p * k, device=dev).view(p, k)  # [p, k]
             kv = T + (lvl + 1) * p * k
-            col = torch.arange(kv)
+            col = torch.arange(kv, device=dev)
             # node (t, j) attends the prefix 0..t+1, its ancestors' slots and its own slot
             mask = col <= (t[:, None, None] + 1)
             mask = mask | (col == slots[:, :, None]) | (col[None, None, :, None] == anc[:, :, None, :]).any(-1)
@@ -100,13 +102,14 @@ def target_tree(model, tokens: torch.Tensor, positions: torch.Tensor, topk: int 
             level_par.append(par)
             level_hid.append(g.view(p, k, -1).float())
         for o, x in zip(outs, (level_tok, level_par, level_hid)):
-            o.append(torch.stack(x, dim=1))
+            o.append(torch.stack(x, dim=1).cpu())  # once per chunk of positions, not per level
     return tuple(torch.cat(o) for o in outs)
 
 
 def generate_talf_trees(model, data_dir: str, out_dir: str, topk: int = 4, depth: int = 3,
                         progress: bool = True) -> dict:
     """Target trees for every loss position of a distillation directory, one file per shard (resumable).
+    Runs on ``model``'s device (``treespec train trees --device cuda``); what is stored is on the host.
 
     Each ``trees-XXXXX.safetensors`` holds ``node_tokens`` [n_pos, depth-1, k] int32, ``node_parent`` int8,
     ``node_hidden`` [n_pos, depth-1, k, hidden] float16 and ``pos_offsets`` [n_seq + 1] (positions per
@@ -206,7 +209,8 @@ def talf_forward(head, tokens, hidden, loss_mask, lens, node_tokens, node_parent
     bs, T = tokens.shape
     n = T - 2
     L, k = node_tokens.shape[2], node_tokens.shape[3]
-    t = torch.arange(n)
+    dev = tokens.device
+    t = torch.arange(n, device=dev)
     keys: List[tuple] = []
 
     def store(kk, vv):
@@ -217,8 +221,8 @@ def talf_forward(head, tokens, hidden, loss_mask, lens, node_tokens, node_parent
     mask0 = (t[None, :] <= t[:, None])[None].expand(bs, n, n)
     f0 = head(tokens[:, 1:n + 1], hidden[:, :n, head.feature_columns], (t + 1).expand(bs, n), store, mask0)  # [bs, n, hidden]
     feats, levels = f0[:, :, None], []  # feats: the level above, [bs, n, width_above, hidden]
-    anc = torch.empty(bs, n, k, 0, dtype=torch.long)  # each node's ancestor index per level (below the root)
-    q = torch.arange(n * k)
+    anc = torch.empty(bs, n, k, 0, dtype=torch.long, device=dev)  # each node's ancestor index per level (below the root)
+    q = torch.arange(n * k, device=dev)
     for lvl in range(L):
         par = node_parent[:, :, lvl]  # [bs, n, k]
         pf = feats.gather(2, par[..., None].expand(-1, -1, -1, feats.shape[-1]))  # parent features [bs, n, k, hidden]
