@@ -52,7 +52,7 @@ class Clock:
 
 
 def profile(engine, prompts, spec, max_new_tokens):
-    import treespec_sglang.engine.engine as E
+    import treespec_sglang.engine.round as E  # the round's stages call the policy and the walk from here
     from treespec_sglang.engine.kv_cache import KVCache
 
     clock = Clock()
@@ -64,6 +64,7 @@ def profile(engine, prompts, spec, max_new_tokens):
 
     patch(E, "grow_tree", "tree build")
     patch(E, "verify_tree", "verify walk")
+    patch(E, "walk_greedy", "verify walk")
     patch(KVCache, "compact", "KV commit")
     patch(engine, "_round", "other")
     patch(engine, "_logits", "target LM head")
