@@ -393,3 +393,113 @@ def test_selection_replays_in_a_cuda_graph_as_it_runs_eagerly(big_pools, bs):
     again = select_from_pool(*[[t.cuda() for t in part] for part in other], 48, 8, params, rows=rows)
     for c, a in zip(captured, again):
         assert torch.equal(c, a)
+
+
+def unlink_oracle(next_token, next_sibling, keep):
+    """Plain loops: a kept node's first kept child / next kept sibling along the original chains, -1 for
+    fillers and where no kept node follows."""
+    nt, ns, kp = next_token.tolist(), next_sibling.tolist(), keep.tolist()
+    out_t, out_s = [], []
+    for b in range(len(kp)):
+        def first_kept(x):
+            while x >= 0 and not kp[b][x]:
+                x = ns[b][x]
+            return x if x >= 0 else -1
+        out_t.append([first_kept(nt[b][u]) if kp[b][u] else -1 for u in range(len(kp[b]))])
+        out_s.append([first_kept(ns[b][u]) if kp[b][u] else -1 for u in range(len(kp[b]))])
+    return out_t, out_s
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_unlink_filler_equals_its_oracle_entry_by_entry(seed):
+    """Every entry of both chains, fillers and chain ends included (exactly -1), against plain loops."""
+    rng = random.Random(100 + seed)
+    t = random_batch(rng, [12, 2, 17, 6], vocab=40, max_children=3)
+    keep = torch.zeros(t.tokens.shape, dtype=torch.bool)
+    for b in range(t.bs):
+        keep[b, 0] = True
+        for i in range(1, int(t.size[b])):
+            keep[b, i] = bool(keep[b, t.parents[b, i]]) and rng.random() < 0.6
+    r = sglang_retrive(t)
+    nt, ns = unlink_filler(r.retrive_next_token, r.retrive_next_sibling, keep)
+    want_t, want_s = unlink_oracle(r.retrive_next_token, r.retrive_next_sibling, keep)
+    assert nt.tolist() == want_t and ns.tolist() == want_s
+    assert (~keep).any() and (nt == -1).any() and (ns == -1).any()  # fillers and chain ends are both checked
+
+
+def test_unlink_filler_on_root_only_and_two_node_trees():
+    """N = 1 (the root alone) and N = 2: nothing to link but the root's one child."""
+    one = torch.full((2, 1), -1, dtype=torch.long)
+    nt, ns = unlink_filler(one, one, torch.ones(2, 1, dtype=torch.bool))
+    assert nt.tolist() == [[-1], [-1]] and ns.tolist() == [[-1], [-1]]
+    nt, ns = unlink_filler(torch.tensor([[1, -1], [1, -1]]), torch.tensor([[-1, -1], [-1, -1]]),
+                           torch.tensor([[True, True], [True, False]]))
+    assert nt.tolist() == [[1, -1], [-1, -1]] and ns.tolist() == [[-1, -1], [-1, -1]]
+
+
+@pytest.mark.parametrize("th,n_max,S,want", [
+    (0.6, 8, 6, 11),     # S / th = 10 pops continue, then one stops; 2N + 2 = 18 does not bind
+    (0.05, 48, 6, 98),   # 6 / 0.05 + 1 = 121 > 2N + 2 = 98
+    (0.05, 10, 2, 22),   # 41 > 22
+    (0.5, 3, 2, 5),      # 2 / 0.5 + 1 = 5 < 8
+    (0.3, 20, 3, 11),    # 3 / 0.3 = 10 (float rounding must not drop a pop)
+    (0.0, 7, 4, 16),     # th 0: the paper's bound 2N + 2 alone
+    (-1.0, 4, 4, 10),
+])
+def test_salf_pops_is_the_smaller_of_the_mass_bound_and_2n_plus_2(th, n_max, S, want):
+    from treespec_sglang.plugin.pool_rules import salf_pops
+
+    assert salf_pops(th, n_max, S) == want
+
+
+@pytest.mark.parametrize("k,steps,N", [(1, 1, 2), (1, 3, 4), (2, 1, 3), (1, 4, 3), (3, 1, 2)])
+def test_tiny_pools_select_each_policy_tree_as_its_plain_oracle(k, steps, N):
+    """Degenerate beams (topk 1 = a chain of pool nodes, one step = the root's children only, N = 2):
+    every policy of the mixed list, each row against the plain one-request oracle over the beam."""
+    specs = [s for s in MIXED_SPECS if s is None or s.get("classifier") is None and not (
+        s["policy"] == "salf" and s.get("th") == 0.0 and "max_depth" in s)]
+    roots = [(3 * i + 1) % 30 for i in range(len(specs))]
+    draft, sl, tl, pl, paths = pool(topk=k, steps=steps, seed=5, roots=roots)
+    params = [None if s is None else parse_spec(s) for s in specs]
+    native = select_from_pool(sl, tl, pl, N, k, [None] * len(specs))[:3]
+    _, top, _, keep = select_from_pool(sl, tl, pl, N, k, params, native=native)
+    beam = oracles.BeamDraft(draft, sl, paths, 30)
+    scores = torch.cat(sl, 1).flatten(1)
+    for b, p in enumerate(params):
+        assert kept_paths(top, keep, paths, roots, b) == expected_paths(p, beam, roots[b], N, scores[b], paths[b]), \
+            specs[b]
+
+
+def test_salf_continues_when_the_popped_mass_equals_th_exactly():
+    """Alg. 2 line 13 stops only when the popped mass is *below* th: a root child of probability 1.0 with
+    th 1.0 (both exact in float32) is expanded, and its best child is popped into the tree."""
+    sl = [torch.tensor([[[1.0, 0.0]]] * 2), torch.tensor([[[0.5, 0.25], [0.0, 0.0]]] * 2)]
+    tl = [torch.tensor([[1, 2]] * 2), torch.tensor([[3, 4, 5, 6]] * 2)]
+    pl = [torch.tensor([[-1, 0, 1]] * 2), torch.tensor([[2, 3]] * 2)]
+    params = [parse_spec({"policy": "salf", "budget": 4, "batch": 1, "th": 1.0}),
+              parse_spec({"policy": "salf", "budget": 4, "batch": 1, "th": 0.9})]
+    _, top, _, keep = select_from_pool(sl, tl, pl, 4, 2, params)
+    # flat 0 (p 1.0) popped first: mass 1.0 >= th, so its children 2 (.5) and 3 (.25) enter Q; flat 2 is
+    # popped next (mass .5 < th: stop). The tree: root, flat 0, flat 2.
+    for b in range(2):
+        assert {f for f, kp in zip(top[b].tolist(), keep[b, 1:].tolist()) if kp} == {0, 2}
+
+
+def test_two_classifier_modules_in_one_batch_are_told_apart():
+    """Two classifier *modules* (not the default by name) in one batch: each c2t row is scored by its own
+    module, and the two modules' trees differ on this pool (else the test could not fail)."""
+    torch.manual_seed(11)
+    third = C2TClassifier(hidden=8).eval()
+    roots = [2, 6, 11, 17]
+    draft, sl, tl, pl, paths = pool(topk=3, steps=4, seed=1, roots=roots)
+    clfs = (OTHER_CLF, third, third, OTHER_CLF)
+    specs = [{"policy": "c2t", "budget": 12, "topk": 3, "beta": 0.3, "classifier": c} for c in clfs]
+    _, top, _, keep = select_from_pool(sl, tl, pl, 14, 3, [parse_spec(x) for x in specs])
+    beam = oracles.BeamDraft(draft, sl, paths, 30)
+    differ = False
+    for b, c in enumerate(clfs):
+        trees = [oracles.c2t(beam, roots[b], 12, 3, 0.3, 10, m) for m in (c, OTHER_CLF if c is third else third)]
+        own, other = ({t.path(i) for i in range(len(t.tok))} for t in trees)
+        assert kept_paths(top, keep, paths, roots, b) == own
+        differ |= own != other
+    assert differ
