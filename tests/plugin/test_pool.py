@@ -503,3 +503,44 @@ def test_two_classifier_modules_in_one_batch_are_told_apart():
         assert kept_paths(top, keep, paths, roots, b) == own
         differ |= own != other
     assert differ
+
+
+def test_a_confidence_equal_to_beta_passes_the_gate():
+    """C2T's pruning keeps C_i >= beta: a classifier of all-zero weights scores exactly 0.5 everywhere, so
+    with beta 0.5 every c2t candidate passes and an early-stopping chain never stops."""
+    half = C2TClassifier(hidden=4).eval()
+    with torch.no_grad():
+        for prm in half.parameters():
+            prm.zero_()
+    roots = [4, 8]
+    draft, sl, tl, pl, paths = pool(topk=3, steps=3, seed=2, roots=roots)
+    specs = [{"policy": "c2t", "budget": 9, "topk": 3, "beta": 0.5, "classifier": half},
+             {"policy": "chain", "length": 3, "beta": 0.5, "classifier": half}]
+    _, top, _, keep = select_from_pool(sl, tl, pl, 10, 3, [parse_spec(x) for x in specs])
+    beam = oracles.BeamDraft(draft, sl, paths, 30)
+    ref = oracles.c2t(beam, roots[0], 9, 3, 0.5, 10, half)
+    assert kept_paths(top, keep, paths, roots, 0) == {ref.path(i) for i in range(len(ref.tok))}
+    assert len(ref.tok) == 9  # every level passes: the budget is what stops it
+    assert kept_paths(top, keep, paths, roots, 1) == chain_oracle(beam, roots[1], 3, 0.5, half)
+    assert int(keep[1].sum()) == 4
+
+
+def test_tied_pool_values_go_to_the_lower_flat_index():
+    """A uniform beam (k 8, S 2: 8 root children of .125, 64 grandchildren of 1/64, all tied): every rule
+    breaks ties toward the lower flat index (SGLang's order), which a sort that is not stable does not
+    keep on 64 equal keys. Expected trees by hand: TALON keeps level 1 and the first 3 grandchildren, C2T
+    (beta 0) the same, the chain flat 0 then its first child 8, EAGLE-2 the first 4 root children, SALF
+    (B 8 pops all 8 root children, G full: D empty, stop) the first 7."""
+    k, bs = 8, 5
+    sl = [torch.full((bs, 1, k), 1 / 8), torch.full((bs, k, k), 1 / 64)]
+    tl = [torch.arange(k).expand(bs, k), torch.arange(k, k + k * k).expand(bs, k * k)]
+    pl = [torch.arange(-1, k).expand(bs, k + 1), torch.arange(k, 2 * k).expand(bs, k)]
+    specs = [{"policy": "talon", "budget": 12, "topk": 8, "mu": 0.5},
+             {"policy": "c2t", "budget": 12, "topk": 8, "beta": 0.0},
+             {"policy": "chain", "length": 2},
+             {"policy": "eagle2", "budget": 5},
+             {"policy": "salf", "budget": 8, "batch": 8, "th": 0.05}]
+    _, top, _, keep = select_from_pool(sl, tl, pl, 16, k, [parse_spec(x) for x in specs])
+    got = [sorted(f for f, kp in zip(top[b].tolist(), keep[b, 1:].tolist()) if kp) for b in range(bs)]
+    first = list(range(8))
+    assert got == [first + [8, 9, 10], first + [8, 9, 10], [0, 8], [0, 1, 2, 3], first[:7]]
