@@ -544,3 +544,45 @@ def test_tied_pool_values_go_to_the_lower_flat_index():
     got = [sorted(f for f, kp in zip(top[b].tolist(), keep[b, 1:].tolist()) if kp) for b in range(bs)]
     first = list(range(8))
     assert got == [first + [8, 9, 10], first + [8, 9, 10], [0, 8], [0, 1, 2, 3], first[:7]]
+
+
+def test_request_rows_hold_every_column_of_each_policy():
+    """The row table, column by column (COLUMNS), written out by hand for each kind: the parameters a
+    kind reads, and the neutral values of the ones it does not (BIG = 2^20: no cap; beta / clf -1: none)."""
+    from treespec_sglang.plugin import pool as pool_module
+
+    B, inf = float(1 << 20), float("inf")
+    half = C2TClassifier(hidden=4).eval()
+    cases = [  # (spec, shares, kind budget top rank_depth topk log_mu th batch max_depth beta clf shares)
+        (None, False, [0, B, B, B, B, 0, 0, 1, B, -1, -1, 0]),
+        (None, True, [0, B, B, B, B, 0, 0, 1, B, -1, -1, 1]),
+        ({"policy": "none"}, False, [1, 1, 0, B, B, 0, 0, 1, B, -1, -1, 0]),
+        ({"policy": "eagle2", "budget": 5, "topk": 3, "depth": 3}, True, [2, 5, 4, B, B, 0, 0, 1, B, -1, -1, 1]),
+        ({"policy": "talon", "budget": 9, "topk": 3, "mu": 0.05}, False,
+         [3, 9, 0, B, 3, math.log(0.05), 0, 1, B, -1, -1, 0]),
+        ({"policy": "talon", "budget": 9, "topk": 2, "mu": 0.0}, False, [3, 9, 0, B, 2, -inf, 0, 1, B, -1, -1, 0]),
+        ({"policy": "salf", "budget": 12, "batch": 3, "th": 0.2, "max_depth": 2}, False,
+         [4, 12, 0, 2, B, 0, 0.2, 3, 2, -1, -1, 0]),
+        ({"policy": "salf", "budget": 7, "th": 0.0}, False, [4, 7, 6, B, B, 0, 0, 7, B, -1, -1, 0]),
+        ({"policy": "salf", "budget": 7, "batch": 2, "th": 0.0, "max_depth": 3}, False,
+         [4, 7, 6, 3, B, 0, 0, 2, 3, -1, -1, 0]),
+        ({"policy": "c2t", "budget": 10, "topk": 4, "beta": 0.3, "max_depth": 5}, False,
+         [5, 10, 0, B, 4, 0, 0, 1, 5, 0.3, None, 0]),
+        ({"policy": "c2t", "budget": 11, "topk": 2, "beta": 0.6, "classifier": half}, False,
+         [5, 11, 0, B, 2, 0, 0, 1, 10, 0.6, half, 0]),
+        ({"policy": "chain", "length": 3}, False, [6, 4, 0, B, B, 0, 0, 1, B, -1, -1, 0]),
+        ({"policy": "chain", "length": 4, "beta": 0.4, "classifier": half}, False,
+         [6, 5, 0, B, B, 0, 0, 1, B, 0.4, half, 0]),
+    ]
+    clf = COLUMNS.index("clf")
+    for spec, shares, want in cases:
+        row = request_row(None if spec is None else parse_spec(spec), "cpu", shares=shares)
+        assert row.shape == (1, len(COLUMNS)) and row.dtype == torch.float32
+        got = row[0].tolist()
+        if not isinstance(want[clf], int):  # a classifier: the row names its entry of the registry
+            assert got[clf] >= 0 and pool_module._CLF_SPECS[int(got[clf])] is want[clf], spec
+            want = want[:clf] + [got[clf]] + want[clf + 1:]
+        assert got == torch.tensor(want, dtype=torch.float32).tolist(), spec
+    rows = policy_rows([parse_spec(cases[9][0]), parse_spec(cases[10][0]), parse_spec(cases[12][0])], "cpu")
+    ids = rows[:, clf].tolist()
+    assert ids[1] == ids[2] != ids[0]  # one id per classifier, shared by the rows that name it
