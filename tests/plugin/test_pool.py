@@ -586,3 +586,29 @@ def test_request_rows_hold_every_column_of_each_policy():
     rows = policy_rows([parse_spec(cases[9][0]), parse_spec(cases[10][0]), parse_spec(cases[12][0])], "cpu")
     ids = rows[:, clf].tolist()
     assert ids[1] == ids[2] != ids[0]  # one id per classifier, shared by the rows that name it
+
+
+@pytest.mark.parametrize("k,steps", [(2, 1), (3, 1), (2, 3), (3, 4), (1, 3)])
+def test_pool_view_attributes_from_the_flat_paths(k, steps):
+    """PoolView's documented attributes against plain loops over each flat candidate's token path: the
+    parent (-1 under the root), the level, the parent's log value (0 for the root), steps and the parent
+    table's shape [bs, 1 + (S-1)k] (one step: a single -1 column)."""
+    from treespec_sglang.plugin.pool import PoolView
+
+    roots = [3, 9]
+    _, sl, tl, pl, paths = pool(topk=k, steps=steps, seed=4, roots=roots)
+    view = PoolView(sl, tl, pl, k)
+    P = k + (steps - 1) * k * k
+    assert view.steps == steps and view.scores.shape == (2, P)
+    assert view.parent_list.shape == (2, 1 + (steps - 1) * k) and view.parent_list.dtype == torch.long
+    if steps == 1:
+        assert view.parent_list.tolist() == [[-1], [-1]]
+    scores = torch.cat(sl, 1).flatten(1)
+    for b in range(2):
+        where = {p: f for f, p in enumerate(paths[b])}
+        want_parent = [-1 if len(p) == 2 else where[p[:-1]] for p in paths[b]]
+        assert view.parent[b].tolist() == want_parent
+        assert view.level.tolist() == [len(p) - 1 for p in paths[b]]
+        pv = view.parent_val[b].tolist()
+        for f, par in enumerate(want_parent):
+            assert pv[f] == (0.0 if par < 0 else pytest.approx(math.log(float(scores[b, par])), abs=1e-6))
