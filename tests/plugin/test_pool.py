@@ -612,3 +612,24 @@ def test_pool_view_attributes_from_the_flat_paths(k, steps):
         pv = view.parent_val[b].tolist()
         for f, par in enumerate(want_parent):
             assert pv[f] == (0.0 if par < 0 else pytest.approx(math.log(float(scores[b, par])), abs=1e-6))
+
+
+def test_native_rows_take_the_given_selection_verbatim_and_rows_carry_the_values():
+    """``native`` is taken verbatim for the rows without a policy (whatever it holds, here SGLang's ranking
+    shifted by one rank), and when ``rows`` is given its values decide, ``params`` only naming the rules."""
+    roots = [3, 5, 7]
+    _, sl, tl, pl, paths = pool(topk=4, steps=3, seed=6, roots=roots)
+    N, k = 8, 4
+    scores = torch.cat(sl, 1).flatten(1)
+    # ranks 1..N-1 instead of 0..N-2, ascending: a selection the plugin would never make itself
+    fake = torch.sort(torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, 1:N], dim=-1).values
+    native = (torch.cat(pl[:-1], 1), fake, torch.gather(torch.cat(tl, 1), 1, fake))
+    talon = parse_spec({"policy": "talon", "budget": 20, "topk": 4, "mu": 0.01})
+    small = parse_spec({"policy": "talon", "budget": 4, "topk": 4, "mu": 0.01})
+    params = [None, talon, None]
+    rows = policy_rows([None, small, None], "cpu")
+    _, top, toks, keep = select_from_pool(sl, tl, pl, N, k, params, native=native, rows=rows)
+    for b in (0, 2):
+        assert top[b].tolist() == fake[b].tolist() and toks[b].tolist() == native[2][b].tolist()
+        assert keep[b].all()
+    assert int(keep[1].sum()) == 4  # the row table's budget 4, not the params' 20
