@@ -633,3 +633,31 @@ def test_native_rows_take_the_given_selection_verbatim_and_rows_carry_the_values
         assert top[b].tolist() == fake[b].tolist() and toks[b].tolist() == native[2][b].tolist()
         assert keep[b].all()
     assert int(keep[1].sum()) == 4  # the row table's budget 4, not the params' 20
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_filler_is_sglangs_next_best_and_the_selection_is_sorted(seed):
+    """The N-1 verify nodes of a policy row: its kept nodes plus the best unselected candidates by path
+    probability (a plain sort of the scores, ties to the lower flat index), ascending, no repeats; the
+    draft tokens are the pool's tokens there. (SALF rows with th 0 and a max_depth pad from their own
+    depth-limited ranking and are left out.)"""
+    rng = random.Random(50 + seed)
+    k, steps, bs = rng.choice([2, 3, 4]), rng.choice([2, 3, 4]), 8
+    N = rng.choice([n for n in (5, 8, 12, 20) if n - 1 <= k + (steps - 1) * k * k])
+    roots = rng.sample(range(30), bs)
+    _, sl, tl, pl, paths = pool(topk=k, steps=steps, seed=seed + 20, roots=roots)
+    specs = [rng.choice([s for s in MIXED_SPECS if s is not None]) for _ in range(bs)]
+    specs[0] = {"policy": "salf", "budget": 6, "batch": 2, "th": 0.1, "max_depth": 1}
+    _, top, toks, keep = select_from_pool(sl, tl, pl, N, k, [parse_spec(s) for s in specs])
+    scores = torch.cat(sl, 1).flatten(1).tolist()
+    tokens = torch.cat(tl, 1).tolist()
+    for b, s in enumerate(specs):
+        sel = top[b].tolist()
+        assert sel == sorted(set(sel)) and len(sel) == N - 1
+        assert toks[b].tolist() == [tokens[b][f] for f in sel]
+        if s["policy"] == "salf" and s.get("th") == 0.0 and "max_depth" in s:
+            continue
+        kept = {f for f, kp in zip(sel, keep[b, 1:].tolist()) if kp}
+        ranked = sorted(range(len(scores[b])), key=lambda f: (-scores[b][f], f))
+        fill = [f for f in ranked if f not in kept][:N - 1 - len(kept)]
+        assert sel == sorted(kept | set(fill)), s
