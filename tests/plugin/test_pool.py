@@ -661,3 +661,10 @@ def test_the_filler_is_sglangs_next_best_and_the_selection_is_sorted(seed):
         ranked = sorted(range(len(scores[b])), key=lambda f: (-scores[b][f], f))
         fill = [f for f in ranked if f not in kept][:N - 1 - len(kept)]
         assert sel == sorted(kept | set(fill)), s
+
+
+def test_policy_rows_carry_each_requests_shares_flag():
+    p = parse_spec({"policy": "talon", "budget": 9})
+    rows = policy_rows([p, None, p], "cpu", shares=[True, False, False])
+    assert rows[:, COLUMNS.index("shares")].tolist() == [1.0, 0.0, 0.0]
+    assert policy_rows([p, None], "cpu")[:, COLUMNS.index("shares")].tolist() == [0.0, 0.0]
