@@ -668,3 +668,21 @@ def test_policy_rows_carry_each_requests_shares_flag():
     rows = policy_rows([p, None, p], "cpu", shares=[True, False, False])
     assert rows[:, COLUMNS.index("shares")].tolist() == [1.0, 0.0, 0.0]
     assert policy_rows([p, None], "cpu")[:, COLUMNS.index("shares")].tolist() == [0.0, 0.0]
+
+
+def test_zero_probability_candidates_are_never_selected_by_a_policy():
+    """A beam whose distributions have fewer than k non-zero tokens (k 4: two of the root's children have
+    probability 0, and so do their subtrees): TALON, C2T (beta 0) and the chain keep only positive nodes,
+    by hand: TALON {0, 1} then {4, 5, 6, 8, 9}, C2T the same but its level-wise top-4 (.3 .2 .2 .1, the tie
+    at .1 to flat 6), the chain {0, 4}."""
+    z = [0.0] * 4
+    sl = [torch.tensor([[[0.6, 0.4, 0.0, 0.0]]] * 3),
+          torch.tensor([[[0.3, 0.2, 0.1, 0.0], [0.2, 0.1, 0.0, 0.0], z, z]] * 3)]
+    tl = [torch.tensor([[1, 2, 3, 4]] * 3), torch.arange(5, 21).expand(3, 16)]
+    pl = [torch.tensor([[-1, 0, 1, 2, 3]] * 3), torch.tensor([[4, 5, 8, 6]] * 3)]
+    specs = [{"policy": "talon", "budget": 10, "topk": 4, "mu": 0.01},
+             {"policy": "c2t", "budget": 10, "topk": 4, "beta": 0.0},
+             {"policy": "chain", "length": 2}]
+    _, top, _, keep = select_from_pool(sl, tl, pl, 12, 4, [parse_spec(x) for x in specs])
+    got = [sorted(f for f, kp in zip(top[b].tolist(), keep[b, 1:].tolist()) if kp) for b in range(3)]
+    assert got == [[0, 1, 4, 5, 6, 8, 9], [0, 1, 4, 5, 6, 8], [0, 4]]
