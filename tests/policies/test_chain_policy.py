@@ -1,0 +1,41 @@
+"""Chain drafting per request: the greedy path of each row's own length, batched with other lengths."""
+
+import torch
+
+from tests.helpers import PathDraft
+from treespec_sglang.policies import grow_tree, parse_spec
+from treespec_sglang.policies.chain import ChainPolicy
+
+
+def greedy(draft, root, length):
+    path = (root,)
+    for _ in range(length):
+        path = path + (int(draft.logprobs(path).argmax()),)
+    return path
+
+
+def test_each_row_is_the_greedy_path_of_its_own_length():
+    """Lengths 0, 1, 2 and 5 in one batch (a length-1 chain drafts exactly one token), against plain argmax."""
+    draft = PathDraft(30, seed=7)
+    lengths, roots = [0, 1, 2, 5], [4, 6, 8, 10]
+    tree = grow_tree([{"policy": "chain", "length": n} for n in lengths], torch.tensor(roots),
+                     draft.root(torch.tensor(roots)), draft.expand)
+    tree.check()
+    assert tree.size.tolist() == [n + 1 for n in lengths]
+    for b, (n, r) in enumerate(zip(lengths, roots)):
+        assert tree.paths()[b][-1] == greedy(draft, r, n)
+
+
+def test_the_policy_tree_is_max_length_plus_one_wide():
+    """finish() returns ``[bs, max_nodes]``: the longest chain plus its root, no spare column."""
+    draft = PathDraft(20, seed=1)
+    pol = ChainPolicy([parse_spec({"policy": "chain", "length": n}) for n in (3, 1)], torch.device("cpu"))
+    roots = torch.tensor([2, 5])
+    fr = pol.start(roots, draft.root(roots))
+    for _ in range(pol.max_steps):
+        if not (fr >= 0).any():
+            break
+        fr = pol.step(draft.expand(pol.tree, fr))
+    tree = pol.finish()
+    assert tree.tokens.shape == (2, 4) and tree.size.tolist() == [4, 2]
+    assert pol.max_steps == 2 and pol.depth_bound == 3
