@@ -39,3 +39,20 @@ def test_the_policy_tree_is_max_length_plus_one_wide():
     tree = pol.finish()
     assert tree.tokens.shape == (2, 4) and tree.size.tolist() == [4, 2]
     assert pol.max_steps == 2 and pol.depth_bound == 3
+
+
+def test_a_score_equal_to_beta_does_not_stop_the_chain():
+    """The early stop is C_i < beta: a classifier of all-zero weights scores exactly 0.5, so beta 0.5 never
+    stops a chain (and beta 0.6 stops it before its first token)."""
+    from treespec_sglang.policies import C2TClassifier
+
+    half = C2TClassifier(hidden=4).eval()
+    with torch.no_grad():
+        for prm in half.parameters():
+            prm.zero_()
+    draft = PathDraft(30, seed=9)
+    roots = [3, 3]
+    specs = [{"policy": "chain", "length": 4, "beta": b, "classifier": half} for b in (0.5, 0.6)]
+    tree = grow_tree(specs, torch.tensor(roots), draft.root(torch.tensor(roots)), draft.expand)
+    assert tree.size.tolist() == [5, 1]
+    assert tree.paths()[0][-1] == greedy(draft, 3, 4)
