@@ -56,3 +56,18 @@ def test_a_score_equal_to_beta_does_not_stop_the_chain():
     tree = grow_tree(specs, torch.tensor(roots), draft.root(torch.tensor(roots)), draft.expand)
     assert tree.size.tolist() == [5, 1]
     assert tree.paths()[0][-1] == greedy(draft, 3, 4)
+
+
+def test_a_finished_chain_reports_minus_one_in_its_frontier():
+    """The frontier contract (-1 = nothing to expand): a length-0 row from the start, a length-1 row after
+    its one token, and every row once the longest chain is done."""
+    draft = PathDraft(20, seed=4)
+    pol = ChainPolicy([parse_spec({"policy": "chain", "length": n}) for n in (0, 1, 3)], torch.device("cpu"))
+    roots = torch.tensor([1, 2, 3])
+    fr = pol.start(roots, draft.root(roots))
+    assert fr[:2, 0].tolist() == [-1, -1] and int(fr[2, 0]) >= 1
+    seen = []
+    for _ in range(pol.max_steps):
+        fr = pol.step(draft.expand(pol.tree, fr))
+        seen.append(fr[:, 0].tolist())
+    assert [s[:2] for s in seen] == [[-1, -1], [-1, -1]] and seen[-1][2] == -1
