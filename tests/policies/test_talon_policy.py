@@ -21,3 +21,12 @@ def test_talon_edge_parameters_equal_alg2(mu, K, N):
         ref = oracles.talon(draft, r, N, K, mu)
         assert set(tree.paths()[b]) == {ref.path(i) for i in range(len(ref.tok))}
         assert int(tree.size[b]) == len(ref.tok)
+
+
+def test_a_budget_filled_by_the_root_layer_drafts_nothing_more():
+    """N = K + 1: layer 1 fills the budget, so the frontier is empty and the draft is never called again."""
+    draft = PathDraft(25, seed=3, sharpness=1.0)
+    roots = torch.tensor([1, 2])
+    tree = grow_tree([{"policy": "talon", "budget": 5, "topk": 4, "mu": 0.001}] * 2, roots, draft.root(roots),
+                     draft.expand)
+    assert tree.size.tolist() == [5, 5] and draft.calls == 0
