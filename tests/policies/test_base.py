@@ -18,3 +18,43 @@ def test_register_policy_makes_the_class_selectable_and_returns_it():
         assert base.parse_spec({"policy": "dummy-registry-test", "budget": 7}) == TalonParams(budget=7)
     finally:
         base.POLICIES.pop("dummy-registry-test", None)
+
+
+def test_sanitize_logprobs_maps_non_finite_to_minus_inf_and_clamps_at_zero():
+    x = torch.tensor([[0.5, 2.0, float("nan"), float("inf"), float("-inf"), -1.25, 0.0]], dtype=torch.float64)
+    out = base.sanitize_logprobs(x)
+    assert out.dtype == torch.float32
+    assert out.tolist() == [[0.0, 0.0, float("-inf"), float("-inf"), float("-inf"), -1.25, 0.0]]
+
+
+def test_rank_desc_breaks_ties_toward_the_lower_column_even_for_many_equal_keys():
+    """100 equal keys (an unstable sort reorders 64 or more) and a mixed row, against a plain sort."""
+    vals = torch.zeros(2, 100)
+    vals[1] = torch.tensor([float(i % 7) for i in range(100)])
+    got = base.rank_desc(vals).tolist()
+    for b in range(2):
+        row = vals[b].tolist()
+        order = sorted(range(100), key=lambda j: (-row[j], j))
+        assert got[b] == [order.index(j) for j in range(100)]
+
+
+def test_row_param_stacks_one_field_with_the_asked_dtype():
+    ps = [TalonParams(budget=5, topk=2, mu=1), TalonParams(budget=7, topk=3, mu=0)]  # int-valued mus
+    mu = base.row_param(ps, "mu", "cpu", torch.float32)
+    assert mu.dtype == torch.float32 and mu.tolist() == [1.0, 0.0]
+    k = base.row_param(ps, "topk", "cpu")
+    assert k.dtype == torch.int64 and k.tolist() == [2, 3]
+
+
+def test_keep_top_budget_keeps_the_root_first_even_when_a_child_ties_it():
+    """Children of probability 1 (log 0) tie the root's 0: the root is still kept, and budget 1 is the root
+    alone; budget 3 adds the two best nodes, ties to the earlier one (plain loops)."""
+    from treespec_sglang.tree import DraftTree
+
+    toks = [[9, 1, 2, 3, 4]] * 2
+    pars = [[-1, 0, 0, 1, 2]] * 2
+    lps = [[0.0, 0.0, -0.5, -0.5, -0.5]] * 2
+    pool = DraftTree.from_lists(toks, pars, lps)
+    out = base.keep_top_budget(pool, torch.tensor([1, 3]), 5)
+    assert out.size.tolist() == [1, 3]
+    assert out.tokens[0, 0] == 9 and out.tokens[1, :3].tolist() == [9, 1, 2]
