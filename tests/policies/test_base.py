@@ -58,3 +58,19 @@ def test_keep_top_budget_keeps_the_root_first_even_when_a_child_ties_it():
     out = base.keep_top_budget(pool, torch.tensor([1, 3]), 5)
     assert out.size.tolist() == [1, 3]
     assert out.tokens[0, 0] == 9 and out.tokens[1, :3].tolist() == [9, 1, 2]
+
+
+@pytest.mark.parametrize("spec,name", [("talon", "str"), (["talon"], "list"), (None, "NoneType"), (3, "int")])
+def test_a_spec_that_is_not_a_dict_is_named_by_its_type(spec, name):
+    with pytest.raises(ValueError, match=rf"policy spec must be a dict like .*, got {name}$"):
+        base.parse_spec(spec)
+
+
+def test_numpy_scalars_become_python_numbers_and_other_scalars_are_refused():
+    import numpy as np
+
+    p = base.parse_spec({"policy": "talon", "budget": np.int64(9), "topk": np.int32(3), "mu": np.float32(0.25)})
+    assert (type(p.budget), type(p.topk), type(p.mu)) == (int, int, float)
+    assert p == TalonParams(budget=9, topk=3, mu=0.25)
+    with pytest.raises(ValueError, match=r"talon\.budget must be an integer in \[1, 1024\], got tensor\(9\)"):
+        base.parse_spec({"policy": "talon", "budget": torch.tensor(9)})  # only numpy scalars are unwrapped
