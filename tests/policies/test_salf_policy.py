@@ -1,0 +1,29 @@
+"""SALF edge parameters against the plain heap-based Alg. 2 (``tests/policies/oracles.py``)."""
+
+import pytest
+import torch
+
+from tests.helpers import PathDraft
+from tests.policies import oracles
+from treespec_sglang.policies import grow_tree
+
+EDGES = [  # budget 1 (the root alone), 2 (one child), max_depth 1 (the root's children only), 2, B 1
+    {"policy": "salf", "budget": 1, "th": 0.1},
+    {"policy": "salf", "budget": 2, "batch": 1, "th": 0.1},
+    {"policy": "salf", "budget": 6, "batch": 2, "th": 0.05, "max_depth": 1},
+    {"policy": "salf", "budget": 8, "batch": 3, "th": 0.05, "max_depth": 2},
+    {"policy": "salf", "budget": 7, "batch": 1, "th": 0.02},
+    {"policy": "salf", "budget": 9, "batch": 4, "th": 0.0, "max_depth": 3},
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_salf_edge_parameters_in_one_batch_equal_alg2(seed):
+    draft = PathDraft(12, seed=30 + seed, sharpness=1.0 + seed)
+    roots = [1, 3, 5, 7, 9, 11]
+    tree = grow_tree(EDGES, torch.tensor(roots), draft.root(torch.tensor(roots)), draft.expand)
+    tree.check()
+    for b, (s, r) in enumerate(zip(EDGES, roots)):
+        want = oracles.salf(draft, r, s["budget"], s.get("batch", min(10, s["budget"])), s["th"], s.get("max_depth"))
+        assert set(tree.paths()[b]) == want, s
+    assert tree.size.tolist()[:3] == [1, 2, 3]  # max_depth 1, B 2: one pop of two children, no expansion
