@@ -27,3 +27,16 @@ def test_salf_edge_parameters_in_one_batch_equal_alg2(seed):
         want = oracles.salf(draft, r, s["budget"], s.get("batch", min(10, s["budget"])), s["th"], s.get("max_depth"))
         assert set(tree.paths()[b]) == want, s
     assert tree.size.tolist()[:3] == [1, 2, 3]  # max_depth 1, B 2: one pop of two children, no expansion
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_budget_of_three_can_take_two_children_of_one_node(seed):
+    """N 3 alone in its batch: every node pushes its top N - 1 = 2 children, both of which the tree may need
+    (root + two siblings), against Alg. 2."""
+    draft = PathDraft(10, seed=60 + seed, sharpness=0.3)
+    roots = [2, 4]
+    spec = {"policy": "salf", "budget": 3, "batch": 1, "th": 0.01}
+    tree = grow_tree([spec] * 2, torch.tensor(roots), draft.root(torch.tensor(roots)), draft.expand)
+    for b, r in enumerate(roots):
+        assert set(tree.paths()[b]) == oracles.salf(draft, r, 3, 1, 0.01)
+
