@@ -40,3 +40,25 @@ def test_a_budget_of_three_can_take_two_children_of_one_node(seed):
     for b, r in enumerate(roots):
         assert set(tree.paths()[b]) == oracles.salf(draft, r, 3, 1, 0.01)
 
+
+
+class TwoStepDraft(PathDraft):
+    """Vocab 3: the root's children .45 / .40 / .15, the best child's own best child .95 (so .4275 beats the
+    second child .40), every other distribution .5 / .3 / .2."""
+
+    def logprobs(self, path):
+        p = {(1,): [0.45, 0.40, 0.15], (1, 0): [0.95, 0.03, 0.02]}.get(tuple(path), [0.5, 0.3, 0.2])
+        return torch.tensor(p).log()
+
+
+def test_a_full_g_stops_on_the_gain_of_the_nodes_above_its_nth_best():
+    """N 3, B 2, th .5: the first pop takes .45 and .40, G is full and its N-th best is .40, so D = {.45}
+    whose gain .45 < th stops the search: the tree is the root and the two children (by hand and Alg. 2),
+    although expanding .40 too would have found .4275. A budget-9 row in the same batch (N 9 for the batch)
+    keeps its own N-th best."""
+    draft = TwoStepDraft(3)
+    specs = [{"policy": "salf", "budget": 3, "batch": 2, "th": 0.5}, {"policy": "salf", "budget": 9, "batch": 2,
+                                                                       "th": 0.5}]
+    tree = grow_tree(specs, torch.tensor([1, 1]), draft.root(torch.tensor([1, 1])), draft.expand)
+    assert set(tree.paths()[0]) == {(1,), (1, 0), (1, 1)} == oracles.salf(draft, 1, 3, 2, 0.5)
+    assert set(tree.paths()[1]) == oracles.salf(draft, 1, 9, 2, 0.5)
