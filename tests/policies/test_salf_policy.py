@@ -62,3 +62,40 @@ def test_a_full_g_stops_on_the_gain_of_the_nodes_above_its_nth_best():
     tree = grow_tree(specs, torch.tensor([1, 1]), draft.root(torch.tensor([1, 1])), draft.expand)
     assert set(tree.paths()[0]) == {(1,), (1, 0), (1, 1)} == oracles.salf(draft, 1, 3, 2, 0.5)
     assert set(tree.paths()[1]) == oracles.salf(draft, 1, 9, 2, 0.5)
+
+
+class FixedDraft(PathDraft):
+    """Vocab 3, every distribution .5 / .3 / .2 (log .5 and back is exactly .5 in float32)."""
+
+    def logprobs(self, path):
+        return torch.tensor([0.5, 0.3, 0.2]).log()
+
+
+def test_a_gain_equal_to_th_continues_the_search():
+    """Line 13 stops on gain < th: popping .5 with th .5 expands it, then .3 (gain .3) stops. By hand: the
+    root, .5 and .3."""
+    draft = FixedDraft(3)
+    tree = grow_tree([{"policy": "salf", "budget": 5, "batch": 1, "th": 0.5}], torch.tensor([1]),
+                     draft.root(torch.tensor([1])), draft.expand)
+    assert set(tree.paths()[0]) == {(1,), (1, 0), (1, 1)}
+
+
+def test_the_frontier_is_minus_one_padded_and_empty_once_done_and_the_tree_keeps_its_depth_bound():
+    from treespec_sglang.policies import parse_spec
+    from treespec_sglang.policies.salf import SalfPolicy
+
+    draft = PathDraft(12, seed=5, sharpness=1.5)
+    specs = [{"policy": "salf", "budget": 3, "batch": 2, "th": 0.9}, {"policy": "salf", "budget": 12, "batch": 4,
+                                                                       "th": 0.05, "max_depth": 4}]
+    pol = SalfPolicy([parse_spec(s) for s in specs], torch.device("cpu"))
+    roots = torch.tensor([1, 2])
+    fr = pol.start(roots, draft.root(roots))
+    partial = 0
+    for _ in range(pol.max_steps):
+        assert ((fr >= 1) | (fr == -1)).all()
+        if not (fr >= 0).any():
+            break
+        partial += int(((fr >= 0).any(-1) & (fr == -1).any(-1)).any())
+        fr = pol.step(draft.expand(pol.tree, fr))
+    assert fr[0].tolist() == [-1] * fr.shape[1] and partial > 0
+    assert pol.finish().depth_bound == pol.depth_bound == 11  # min(max_depth, N - 1); row 0 has no max_depth
