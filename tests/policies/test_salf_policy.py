@@ -85,7 +85,8 @@ def test_the_frontier_is_minus_one_padded_and_empty_once_done_and_the_tree_keeps
     from treespec_sglang.policies.salf import SalfPolicy
 
     draft = PathDraft(12, seed=5, sharpness=1.5)
-    specs = [{"policy": "salf", "budget": 3, "batch": 2, "th": 0.9}, {"policy": "salf", "budget": 12, "batch": 4,
+    specs = [{"policy": "salf", "budget": 3, "batch": 2, "th": 0.9, "max_depth": 3}, {"policy": "salf", "budget": 12,
+                                                                                        "batch": 4,
                                                                        "th": 0.05, "max_depth": 4}]
     pol = SalfPolicy([parse_spec(s) for s in specs], torch.device("cpu"))
     roots = torch.tensor([1, 2])
@@ -98,4 +99,4 @@ def test_the_frontier_is_minus_one_padded_and_empty_once_done_and_the_tree_keeps
         partial += int(((fr >= 0).any(-1) & (fr == -1).any(-1)).any())
         fr = pol.step(draft.expand(pol.tree, fr))
     assert fr[0].tolist() == [-1] * fr.shape[1] and partial > 0
-    assert pol.finish().depth_bound == pol.depth_bound == 11  # min(max_depth, N - 1); row 0 has no max_depth
+    assert pol.finish().depth_bound == pol.depth_bound == 4  # min(the rows' largest max_depth, N - 1)
