@@ -28,3 +28,41 @@ def test_mixed_c2t_rows_in_one_batch_equal_alg1(seed):
         ref = oracles.c2t(draft, r, s["budget"], s["topk"], s["beta"], s["max_depth"], clf)
         assert set(tree.paths()[b]) == {ref.path(i) for i in range(len(ref.tok))}, s
     assert int(tree.size[4]) == 1
+
+
+@pytest.mark.parametrize("spec", [{"policy": "c2t", "budget": 12, "topk": 4, "beta": 0.0, "max_depth": 1},
+                                  {"policy": "c2t", "budget": 5, "topk": 4, "beta": 0.0, "max_depth": 5}])
+def test_no_draft_call_once_max_depth_or_the_budget_is_reached(spec):
+    """max_depth 1, or a budget of K + 1 that the root layer fills: the frontier is empty after layer 1 and the
+    draft is never called again."""
+    draft = PathDraft(20, seed=2, sharpness=0.8)
+    roots = torch.tensor([1, 2])
+    tree = grow_tree([spec] * 2, roots, draft.root(roots), draft.expand)
+    assert tree.size.tolist() == [5, 5] and draft.calls == 0
+
+
+def test_a_confidence_equal_to_beta_passes():
+    """C_i >= beta: a classifier of all-zero weights scores exactly 0.5, so beta 0.5 keeps every top-K
+    candidate (the tree fills its budget) and beta 0.6 keeps none."""
+    from treespec_sglang.policies import C2TClassifier
+
+    half = C2TClassifier(hidden=4).eval()
+    with torch.no_grad():
+        for prm in half.parameters():
+            prm.zero_()
+    draft = PathDraft(20, seed=3)
+    specs = [{"policy": "c2t", "budget": 7, "topk": 3, "beta": b, "classifier": half} for b in (0.5, 0.6)]
+    tree = grow_tree(specs, torch.tensor([4, 4]), draft.root(torch.tensor([4, 4])), draft.expand)
+    ref = oracles.c2t(draft, 4, 7, 3, 0.5, 10, half)
+    assert set(tree.paths()[0]) == {ref.path(i) for i in range(len(ref.tok))} and tree.size.tolist() == [7, 1]
+
+
+def test_a_row_at_its_max_depth_has_an_empty_frontier():
+    from treespec_sglang.policies import parse_spec
+    from treespec_sglang.policies.c2t import C2TPolicy
+
+    draft = PathDraft(20, seed=4, sharpness=0.8)
+    pol = C2TPolicy([parse_spec({"policy": "c2t", "budget": 12, "topk": 3, "beta": 0.0, "max_depth": d})
+                     for d in (1, 3)], torch.device("cpu"))
+    fr = pol.start(torch.tensor([1, 2]), draft.root(torch.tensor([1, 2])))
+    assert fr[0].tolist() == [-1] * fr.shape[1] and (fr[1] >= 1).sum() == 3
