@@ -41,6 +41,26 @@ def test_no_draft_call_once_max_depth_or_the_budget_is_reached(spec):
     assert tree.size.tolist() == [5, 5] and draft.calls == 0
 
 
+def test_each_row_is_scored_by_its_own_classifier():
+    """Two classifiers in one batch (the default and an all-zero one scoring 0.5): each row's tree is Alg. 1
+    with its own classifier, and the two differ here."""
+    from treespec_sglang.policies import C2TClassifier
+
+    half = C2TClassifier(hidden=4).eval()
+    with torch.no_grad():
+        for prm in half.parameters():
+            prm.zero_()
+    draft = PathDraft(20, seed=5, sharpness=1.5)
+    clfs = [None, half, None, half]
+    specs = [{"policy": "c2t", "budget": 10, "topk": 3, "beta": 0.45, "classifier": c} for c in clfs]
+    tree = grow_tree(specs, torch.tensor([6] * 4), draft.root(torch.tensor([6] * 4)), draft.expand)
+    got = [set(p) for p in tree.paths()]
+    for b, c in enumerate(clfs):
+        ref = oracles.c2t(draft, 6, 10, 3, 0.45, 10, load_classifier(c))
+        assert got[b] == {ref.path(i) for i in range(len(ref.tok))}
+    assert got[0] != got[1]
+
+
 def test_a_confidence_equal_to_beta_passes():
     """C_i >= beta: a classifier of all-zero weights scores exactly 0.5, so beta 0.5 keeps every top-K
     candidate (the tree fills its budget) and beta 0.6 keeps none."""
@@ -62,7 +82,8 @@ def test_a_row_at_its_max_depth_has_an_empty_frontier():
     from treespec_sglang.policies.c2t import C2TPolicy
 
     draft = PathDraft(20, seed=4, sharpness=0.8)
-    pol = C2TPolicy([parse_spec({"policy": "c2t", "budget": 12, "topk": 3, "beta": 0.0, "max_depth": d})
-                     for d in (1, 3)], torch.device("cpu"))
-    fr = pol.start(torch.tensor([1, 2]), draft.root(torch.tensor([1, 2])))
-    assert fr[0].tolist() == [-1] * fr.shape[1] and (fr[1] >= 1).sum() == 3
+    pol = C2TPolicy([parse_spec({"policy": "c2t", "budget": 12, "topk": k, "beta": 0.0, "max_depth": d})
+                     for d, k in ((1, 3), (3, 3), (3, 1))], torch.device("cpu"))
+    fr = pol.start(torch.tensor([1, 2, 3]), draft.root(torch.tensor([1, 2, 3])))
+    assert fr[0].tolist() == [-1] * 3 and (fr[1] >= 1).sum() == 3
+    assert fr[2, 0] >= 1 and fr[2, 1:].tolist() == [-1, -1]  # topk 1 in a K-3 batch: -1 padding
