@@ -87,3 +87,22 @@ def test_a_row_at_its_max_depth_has_an_empty_frontier():
     fr = pol.start(torch.tensor([1, 2, 3]), draft.root(torch.tensor([1, 2, 3])))
     assert fr[0].tolist() == [-1] * 3 and (fr[1] >= 1).sum() == 3
     assert fr[2, 0] >= 1 and fr[2, 1:].tolist() == [-1, -1]  # topk 1 in a K-3 batch: -1 padding
+
+
+def test_two_classifier_modules_in_one_batch_are_told_apart():
+    """Two classifier *modules* (grouped by identity, not by name): each row keeps its own."""
+    from treespec_sglang.policies import C2TClassifier
+
+    half = C2TClassifier(hidden=4).eval()
+    with torch.no_grad():
+        for prm in half.parameters():
+            prm.zero_()
+    strict = C2TClassifier(hidden=4).eval()
+    with torch.no_grad():
+        for prm in strict.parameters():
+            prm.zero_()
+        strict.fc2.bias.fill_(-3.0)  # scores sigmoid(-3) < .45 everywhere: nothing passes
+    draft = PathDraft(20, seed=5, sharpness=1.5)
+    specs = [{"policy": "c2t", "budget": 10, "topk": 3, "beta": 0.45, "classifier": c} for c in (half, strict)]
+    tree = grow_tree(specs, torch.tensor([6, 6]), draft.root(torch.tensor([6, 6])), draft.expand)
+    assert tree.size.tolist() == [10, 1]
