@@ -189,9 +189,10 @@ def plan_vs_measured(runs: List["PolicyRun"], plans: dict) -> List[str]:
 def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Optional[dict] = None,
                  overheads: bool = True):
     """Replace each preset's budget by the one this machine's cost curve favours -> (specs, lines).
-    ``plans`` (a dict) receives each planned policy's ``BudgetChoice``. ``overheads``: price each round with
-    its measured overhead too (:mod:`~treespec_sglang.engine.overhead`: a few real rounds per policy at the
-    budget the curve alone picks, then the choice is made again)."""
+    ``plans`` (a dict) receives each planned policy's ``BudgetChoice``. ``overheads``: at batch 1, price each
+    round with its measured overhead too (:mod:`~treespec_sglang.engine.overhead`: a few real rounds per policy
+    at the budget the curve alone picks, then the choice is made again). At batch > 1 they are not used: there
+    the bs-1 curve's own error dominates, and adding them made a bs-4 plan less accurate."""
     from ..engine.cost import choose_budgets, load_policy_table
     from ..engine.overhead import measure_overheads
 
@@ -205,6 +206,10 @@ def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Opti
     lines = [f"cost curve ({'cached' if cached else 'measured now'}, {engine.dtype}): verify "
              + ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in zip(curve.sizes, curve.verify_ms) if n in (1, 4, 8, 16, 32))
              + f"; draft step {curve.draft_ms[0]:.1f} ms"]
+    if overheads and picks and bs > 1:  # validated at batch 1 only (docstring)
+        overheads = False
+        lines.append(f"per-round overheads: not measured at batch {bs} (validated at batch 1 only); the plan prices "
+                     "forwards alone and runs optimistic")
     if overheads and picks:
         at = {p: rows[p][str(c.budget)] for p, c in picks.items()}
         ov = measure_overheads(engine, curve, [dict(r["spec"]) for r in at.values()],

@@ -258,12 +258,15 @@ def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Option
     limit = rows[:, _C["top"]].clamp(max=N - 1).long()  # [bs] nodes kept by SGLang's ranking
     ar = arange(P, dev)
     # SGLang's ranking, ties toward the earlier (shallower) candidate; sorted position j < limit <=> rank < limit
-    rank_scores = pool.scores
+    rank_scores, shallow = pool.scores, None
     if any(isinstance(p, SalfParams) and p.th <= 0 and p.max_depth is not None and p.max_depth < pool.steps
            for p in params):  # SALF with th = 0 never goes below max_depth
-        rank_scores = torch.where(pool.level[None, :] > rows[:, _C["rank_depth"], None], float("-inf"), rank_scores)
+        shallow = pool.level[None, :] <= rows[:, _C["rank_depth"], None]  # [bs, P]
+        rank_scores = torch.where(shallow, rank_scores, float("-inf"))
     order = torch.sort(rank_scores, dim=-1, descending=True, stable=True).indices  # [bs, P]
     keep = torch.zeros(bs, P, dtype=torch.bool, device=dev).scatter(1, order, ar[None, :] < limit[:, None])
+    if shallow is not None:  # fewer shallow candidates than the cut: the masked (deeper) ones stay out
+        keep = keep & shallow
     cols = {c: rows[:, _C[c]] for c in ("topk", "log_mu", "beta", "max_depth", "th", "batch")}
     kinds = {name: kind == KIND[name] for name in ("talon", "c2t", "chain") if name in present}
     if kinds:

@@ -1,0 +1,57 @@
+"""The demo's budget plan: at batch 1 each policy's measured per-round overhead is priced into its rounds
+(and printed next to the curve-alone choice); at batch > 1 nothing is measured and the plan says so."""
+
+import json
+
+import pytest
+
+import treespec_sglang.engine.overhead as O
+from tests.models.tiny import make_tiny_llama
+from treespec_sglang.cli.runs import pick_budgets
+from treespec_sglang.engine import SpecEngine
+from treespec_sglang.engine.cost import CostCurve
+from treespec_sglang.engine.overhead import Overheads
+
+TABLE = {"chain": {"2": {"tau": 1.5, "delta": 1, "tree": 2, "width": 1, "spec": {"policy": "chain", "length": 1}},
+                   "4": {"tau": 1.9, "delta": 3, "tree": 4, "width": 1, "spec": {"policy": "chain", "length": 3}}}}
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    make_tiny_llama(d)
+    e = SpecEngine.from_pretrained(str(d), draft=None, dtype="float32")
+    e.cost_curve = CostCurve((1, 16), (10.0, 25.0), (1, 4), (2.0, 3.0))  # verify 10 + 1 ms/token, draft 2 ms
+    (d / "policy_table.json").write_text(json.dumps({"table": TABLE}))
+    return e, str(d)
+
+
+def test_batch_one_prices_the_measured_overhead(planned, monkeypatch):
+    e, d = planned
+    seen = []
+
+    def fake(engine, curve, specs, widths, bs):
+        seen.append((specs, widths, bs))
+        return Overheads(1.0, {"chain": 40.0}, bs)
+
+    monkeypatch.setattr(O, "measure_overheads", fake)
+    plans = {}
+    specs, lines = pick_budgets(e, [{"policy": "chain", "length": 9}], d, None, bs=1, plans=plans)
+    # curve alone: N 2 = 1.5 / (11 + 2) = .115 > N 4 = 1.9 / (13 + 6) = .100; the overhead is measured there
+    assert seen == [([{"policy": "chain", "length": 1}], {"chain": 1}, 1)]
+    # with 40 ms per round the choice flips: N 4 = 1.9 / 59 = .0322 > N 2 = 1.5 / 53 = .0283; plain 10 + 1 = 11 ms
+    c = plans["chain"]
+    assert c.budget == 4 and c.round_ms == pytest.approx(13 + 3 * 2 + 40)
+    assert c.speedup == pytest.approx(1.9 / 59 * 11) and specs == [{"policy": "chain", "length": 3}]
+    assert any("plain +1.0, chain +40.0" in x for x in lines), lines
+    assert any("the curve alone: budget 2" in x for x in lines), lines
+
+
+def test_batch_above_one_measures_nothing_and_says_so(planned, monkeypatch):
+    e, d = planned
+    monkeypatch.setattr(O, "measure_overheads", lambda *a, **k: pytest.fail("measured at batch > 1"))
+    plans = {}
+    _, lines = pick_budgets(e, [{"policy": "chain", "length": 9}], d, None, bs=2, plans=plans)
+    assert any("not measured at batch 2" in x for x in lines), lines
+    # curve alone at bs 2: N 2 = 1.5 / (verify(4) 13 + draft(2) 2.33) = .098 > N 4 = 1.9 / (17 + 3 x 2.33) = .079
+    assert plans["chain"].budget == 2 and plans["chain"].round_ms == pytest.approx(13 + 2 + 1 / 3)
