@@ -6,9 +6,7 @@ import json
 import pytest
 
 import treespec_sglang.engine.overhead as O
-from tests.models.tiny import make_tiny_llama
 from treespec_sglang.cli.runs import pick_budgets
-from treespec_sglang.engine import SpecEngine
 from treespec_sglang.engine.cost import CostCurve
 from treespec_sglang.engine.overhead import Overheads
 
@@ -16,14 +14,13 @@ TABLE = {"chain": {"2": {"tau": 1.5, "delta": 1, "tree": 2, "width": 1, "spec": 
                    "4": {"tau": 1.9, "delta": 3, "tree": 4, "width": 1, "spec": {"policy": "chain", "length": 3}}}}
 
 
-@pytest.fixture(scope="module")
-def planned(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    make_tiny_llama(d)
-    e = SpecEngine.from_pretrained(str(d), draft=None, dtype="float32")
-    e.cost_curve = CostCurve((1, 16), (10.0, 25.0), (1, 4), (2.0, 3.0))  # verify 10 + 1 ms/token, draft 2 ms
-    (d / "policy_table.json").write_text(json.dumps({"table": TABLE}))
-    return e, str(d)
+@pytest.fixture
+def planned(tiny_engine, tmp_path, monkeypatch):
+    """The shared tiny engine on a pinned curve (verify 10 + 1 ms/token, draft 2 ms) and a draft dir holding
+    ``TABLE``."""
+    monkeypatch.setattr(tiny_engine, "cost_curve", CostCurve((1, 16), (10.0, 25.0), (1, 4), (2.0, 3.0)))
+    (tmp_path / "policy_table.json").write_text(json.dumps({"table": TABLE}))
+    return tiny_engine, str(tmp_path)
 
 
 def test_batch_one_prices_the_measured_overhead(planned, monkeypatch):

@@ -6,20 +6,11 @@ import time
 
 import pytest
 
-from tests.models.tiny import make_tiny_llama
-from treespec_sglang.engine import SpecEngine
 from treespec_sglang.engine.cost import CostCurve, choose_budgets
 from treespec_sglang.engine.overhead import Overheads, measure_overheads, round_times_ms
 
 CHAIN = {"policy": "chain", "length": 3}
 ZERO = CostCurve((1, 64), (0.0, 0.0), (1, 16), (0.0, 0.0))  # prices nothing: overhead = the whole round
-
-
-@pytest.fixture(scope="module")
-def tiny_engine(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    make_tiny_llama(d)
-    return SpecEngine.from_pretrained(str(d), draft=None, dtype="float32")
 
 
 def test_round_times_are_one_per_verify_round(tiny_engine):

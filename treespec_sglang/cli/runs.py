@@ -206,11 +206,11 @@ def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Opti
     lines = [f"cost curve ({'cached' if cached else 'measured now'}, {engine.dtype}): verify "
              + ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in zip(curve.sizes, curve.verify_ms) if n in (1, 4, 8, 16, 32))
              + f"; draft step {curve.draft_ms[0]:.1f} ms"]
+    curve_only = None  # the curve-alone picks, kept where overheads are measured (printed beside the plan)
     if overheads and picks and bs > 1:  # validated at batch 1 only (docstring)
-        overheads = False
         lines.append(f"per-round overheads: not measured at batch {bs} (validated at batch 1 only); the plan prices "
                      "forwards alone and runs optimistic")
-    if overheads and picks:
+    elif overheads and picks:
         at = {p: rows[p][str(c.budget)] for p, c in picks.items()}
         ov = measure_overheads(engine, curve, [dict(r["spec"]) for r in at.values()],
                                {p: r.get("width", 1.0) for p, r in at.items()}, bs=bs)
@@ -225,8 +225,8 @@ def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Opti
         out.append(dict(table[s["policy"]][str(c.budget)]["spec"]))
         if plans is not None:
             plans[s["policy"]] = c
-        was = f"; the curve alone: budget {curve_only[s['policy']].budget}, {curve_only[s['policy']].speedup:.2f}x" \
-            if overheads else ""
+        alone = curve_only[s["policy"]] if curve_only else None
+        was = f"; the curve alone: budget {alone.budget}, {alone.speedup:.2f}x" if alone else ""
         lines.append(f"  {s['policy']:<7} budget {c.budget:<3} (acceptance table tau {c.tau:.2f}, "
                      f"{c.round_ms:.1f} ms/round -> expected {c.speedup:.2f}x{was})")
     return out, [f"budgets: per policy, the best expected tokens/s at batch {bs} on this machine's cost curve"] + lines

@@ -122,15 +122,18 @@ def onednn_fp32_supported() -> Tuple[bool, str]:
     return _kernel_check(torch.float32)
 
 
+def _capability(dtype: torch.dtype, device) -> Tuple[bool, str]:
+    """The probe's answer for ``dtype`` on ``device`` -> (yes, why not); only bf16 / float32 on a CPU are
+    probed (the checks are looked up at call time, so tests can force either answer)."""
+    dev = torch.device(device)
+    if dev.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+        return False, f"prepacking is for bf16 / float32 on a CPU, this engine runs {dtype_label(dtype)} on {dev.type}"
+    return (onednn_bf16_supported if dtype == torch.bfloat16 else onednn_fp32_supported)()
+
+
 def packing_available(dtype: torch.dtype, device) -> bool:
     """True on a CPU whose oneDNN passes the probe for ``dtype`` (bf16 or float32); False elsewhere."""
-    if torch.device(device).type != "cpu":
-        return False
-    if dtype == torch.bfloat16:
-        return onednn_bf16_supported()[0]
-    if dtype == torch.float32:
-        return onednn_fp32_supported()[0]
-    return False
+    return _capability(dtype, device)[0]
 
 
 class PackedLinear(nn.Module):
@@ -212,15 +215,11 @@ def resolve_pack(pack, dtype: torch.dtype, device) -> Tuple[bool, str]:
         raise ValueError(f"pack must be None (auto), True or False, got {pack!r}")
     if pack is False:
         return False, "plain nn.Linear (pack=False)"
-    dev = torch.device(device)
-    if dev.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
-        why = f"prepacking is for bf16 / float32 on a CPU, this engine runs {dtype_label(dtype)} on {dev.type}"
-    else:
-        ok, why = (onednn_bf16_supported if dtype == torch.bfloat16 else onednn_fp32_supported)()
-        if ok:
-            what = ("bit-identical to nn.Linear" if dtype == torch.bfloat16 else
-                    "batch-invariant, within float32 rounding of nn.Linear")
-            return True, f"oneDNN-prepacked {dtype_label(dtype)} ({what})"
+    ok, why = _capability(dtype, device)
+    if ok:
+        what = ("bit-identical to nn.Linear" if dtype == torch.bfloat16 else
+                "batch-invariant, within float32 rounding of nn.Linear")
+        return True, f"oneDNN-prepacked {dtype_label(dtype)} ({what})"
     if pack:
         raise ValueError(f"pack=True: {why}")
     return False, f"plain nn.Linear ({why})"
