@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from treespec_sglang.policies import parse_spec, parse_specs
@@ -52,3 +54,46 @@ def test_salf_default_batch_adapts_to_a_small_budget():
     assert parse_spec({"policy": "salf", "budget": 8, "batch": 3}).batch == 3
     with pytest.raises(ValueError, match=r"salf.batch must be in \[1, 8\], got 10"):
         parse_spec({"policy": "salf", "budget": 8, "batch": 10})
+
+
+# every range check's full message, one per (policy, field): "<policy>.<field> must be in [lo, hi], got v"
+@pytest.mark.parametrize("spec, message", [
+    ({"policy": "eagle2", "depth": 0}, "eagle2.depth must be in [1, 64], got 0"),
+    ({"policy": "eagle2", "depth": 65}, "eagle2.depth must be in [1, 64], got 65"),
+    # the budget's cap is EAGLE-2's tree capacity 1 + K + (depth - 1) K^2: 1 + 2 + 1 * 4 = 7
+    ({"policy": "eagle2", "topk": 2, "depth": 2, "budget": 8}, "eagle2.budget must be in [1, 7], got 8"),
+    ({"policy": "eagle2", "topk": 3, "depth": 3, "budget": 23}, "eagle2.budget must be in [1, 22], got 23"),
+    ({"policy": "talon", "topk": 65}, "talon.topk must be in [1, 64], got 65"),
+    ({"policy": "salf", "budget": 1025}, "salf.budget must be in [1, 1024], got 1025"),
+    ({"policy": "salf", "budget": 1, "batch": 2}, "salf.batch must be in [1, 1], got 2"),
+    ({"policy": "c2t", "budget": 0}, "c2t.budget must be in [1, 1024], got 0"),
+    ({"policy": "c2t", "topk": 0}, "c2t.topk must be in [1, 64], got 0"),
+    ({"policy": "c2t", "max_depth": 65}, "c2t.max_depth must be in [1, 64], got 65"),
+    ({"policy": "chain", "beta": 1.5}, "chain.beta must be in [0.0, 1.0], got 1.5"),
+    ({"policy": "chain", "beta": -0.5}, "chain.beta must be in [0.0, 1.0], got -0.5"),
+    ({"policy": "chain", "classifier": "x.pt"},
+     "chain.classifier needs chain.beta in [0.0, 1.0] (the early-stop threshold)"),
+    ({"policy": "talon", "mu": True}, "talon.mu must be a number in [0.0, 1.0], got True"),
+    ({"policy": "talon", "mu": "0.5"}, "talon.mu must be a number in [0.0, 1.0], got '0.5'"),
+    ({"policy": "c2t", "classifier": 3}, "c2t.classifier must be a file path or a C2TClassifier module, got int"),
+    ({"policy": "chain", "beta": 0.5, "classifier": 2.5},
+     "chain.classifier must be a file path or a C2TClassifier module, got float"),
+])
+def test_each_range_error_is_the_full_message(spec, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        parse_spec(spec)
+
+
+@pytest.mark.parametrize("policy", ["c2t", "chain"])
+def test_a_missing_classifier_file_fails_the_request_that_names_it(policy, tmp_path):
+    path = str(tmp_path / "missing.pt")
+    message = f"{policy}.classifier: file {path!r} does not exist (save one with C2TClassifier.save)"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        parse_spec({"policy": policy, "beta": 0.5, "classifier": path})
+
+
+def test_the_largest_budgets_in_range_pass():
+    """Upper bounds are inclusive: EAGLE-2's capacity at topk 3, depth 3 (22), SALF's batch at budget 1."""
+    assert parse_spec({"policy": "eagle2", "topk": 3, "depth": 3, "budget": 22}).budget == 22
+    assert parse_spec({"policy": "salf", "budget": 1, "batch": 1}).batch == 1
+    assert parse_spec({"policy": "chain", "beta": 1.0}).beta == 1.0
