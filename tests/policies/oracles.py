@@ -282,3 +282,23 @@ class BeamDraft:
         for t, lp in self.children.get(tuple(path), {}).items():
             out[t] = lp
         return out
+
+
+class IntegerDraft:
+    """A draft whose every node gives token w the log-prob -(w + 1): path values are exact integers in float32
+    and in Python floats alike, so cousins and nodes of different depths tie exactly (e.g. -3 for the paths
+    (2,), (0, 1), (1, 0) and (0, 0, 0)), while each row's values are distinct (its top-k order is defined).
+    Ties then follow the algorithms' own order: older queue entries / earlier parents first, then child rank."""
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+
+    def logprobs(self, path):
+        return -torch.arange(1, self.vocab + 1, dtype=torch.float32)
+
+    def root(self, root_tokens):
+        return torch.stack([self.logprobs((int(t),)) for t in root_tokens])
+
+    def expand(self, tree, frontier):
+        bs, w = frontier.shape
+        return self.logprobs(()).expand(bs, w, self.vocab)

@@ -106,3 +106,18 @@ def test_two_classifier_modules_in_one_batch_are_told_apart():
     specs = [{"policy": "c2t", "budget": 10, "topk": 3, "beta": 0.45, "classifier": c} for c in (half, strict)]
     tree = grow_tree(specs, torch.tensor([6, 6]), draft.root(torch.tensor([6, 6])), draft.expand)
     assert tree.size.tolist() == [10, 1]
+
+
+@pytest.mark.parametrize("vocab, budget, topk, max_depth", [(6, 30, 5, 4), (8, 40, 6, 3), (6, 60, 6, 6)])
+def test_exact_value_ties_follow_alg1s_candidate_order(vocab, budget, topk, max_depth):
+    """Integer path values tie across parents; with 25+ candidates per layer (where an unstable sort reorders
+    ties) stage 1 still keeps Alg. 1's top-K: ties to the earlier parent, then the better child."""
+    from treespec_sglang.policies.classifier import C2TClassifier
+
+    clf = C2TClassifier.default()
+    draft = oracles.IntegerDraft(vocab)
+    roots = torch.tensor([1])
+    tree = grow_tree([{"policy": "c2t", "budget": budget, "topk": topk, "beta": 0.0, "max_depth": max_depth,
+                       "classifier": clf}], roots, draft.root(roots), draft.expand)
+    ref = oracles.c2t(draft, 1, budget, topk, 0.0, max_depth, clf)
+    assert set(tree.paths()[0]) == {ref.path(i) for i in range(len(ref.tok))}

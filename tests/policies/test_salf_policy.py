@@ -100,3 +100,15 @@ def test_the_frontier_is_minus_one_padded_and_empty_once_done_and_the_tree_keeps
         fr = pol.step(draft.expand(pol.tree, fr))
     assert fr[0].tolist() == [-1] * fr.shape[1] and partial > 0
     assert pol.finish().depth_bound == pol.depth_bound == 4  # min(the rows' largest max_depth, N - 1)
+
+
+@pytest.mark.parametrize("vocab, budget, batch", [(4, 20, 4), (4, 40, 5), (5, 64, 10), (6, 50, 1)])
+def test_exact_value_ties_follow_alg2s_queue_order(vocab, budget, batch):
+    """Integer path values tie across parents and depths; with queues of 17+ entries (where an unstable sort
+    reorders ties) the tree still equals the heap-based Alg. 2's, whose ties go to the older entry, then to
+    the earlier parent and the better child."""
+    draft = oracles.IntegerDraft(vocab)
+    roots = torch.tensor([1])
+    tree = grow_tree([{"policy": "salf", "budget": budget, "batch": batch, "th": 0.0}], roots, draft.root(roots),
+                     draft.expand)
+    assert set(tree.paths()[0]) == oracles.salf(draft, 1, budget, batch, 0.0)
