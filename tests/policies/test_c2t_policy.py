@@ -110,8 +110,11 @@ def test_two_classifier_modules_in_one_batch_are_told_apart():
 
 @pytest.mark.parametrize("vocab, budget, topk, max_depth", [(6, 30, 5, 4), (8, 40, 6, 3), (6, 60, 6, 6)])
 def test_exact_value_ties_follow_alg1s_candidate_order(vocab, budget, topk, max_depth):
+    assert budget >= 1 + topk * max_depth
     """Integer path values tie across parents; with 25+ candidates per layer (where an unstable sort reorders
-    ties) stage 1 still keeps Alg. 1's top-K: ties to the earlier parent, then the better child."""
+    ties) stage 1 still keeps Alg. 1's top-K: ties to the earlier parent, then the better child. The budget
+    (>= 1 + topk * max_depth) never cuts a layer, so stage 2 keeps every stage-1 candidate whatever the order
+    of tied confidences (a batched classifier may round identical rows differently)."""
     from treespec_sglang.policies.classifier import C2TClassifier
 
     clf = C2TClassifier.default()
