@@ -108,7 +108,7 @@ def test_the_package_default_is_the_hand_set_one_without_the_file(monkeypatch, t
     monkeypatch.setattr(clf_mod, "_DEFAULT", None)
     monkeypatch.setattr(clf_mod, "DEFAULT_FILE", str(tmp_path / "absent.pt"))
     got = load_classifier(None)
-    assert float(got.fc2.weight[0, 0]) == 12.0 and float(got.fc2.bias[0]) == -1.0
+    assert got.fc2.weight[0, 0].item() == 12.0 and got.fc2.bias[0].item() == -1.0
     with torch.no_grad():
         score = float(got(torch.tensor([0.9, 1.0, 1.0])))
     assert score == pytest.approx(1 / (1 + math.exp(-(10.8 - 0.15 + 0.1 - 1))))
@@ -129,7 +129,7 @@ def test_a_rewritten_file_is_loaded_again(tmp_path, change):
     path = tmp_path / "c.pt"
     _saved(path, 0.5)
     st = os.stat(path)
-    assert float(load_classifier(str(path)).fc2.bias[0]) == 0.5
+    assert load_classifier(str(path)).fc2.bias[0].item() == 0.5
     _saved(path, -0.25, hidden=4 if change == "mtime" else 6)
     if change == "mtime":
         assert os.stat(path).st_size == st.st_size
@@ -137,7 +137,7 @@ def test_a_rewritten_file_is_loaded_again(tmp_path, change):
     else:
         assert os.stat(path).st_size != st.st_size
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert float(load_classifier(str(path)).fc2.bias[0]) == -0.25
+    assert load_classifier(str(path)).fc2.bias[0].item() == -0.25
 
 
 def oracle_entropy(row, m):
