@@ -5,7 +5,8 @@ alpha: over the test sequences of a ``treespec train states`` directory (index %
 set; its ``[final | captured layers]`` rows serve both kinds of head: an EAGLE head reads the final-norm
 columns, an EAGLE-3 head the captured ones), against the full target vocabulary. tau: 1 + accepted drafts
 per verify round, greedy, on the held-out HumanEval and MT-bench prompts (every 10th), each policy's preset
-at budget N (chain: N - 1 drafted tokens), through the reference engine.
+at budget N (chain: N - 1 drafted tokens), through the reference engine. A policy may carry overrides of its
+preset, ``name:key=value:...`` (``eagle2:depth=8``, ``talon:topk=2``), to compare tree shapes at the same N.
 
     python bench/heads_compare.py --data data/distill-eagle3 --drafts demo,demo-eagle3 --budgets 8,16 \\
         --out bench/measured/cpu-zen5/heads_compare.json
@@ -20,6 +21,18 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def variant_at(name: str, budget: int) -> dict:
+    """``"eagle2:depth=8"`` at budget 16 -> the eagle2 preset at budget 16 with depth 8 (values int or float)."""
+    from policy_table import policy_at
+
+    base, *over = name.split(":")
+    spec = policy_at(base, budget)
+    for kv in over:
+        k, v = kv.split("=", 1)
+        spec[k] = float(v) if "." in v else int(v)
+    return spec
 
 
 def main(argv=None):
@@ -38,7 +51,6 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import torch
 
-    from policy_table import policy_at
     from treespec_sglang.data import humaneval, mtbench
     from treespec_sglang.engine import SpecEngine
     from treespec_sglang.engine.cost import _cpu_name
@@ -64,7 +76,7 @@ def main(argv=None):
         row["tau"] = {}
         for name in a.policies.split(","):
             for n in [int(x) for x in a.budgets.split(",")]:
-                spec = policy_at(name, n)
+                spec = variant_at(name, n)
                 acc = []
                 for i in range(0, len(ids), a.batch_size):
                     res = e.generate(ids[i:i + a.batch_size], max_new_tokens=a.max_new_tokens, policy=spec)

@@ -1,5 +1,6 @@
 """The demo's budget plan: at batch 1 each policy's measured per-round overhead is priced into its rounds
-(and printed next to the curve-alone choice); at batch > 1 nothing is measured and the plan says so."""
+(and printed next to the curve-alone choice); at batch > 1 nothing is measured and the plan says so, and the
+rounds are priced on a cost curve measured at that batch."""
 
 import json
 
@@ -47,8 +48,31 @@ def test_batch_one_prices_the_measured_overhead(planned, monkeypatch):
 def test_batch_above_one_measures_nothing_and_says_so(planned, monkeypatch):
     e, d = planned
     monkeypatch.setattr(O, "measure_overheads", lambda *a, **k: pytest.fail("measured at batch > 1"))
+    # the batch-2 curve (verify 12 + 1.2 ms per token per request, draft 2.5 + 1/3 ms per node per request)
+    monkeypatch.setattr(e, "_batch_curves", {2: (CostCurve((1, 16), (12.0, 30.0), (1, 4), (2.5, 3.5), bs=2), True)})
     plans = {}
     _, lines = pick_budgets(e, [{"policy": "chain", "length": 9}], d, None, bs=2, plans=plans)
     assert any("not measured at batch 2" in x for x in lines), lines
-    # curve alone at bs 2: N 2 = 1.5 / (verify(4) 13 + draft(2) 2.33) = .098 > N 4 = 1.9 / (17 + 3 x 2.33) = .079
-    assert plans["chain"].budget == 2 and plans["chain"].round_ms == pytest.approx(13 + 2 + 1 / 3)
+    assert any("(cached, torch.float32, batch 2)" in x for x in lines), lines
+    # priced on the batch-2 curve: N 2 = 1.5 / (verify(2) 13.2 + draft(1) 2.5) = .0955 > N 4 = 1.9 / (15.6 + 3 x 2.5)
+    # = .0823; a plain step is verify(1) = 12 ms (the bs-1 curve's approximation would give 13 + 2.33 ms)
+    c = plans["chain"]
+    assert c.budget == 2 and c.round_ms == pytest.approx(13.2 + 2.5) and c.speedup == pytest.approx(1.5 / 15.7 * 12)
+
+
+def test_a_batch_plan_measures_its_own_curve_once(planned, monkeypatch):
+    """pick_budgets at batch 3 asks the engine for a batch-3 curve; the engine measures it once and keeps it."""
+    import treespec_sglang.engine.cost as C
+
+    e, d = planned
+    calls = []
+
+    def fake(engine, cache_dir=None, model_id="", bs=1, **kw):
+        calls.append(bs)
+        return CostCurve((1, 16), (12.0, 30.0), (1, 4), (2.5, 3.5), bs=bs), False
+
+    monkeypatch.setattr(C, "measure_cost_curve", fake)
+    monkeypatch.setattr(e, "_batch_curves", {})
+    for _ in range(2):
+        pick_budgets(e, [{"policy": "chain", "length": 9}], d, None, bs=3)
+    assert calls == [3] and e.measured_cost_curve(3)[0].bs == 3 and e.measured_cost_curve()[0].bs == 1

@@ -55,13 +55,14 @@ class Slowed:
     before running the real one: a verify curve whose shape the test knows."""
 
     def __init__(self, inner, ms_per_token):
-        self.inner, self.ms_per_token, self.tokens = inner, ms_per_token, []
+        self.inner, self.ms_per_token, self.tokens, self.shapes = inner, ms_per_token, [], []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def __call__(self, ids, *args, **kwargs):
-        self.tokens.append(ids.shape[1])  # ids [1, tokens]
+        self.tokens.append(ids.shape[1])  # ids [bs, tokens]
+        self.shapes.append(tuple(ids.shape))
         time.sleep(self.ms_per_token * ids.shape[1] / 1e3)
         return self.inner(ids, *args, **kwargs)
 
@@ -90,3 +91,54 @@ def test_larger_batches_pick_smaller_or_equal_budgets():
     assert picks == sorted(picks, reverse=True) and picks[0] > picks[-1], picks
     with pytest.raises(ValueError, match="bs must be"):
         choose_budgets(table, c, bs=0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_bad_batch_sizes_are_refused(bad):
+    with pytest.raises(ValueError, match=r"CostCurve.bs must be an integer >= 1, got"):
+        CostCurve((1,), (1.0,), (1,), (1.0,), bs=bad)
+
+
+@pytest.mark.parametrize("bs", [2, 4])
+def test_a_curve_measured_at_the_batch_prices_rounds_per_request(bs):
+    """A batch-``bs`` curve is read at each request's own tree / width (a plain step at 1 token), never at
+    ``bs`` times them: a plain loop over the rows with the formula written out."""
+    c = CostCurve((1, 4, 8, 16), (50.0, 55.0, 64.0, 90.0), (1, 4), (3.0, 5.0), bs=bs)
+    table = {"p": {str(n): dict(tau=1 + 0.4 * n ** 0.5, delta=3, tree=n - 0.5, width=2) for n in (2, 4, 8, 16)}}
+    pick = choose_budgets(table, c, bs=bs)["p"]
+    rates = {}
+    for n, r in table["p"].items():
+        t = r["tree"]  # verify: linear between the measured sizes around t
+        lo = max(x for x in c.sizes if x <= t)
+        hi = min(x for x in c.sizes if x >= t)
+        v = c.verify_ms[c.sizes.index(lo)] + (0 if hi == lo else (c.verify_ms[c.sizes.index(hi)] - c.verify_ms[
+            c.sizes.index(lo)]) * (t - lo) / (hi - lo))
+        rates[int(n)] = r["tau"] / (v + 3 * (3.0 + 2.0 * (2 - 1) / 3))
+    best = max(rates, key=rates.get)
+    assert pick.budget == best and pick.speedup == pytest.approx(rates[best] * 50.0)
+
+
+def test_a_curve_measured_at_another_batch_is_refused():
+    c = CostCurve((1, 4), (50.0, 55.0), (1,), (3.0,), bs=2)
+    table = {"p": {"2": dict(tau=1.5, delta=1, tree=2, width=1)}}
+    with pytest.raises(ValueError, match="a cost curve measured at batch 2 cannot plan batch 4: measure it at 4 or 1"):
+        choose_budgets(table, c, bs=4)
+    assert choose_budgets(table, c, bs=2)["p"].round_ms == pytest.approx(50 + 5 / 3 + 3)
+
+
+def test_a_batch_curve_runs_every_forward_at_the_batch_and_caches_apart(tmp_path):
+    make_tiny_llama(tmp_path / "m", vocab=40, hidden=32, layers=2, heads=4, kv_heads=2)
+    e = SpecEngine.from_pretrained(str(tmp_path / "m"), draft=None, dtype="float32")
+    e.target, e.draft = Slowed(e.target, 0.0), Slowed(e.draft, 0.0)
+    kw = dict(sizes=(1, 4), widths=(1, 2), prefix=8, repeats=1, cache_dir=str(tmp_path))
+    c1, cached1 = measure_cost_curve(e, **kw)
+    e.target.shapes.clear(), e.draft.shapes.clear()
+    c3, cached3 = measure_cost_curve(e, bs=3, **kw)
+    # the bs-3 prefill, then every verify / draft forward over 3 requests at once
+    assert e.target.shapes == [(3, 8)] + [(3, 1)] * 2 + [(3, 4)] * 2 and e.draft.shapes == [(3, 1)] * 2 + [(3, 2)] * 2
+    again, cached_again = measure_cost_curve(e, bs=3, **kw)
+    assert (cached1, cached3, cached_again) == (False, False, True)
+    assert (c1.bs, c3.bs, again.bs) == (1, 3, 3) and again == c3
+    assert len(list(tmp_path.glob("cost-*.json"))) == 2
+    with pytest.raises(ValueError, match="bs must be an integer >= 1, got 0"):
+        measure_cost_curve(e, bs=0, **kw)

@@ -189,10 +189,11 @@ def plan_vs_measured(runs: List["PolicyRun"], plans: dict) -> List[str]:
 def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Optional[dict] = None,
                  overheads: bool = True):
     """Replace each preset's budget by the one this machine's cost curve favours -> (specs, lines).
-    ``plans`` (a dict) receives each planned policy's ``BudgetChoice``. ``overheads``: at batch 1, price each
-    round with its measured overhead too (:mod:`~treespec_sglang.engine.overhead`: a few real rounds per policy
-    at the budget the curve alone picks, then the choice is made again). At batch > 1 they are not used: there
-    the bs-1 curve's own error dominates, and adding them made a bs-4 plan less accurate."""
+    ``plans`` (a dict) receives each planned policy's ``BudgetChoice``. The cost curve is measured at batch
+    ``bs`` (a bs-4 plan prices a bs-4 forward). ``overheads``: at batch 1, price each round with its measured
+    overhead too (:mod:`~treespec_sglang.engine.overhead`: a few real rounds per policy at the budget the curve
+    alone picks, then the choice is made again). At batch > 1 they are not used: measured there they made a
+    bs-4 plan less accurate."""
     from ..engine.cost import choose_budgets, load_policy_table
     from ..engine.overhead import measure_overheads
 
@@ -200,16 +201,16 @@ def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Opti
     if budget_flag is not None or table is None:
         why = "--budget" if budget_flag is not None else f"no policy_table.json beside the draft ({draft_dir})"
         return specs, [f"budgets: the presets' ({why})"]
-    curve, cached = engine.measured_cost_curve()
+    curve, cached = engine.measured_cost_curve(bs)
     rows = {s["policy"]: table[s["policy"]] for s in specs if s and s["policy"] in table}
     picks = choose_budgets(rows, curve, bs=bs)
-    lines = [f"cost curve ({'cached' if cached else 'measured now'}, {engine.dtype}): verify "
+    lines = [f"cost curve ({'cached' if cached else 'measured now'}, {engine.dtype}, batch {curve.bs}): verify "
              + ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in zip(curve.sizes, curve.verify_ms) if n in (1, 4, 8, 16, 32))
              + f"; draft step {curve.draft_ms[0]:.1f} ms"]
     curve_only = None  # the curve-alone picks, kept where overheads are measured (printed beside the plan)
     if overheads and picks and bs > 1:  # validated at batch 1 only (docstring)
         lines.append(f"per-round overheads: not measured at batch {bs} (validated at batch 1 only); the plan prices "
-                     "forwards alone and runs optimistic")
+                     "the batch's forwards alone")
     elif overheads and picks:
         at = {p: rows[p][str(c.budget)] for p, c in picks.items()}
         ov = measure_overheads(engine, curve, [dict(r["spec"]) for r in at.values()],

@@ -13,7 +13,10 @@ policy, the budget with the highest expected tokens/s::
     tokens/s(N) = tau(N) / (verify_ms(tree(N)) + delta(N) * draft_ms(width) + overhead_ms)
 
 Acceptance is a property of the draft and the policy; cost is a property of the machine: that
-split is what lets one shipped table serve every machine. The online fit of a running call's rounds
+split is what lets one shipped table serve every machine. A curve is measured at one batch size ``bs``
+(every forward runs ``bs`` requests, each with its own ``prefix``-token cache and ``n`` tree tokens), so a
+plan for a batch of 4 prices a round by what a batch-4 round's forwards cost, attention over 4 caches
+included, not by a batch-1 forward over 4 times the tokens. The online fit of a running call's rounds
 is :mod:`treespec_sglang.engine.round_cost`.
 """
 
@@ -39,18 +42,21 @@ POLICY_TABLE = "policy_table.json"
 
 @dataclass(frozen=True)
 class CostCurve:
-    """Measured milliseconds: ``verify_ms[i]`` for ``sizes[i]`` tree tokens (bs 1), ``draft_ms[j]`` for
-    one draft step at ``widths[j]`` frontier nodes."""
+    """Measured milliseconds of one forward of a batch of ``bs`` requests: ``verify_ms[i]`` for ``sizes[i]``
+    tree tokens per request, ``draft_ms[j]`` for one draft step at ``widths[j]`` frontier nodes per request."""
 
     sizes: Tuple[int, ...]
     verify_ms: Tuple[float, ...]
     widths: Tuple[int, ...]
     draft_ms: Tuple[float, ...]
+    bs: int = 1
 
     def __post_init__(self):
         for xs, ys, name in ((self.sizes, self.verify_ms, "sizes"), (self.widths, self.draft_ms, "widths")):
             if len(xs) < 1 or len(xs) != len(ys) or list(xs) != sorted(set(xs)) or xs[0] < 1:
                 raise ValueError(f"CostCurve.{name} must be increasing positive integers, one time each")
+        if isinstance(self.bs, bool) or not isinstance(self.bs, int) or self.bs < 1:
+            raise ValueError(f"CostCurve.bs must be an integer >= 1, got {self.bs!r}")
 
     @staticmethod
     def _interp(xs, ys, x: float) -> float:
@@ -79,32 +85,38 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(ts)
 
 
+def _positions(start: int, n: int, bs: int, dev) -> torch.Tensor:
+    # -> [bs, n] int64: every request's positions start .. start + n - 1
+    return (start + torch.arange(n, device=dev))[None].expand(bs, n)
+
+
 @torch.inference_mode()
-def _measure(engine, sizes, widths, prefix: int, repeats: int) -> CostCurve:
+def _measure(engine, sizes, widths, prefix: int, repeats: int, bs: int = 1) -> CostCurve:
+    # bs requests, each with its own random prefix-token cache; every timed forward runs all of them
     tcfg, dcfg, dev = engine.target.config, engine.draft.config, engine.device
     top = max(sizes)
-    cache = KVCache(tcfg.num_hidden_layers, 1, tcfg.num_key_value_heads, prefix + top, tcfg.head_dim, engine.dtype, dev)
+    cache = KVCache(tcfg.num_hidden_layers, bs, tcfg.num_key_value_heads, prefix + top, tcfg.head_dim, engine.dtype, dev)
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, tcfg.vocab_size, (1, prefix + top), generator=g).to(dev)
-    pos = torch.arange(prefix, device=dev)[None]
+    ids = torch.randint(0, tcfg.vocab_size, (bs, prefix + top), generator=g).to(dev)  # [bs, prefix + top]
+    pos = _positions(0, prefix, bs, dev)  # [bs, prefix]
     engine.target(ids[:, :prefix], pos, cache.stores(pos, prefix),
-                  torch.ones(prefix, prefix, dtype=torch.bool, device=dev).tril()[None])
+                  torch.ones(prefix, prefix, dtype=torch.bool, device=dev).tril()[None].expand(bs, -1, -1))
 
     def verify(n):
-        p = prefix + torch.arange(n, device=dev)[None]
-        mask = torch.ones(n, prefix + n, dtype=torch.bool, device=dev).tril(prefix)[None]
+        p = _positions(prefix, n, bs, dev)  # [bs, n]
+        mask = torch.ones(n, prefix + n, dtype=torch.bool, device=dev).tril(prefix)[None].expand(bs, -1, -1)
         return lambda: engine._logits(engine.target(ids[:, prefix:prefix + n], p, cache.stores(p, prefix + n), mask))
 
-    dcache = KVCache(1, 1, dcfg.num_key_value_heads, prefix + 1 + max(widths), dcfg.head_dim, engine.dtype, dev)
+    dcache = KVCache(1, bs, dcfg.num_key_value_heads, prefix + 1 + max(widths), dcfg.head_dim, engine.dtype, dev)
 
     def draft(w):
-        p = prefix + torch.arange(w, device=dev)[None]
-        mask = torch.ones(w, prefix + w, dtype=torch.bool, device=dev)[None]
-        feats = torch.zeros(1, w, dcfg.hidden_size, dtype=engine.dtype, device=dev)
+        p = _positions(prefix, w, bs, dev)  # [bs, w]
+        mask = torch.ones(w, prefix + w, dtype=torch.bool, device=dev)[None].expand(bs, -1, -1)
+        feats = torch.zeros(bs, w, dcfg.hidden_size, dtype=engine.dtype, device=dev)
         return lambda: engine._draft_logprobs(engine.draft(ids[:, :w], feats, p, dcache.stores(p, prefix + w)[0], mask))
 
     return CostCurve(tuple(sizes), tuple(_median_ms(verify(n), repeats) for n in sizes),
-                     tuple(widths), tuple(_median_ms(draft(w), repeats) for w in widths))
+                     tuple(widths), tuple(_median_ms(draft(w), repeats) for w in widths), bs)
 
 
 def _cpu_name() -> str:
@@ -117,24 +129,28 @@ def _cpu_name() -> str:
 
 def measure_cost_curve(engine, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
                        widths: Sequence[int] = (1, 2, 4, 8, 16), prefix: int = 256, repeats: int = 5,
-                       cache_dir: Optional[str] = None, model_id: str = "") -> Tuple[CostCurve, bool]:
-    """-> (curve, whether it came from the cache). ``cache_dir`` None: measure, store nothing."""
+                       cache_dir: Optional[str] = None, model_id: str = "", bs: int = 1) -> Tuple[CostCurve, bool]:
+    """-> (curve, whether it came from the cache). ``cache_dir`` None: measure, store nothing. ``bs``: the
+    batch size every timed forward runs (module docstring)."""
+    if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
+        raise ValueError(f"bs must be an integer >= 1, got {bs!r}")
     key = json.dumps([_cpu_name(), torch.__version__, str(engine.dtype), str(engine.device), torch.get_num_threads(),
                       getattr(engine, "packed", False),
                       model_id, engine.target.config.hidden_size, engine.target.config.num_hidden_layers,
-                      engine.draft_vocab, type(engine.draft).__name__, list(sizes), list(widths), prefix])
+                      engine.draft_vocab, type(engine.draft).__name__, list(sizes), list(widths), prefix]
+                     + ([bs] if bs > 1 else []))  # bs 1 keeps the key (and the cache files) it had
     path = None
     if cache_dir is not None:
         path = os.path.join(cache_dir, f"cost-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json")
         if os.path.isfile(path):
             with open(path) as f:
                 d = json.load(f)
-            return CostCurve(**{k: tuple(v) for k, v in d["curve"].items()}), True
-    curve = _measure(engine, sizes, widths, prefix, repeats)
+            return CostCurve(**{k: tuple(v) for k, v in d["curve"].items()}, bs=d.get("bs", 1)), True
+    curve = _measure(engine, sizes, widths, prefix, repeats, bs)
     if path is not None:
         with open(path + ".tmp", "w") as f:
-            json.dump({"key": key, "curve": {k: list(getattr(curve, k)) for k in
-                                            ("sizes", "verify_ms", "widths", "draft_ms")}}, f)
+            json.dump({"key": key, "bs": bs, "curve": {k: list(getattr(curve, k)) for k in
+                                                      ("sizes", "verify_ms", "widths", "draft_ms")}}, f)
         os.replace(path + ".tmp", path)
     return curve, False
 
@@ -163,9 +179,12 @@ def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve, overhead
                    bs: int = 1, overheads=None) -> Dict[str, BudgetChoice]:
     """Per policy, the budget with the highest expected tokens/s (module docstring's formula).
 
-    ``bs`` > 1 approximates a batch's round by the bs-1 curve at ``bs`` times the tokens (one forward
-    verifies every request's tree; the draft steps run at ``bs`` times the width), which is why the
-    best budget shrinks as the batch grows on a compute-bound CPU.
+    ``bs``: the batch the plan is for. A curve measured at that batch (``curve.bs == bs``) prices a round
+    directly: ``verify_ms(tree)`` per request's tree, draft steps at the per-request width, a plain step
+    ``verify_ms(1)``. A bs-1 curve approximates a batch's round by ``bs`` times the tokens in one sequence
+    (one forward verifies every request's tree; the draft steps run at ``bs`` times the width), which
+    leaves out the attention over ``bs`` caches. Either way the best budget shrinks as the batch grows on a
+    compute-bound CPU. Any other curve is refused.
 
     ``table[policy][str(budget)]`` holds ``tau`` (tokens per round), ``delta`` (draft forwards per
     round), ``tree`` (mean verified tokens per round) and ``width`` (mean frontier per draft step).
@@ -179,13 +198,16 @@ def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve, overhead
     """
     if bs < 1:
         raise ValueError(f"bs must be >= 1, got {bs}")
-    plain = curve.verify(bs) + overhead_ms + (overheads.step_ms if overheads is not None else 0.0)
+    if curve.bs not in (1, bs):
+        raise ValueError(f"a cost curve measured at batch {curve.bs} cannot plan batch {bs}: measure it at {bs} or 1")
+    k = bs // curve.bs  # tokens of one forward per token of the curve: bs for a bs-1 curve, else 1
+    plain = curve.verify(k) + overhead_ms + (overheads.step_ms if overheads is not None else 0.0)
     out = {}
     for policy, rows in table.items():
         best = None
         extra = overhead_ms + (overheads.round_ms.get(policy, 0.0) if overheads is not None else 0.0)
         for budget, r in rows.items():
-            ms = curve.verify(bs * r["tree"]) + r["delta"] * curve.draft(bs * r.get("width", 1)) + extra
+            ms = curve.verify(k * r["tree"]) + r["delta"] * curve.draft(k * r.get("width", 1)) + extra
             c = BudgetChoice(policy, int(budget), r["tau"], ms, (r["tau"] / ms) * plain)
             if best is None or c.speedup > best.speedup:
                 best = c

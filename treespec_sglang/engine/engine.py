@@ -60,6 +60,7 @@ class SpecEngine:
         self.observer = None
         self.calibration = None  # the last generate(calibrate=True) call's DepthCalibration
         self.cost_curve = None  # this machine's CostCurve (measured_cost_curve, on first use)
+        self._batch_curves = {}  # bs > 1 -> (CostCurve, from disk): measured_cost_curve(bs)
         self._cost_from_disk = False
         self.device = torch.device(device)
         self.dtype = dtype
@@ -364,16 +365,22 @@ class SpecEngine:
         em = commit(self, b, tree, result, hidden)
         return record(b, stats, em, result, tree, expand)
 
-    def measured_cost_curve(self):
-        """This machine's cost curve for this engine -> (CostCurve, whether it came from the disk cache).
+    def measured_cost_curve(self, bs: int = 1):
+        """This machine's cost curve for this engine at batch ``bs`` -> (CostCurve, whether it came from the
+        disk cache).
 
-        Measured once per engine (:func:`~treespec_sglang.engine.cost.measure_cost_curve`, cached on disk
-        per CPU / torch / dtype / threads / model shape) and kept in ``self.cost_curve``; assign
-        ``engine.cost_curve`` to use another curve."""
+        Measured once per engine and batch size (:func:`~treespec_sglang.engine.cost.measure_cost_curve`,
+        cached on disk per CPU / torch / dtype / threads / model shape / batch). The bs-1 curve is kept in
+        ``self.cost_curve``; assign ``engine.cost_curve`` to use another curve."""
+        from ..models.demo import cache_dir
+        from .cost import measure_cost_curve
+
+        if bs != 1:
+            if bs not in self._batch_curves:
+                self._batch_curves[bs] = measure_cost_curve(self, cache_dir=cache_dir(),
+                                                            model_id=str(self.target.config), bs=bs)
+            return self._batch_curves[bs]
         if self.cost_curve is None:
-            from ..models.demo import cache_dir
-            from .cost import measure_cost_curve
-
             self.cost_curve, self._cost_from_disk = measure_cost_curve(self, cache_dir=cache_dir(),
                                                                        model_id=str(self.target.config))
         return self.cost_curve, self._cost_from_disk
