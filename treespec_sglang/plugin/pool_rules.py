@@ -55,6 +55,22 @@ def _rank(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(order).scatter_(1, order, slots.expand_as(order))
 
 
+def flat_order_key(x: torch.Tensor) -> torch.Tensor:
+    """An int64 key whose descending order is ``x``'s with ties toward the lower column, so ``topk`` on
+    it picks exactly what a stable descending sort would. ``[bs, w]`` float32 -> ``[bs, w]`` int64.
+
+    float32 bits read as int32 keep the order of non-negative values; a negative value's magnitude bits
+    are flipped (``^ 0x7FFFFFFF``) so a larger magnitude ranks lower. The key is that ordinal times
+    ``w + 1`` plus ``w - column``: equal values differ only in the column part.
+    Example: [-1., -.5, -1.] -> ordinals [a, b, a] with b > a -> keys [a*4+3, b*4+2, a*4+1], so topk(2)
+    gives columns [1, 0] (-0.5, then the first -1).
+    """
+    w = x.shape[-1]
+    bits = x.contiguous().view(torch.int32)
+    ordinal = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
+    return ordinal * (w + 1) + (w - arange(w, x.device))
+
+
 def level_slices(k: int, P: int):
     """``[(level d, first flat, end flat)]`` for d = 1..S. Example: k 2, P 10 -> [(1,0,2), (2,2,6), (3,6,10)]."""
     out, d, start, width = [], 1, 0, k
@@ -211,8 +227,10 @@ def salf_keep(val: torch.Tensor, valid: torch.Tensor, level: torch.Tensor, paren
     slot_ok = slots[None, :] < cols["batch"].long()[:, None]  # [bs, b_max] the row's B pops
     kth = min(max(n_max - 1, 1), P)
     eps_at = (n1 - 1).clamp(0, kth - 1)  # G's N-th best, the root first, is popped rank N-2
+    key = flat_order_key(val)  # [bs, P] int64: val's order, ties to the lower flat index (the policy's order)
+    key_none = torch.full_like(key, torch.iinfo(torch.int64).min)
     for _ in range(pops):
-        top_i = torch.where(q, val, ninf).topk(b_max, dim=-1).indices  # lines 5-9: pop the B best of Q
+        top_i = torch.where(q, key, key_none).topk(b_max, dim=-1).indices  # lines 5-9: pop the B best of Q
         pop = none.scatter(1, top_i, slot_ok) & q
         g_val = torch.where(pop, val, g_val)
         eps = torch.gather(g_val.topk(kth, dim=-1).values, 1, eps_at)  # lines 10-11 (-inf while |G| < N)
