@@ -244,7 +244,7 @@ def add_dtype(p, default: str = "auto") -> None:
     p.add_argument("--dtype", default=default, help=DTYPE_HELP)
     p.add_argument("--pack", default="auto", choices=sorted(PACK),
                    help="oneDNN-prepacked linears on the CPU: auto (where the kernel passes its probe: bf16 "
-                        "bit-identical, float32 batch-invariant), on (required: an error where not), off")
+                        "equal to nn.Linear on it, float32 batch-invariant), on (required: an error where not), off")
 
 
 def set_threads(n: Optional[int]) -> None:
