@@ -42,7 +42,7 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     "policies": (["treespec_sglang/policies/"], ["tests/policies"]),
     "pool": (["treespec_sglang/plugin/pool.py", "treespec_sglang/plugin/pool_rules.py"],
              ["tests/plugin/test_pool.py", "tests/plugin/test_pool_edges.py", "tests/plugin/test_draft_select.py",
-              "tests/policies/test_none.py"]),
+              "tests/plugin/test_pool_rules.py", "tests/policies/test_none.py"]),
     "ragged": (["treespec_sglang/plugin/ragged.py"],
                ["tests/plugin/test_ragged.py", "tests/plugin/test_ragged_tokens.py",
                 "tests/plugin/test_ragged_hooks.py", "tests/plugin/test_ragged_flashinfer.py"]),
@@ -122,6 +122,14 @@ def classify(survivors: list, diffs: dict, equivalent: dict):
     return real, equiv, stale
 
 
+def statuses(work: str, env: dict) -> dict:
+    """``{mutant name: status}`` of every mutant of a work dir (``mutmut results --all true``: killed,
+    survived, no tests, timeout, not checked, ...)."""
+    res = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work, env=env,
+                         capture_output=True, text=True).stdout
+    return {m.strip(): st.strip() for m, _, st in (x.partition(":") for x in res.splitlines() if ":" in x)}
+
+
 def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, retest=False) -> dict:
     """Mutate and test one group in a fresh copy. With ``reuse`` (a kept work dir): only re-read its results,
     e.g. after recording equivalent mutants; with ``retest`` too, first copy the current tests in and run
@@ -142,9 +150,8 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
             for dst in (os.path.join(work, d), os.path.join(work, "mutants", d)):
                 shutil.copytree(os.path.join(ROOT, d), dst, dirs_exist_ok=True,
                                 ignore=shutil.ignore_patterns("__pycache__", "measured", "data"))
-        res = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work, env=env, capture_output=True,
-                             text=True).stdout
-        again = [x.split(":")[0].strip() for x in res.splitlines() if x.rstrip().endswith(("survived", "no tests"))]
+        before = statuses(work, env)
+        again = [m for m, st in before.items() if st in ("survived", "no tests")]
         if again:
             subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
                            cwd=work, env=env)
@@ -152,10 +159,16 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
     subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=work, env=env, capture_output=True)
     stats_file = os.path.join(work, "mutants", "mutmut-cicd-stats.json")
     stats = json.load(open(stats_file)) if os.path.exists(stats_file) else {}
-    res = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work, env=env, capture_output=True,
-                         text=True).stdout
-    survivors = [line.split(":")[0].strip() for line in res.splitlines() if "survived" in line]
-    no_tests = [line.split(":")[0].strip() for line in res.splitlines() if line.rstrip().endswith("no tests")]
+    now = statuses(work, env)
+    if reuse and retest:
+        # new tests make mutmut collect stats again and forget every result it did not rerun ("not checked"):
+        # those keep the status they had before the rerun
+        now = {m: before.get(m, st) if st == "not checked" else st for m, st in now.items()}
+        stats = {"total": len(now)}
+        for st in now.values():
+            stats[st.replace(" ", "_")] = stats.get(st.replace(" ", "_"), 0) + 1
+    survivors = [m for m, st in now.items() if st == "survived"]
+    no_tests = [m for m, st in now.items() if st == "no tests"]
     diffs = json.loads(subprocess.run([sys.executable, "-c", _DIFFS, *survivors, *no_tests], cwd=work, env=env,
                                       capture_output=True, text=True).stdout or "{}")
     real, equiv, stale = classify(survivors + no_tests, diffs, load_equivalent())

@@ -1,5 +1,6 @@
 """Pool-rule helpers against plain-Python oracles."""
 
+import math
 import random
 import struct
 
@@ -22,7 +23,8 @@ def test_topk_on_the_key_is_a_stable_descending_sort(seed):
     every k. -0.0 and 0.0 compare equal in the oracle, so they are left out of the same row."""
     rng = random.Random(seed)
     w = rng.choice([5, 17, 64, 300])
-    pool = [v for v in SPECIAL if v != (0.0 if seed % 2 else -0.0)]
+    drop = 1.0 if seed % 2 else -1.0  # the sign of the zero left out of this row
+    pool = [v for v in SPECIAL if not (v == 0 and math.copysign(1.0, v) == drop)]
     rows = []
     for _ in range(4):
         vals = [rng.choice(pool) if rng.random() < .3 else rng.choice([-2.5, -.125, .75, rng.uniform(-50, 5)])
@@ -34,6 +36,22 @@ def test_topk_on_the_key_is_a_stable_descending_sort(seed):
     for k in (1, 3, w):
         got = key.topk(k, dim=-1).indices.tolist()
         assert got == [_stable_desc(r)[:k] for r in rows], k
+
+
+@pytest.mark.parametrize("v", [-7.25, -1e-30, 0.5, 3e5])
+@pytest.mark.parametrize("w", [2, 9])
+def test_one_ulp_apart_outranks_any_column(v, w):
+    """Two values one float32 ulp apart at opposite ends of a row: the larger one ranks first wherever it
+    sits, and equal values still go by column (an ordinal step must outweigh every column offset)."""
+    lo = torch.tensor(v, dtype=torch.float32)
+    hi = torch.nextafter(lo, torch.tensor(float("inf")))
+    for first, last in ((lo, hi), (hi, lo)):
+        x = torch.full((1, w), -1e30)
+        x[0, 0], x[0, w - 1] = first, last
+        want = [0, w - 1] if first > last else [w - 1, 0]
+        assert flat_order_key(x).topk(2).indices.tolist() == [want], (first, last)
+    x = torch.full((1, w), float(lo))
+    assert flat_order_key(x).topk(w).indices.tolist() == [list(range(w))]
 
 
 def test_key_worked_example():
