@@ -1,6 +1,5 @@
-"""The demo's budget plan: at batch 1 each policy's measured per-round overhead is priced into its rounds
-(and printed next to the curve-alone choice); at batch > 1 nothing is measured and the plan says so, and the
-rounds are priced on a cost curve measured at that batch."""
+"""The demo's budget plan: each policy's per-round overhead, measured at the planned batch, is priced into its
+rounds (and printed next to the curve-alone choice), on a cost curve measured at that batch."""
 
 import json
 
@@ -45,19 +44,30 @@ def test_batch_one_prices_the_measured_overhead(planned, monkeypatch):
     assert any("the curve alone: budget 2" in x for x in lines), lines
 
 
-def test_batch_above_one_measures_nothing_and_says_so(planned, monkeypatch):
+def test_batch_above_one_prices_its_overhead_on_the_batch_curve(planned, monkeypatch):
     e, d = planned
-    monkeypatch.setattr(O, "measure_overheads", lambda *a, **k: pytest.fail("measured at batch > 1"))
+    seen = []
+
+    def fake(engine, curve, specs, widths, bs):
+        seen.append((specs, curve.bs, bs))
+        return Overheads(1.0, {"chain": 40.0}, bs)
+
+    monkeypatch.setattr(O, "measure_overheads", fake)
     # the batch-2 curve (verify 12 + 1.2 ms per token per request, draft 2.5 + 1/3 ms per node per request)
     monkeypatch.setattr(e, "_batch_curves", {2: (CostCurve((1, 16), (12.0, 30.0), (1, 4), (2.5, 3.5), bs=2), True)})
     plans = {}
     _, lines = pick_budgets(e, [{"policy": "chain", "length": 9}], d, None, bs=2, plans=plans)
-    assert any("not measured at batch 2" in x for x in lines), lines
     assert any("(cached, torch.float32, batch 2)" in x for x in lines), lines
-    # priced on the batch-2 curve: N 2 = 1.5 / (verify(2) 13.2 + draft(1) 2.5) = .0955 > N 4 = 1.9 / (15.6 + 3 x 2.5)
-    # = .0823; a plain step is verify(1) = 12 ms (the bs-1 curve's approximation would give 13 + 2.33 ms)
+    # curve alone on the batch-2 curve: N 2 = 1.5 / (verify(2) 13.2 + draft(1) 2.5) = .0955 > N 4 = 1.9 / (15.6 +
+    # 3 x 2.5) = .0823 (the bs-1 curve's approximation would price a plain step 13 + 2.33 ms, not 12); the
+    # overheads are measured there, at batch 2 on that curve
+    assert seen == [([{"policy": "chain", "length": 1}], 2, 2)]
+    assert any("bs 2): plain +1.0, chain +40.0" in x for x in lines), lines
+    # + 40 ms a round flips the choice: N 4 = 1.9 / 63.1 = .0301 > N 2 = 1.5 / 55.7 = .0269; plain 12 + 1 ms
     c = plans["chain"]
-    assert c.budget == 2 and c.round_ms == pytest.approx(13.2 + 2.5) and c.speedup == pytest.approx(1.5 / 15.7 * 12)
+    assert c.budget == 4 and c.round_ms == pytest.approx(15.6 + 3 * 2.5 + 40)
+    assert c.speedup == pytest.approx(1.9 / 63.1 * 13)
+    assert any("the curve alone: budget 2" in x for x in lines), lines
 
 
 def test_a_batch_plan_measures_its_own_curve_once(planned, monkeypatch):

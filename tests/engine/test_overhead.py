@@ -63,6 +63,26 @@ def test_overhead_is_what_the_curve_does_not_price(tiny_engine, monkeypatch):
         measure_overheads(tiny_engine, curve, [CHAIN], bs=0)
 
 
+@pytest.mark.parametrize("curve_bs, want_step, want_round", [
+    (1, 60.0 - 2.0, 60.0 - (2 * 4 * 1.0 + 3 * 2 * 2.0)),  # a bs-1 curve: 2 x the tokens and the width
+    (2, 60.0 - 1.0, 60.0 - (4 * 1.0 + 3 * 2.0)),  # measured at the batch: one request's tree and width
+])
+def test_a_batch_is_priced_as_choose_budgets_prices_it(tiny_engine, monkeypatch, curve_bs, want_step, want_round):
+    """bs 2, pinned round times (mean 60 ms), 1 ms per verified token and 2 ms per frontier node: the
+    overhead subtracts the forwards exactly as ``choose_budgets`` adds them, for either kind of curve; a
+    curve measured at another batch is refused."""
+    import treespec_sglang.engine.overhead as O
+
+    curve = CostCurve((1, 64), (1.0, 64.0), (1, 16), (2.0, 32.0), bs=curve_bs)
+    real = O.round_times_ms
+    monkeypatch.setattr(O, "round_times_ms", lambda *a: (real(*a)[0], [50.0, 70.0]))
+    ov = measure_overheads(tiny_engine, curve, [CHAIN], widths={"chain": 1.0}, bs=2, rounds=4)
+    assert ov.bs == 2 and ov.step_ms == pytest.approx(want_step)
+    assert ov.round_ms["chain"] == pytest.approx(want_round)  # chain of 3: 4 tokens, 3 draft steps a round
+    with pytest.raises(ValueError, match="measured at batch 3 cannot price rounds of batch 2"):
+        measure_overheads(tiny_engine, CostCurve((1, 64), (1.0, 64.0), (1, 16), (2.0, 32.0), bs=3), [CHAIN], bs=2)
+
+
 def test_budget_choice_prices_the_overheads():
     """A per-round overhead favours bigger trees (it is paid once per round); it counts only for its own
     policy; a plain-step overhead lowers every speedup's denominator less than the round's."""

@@ -190,10 +190,9 @@ def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Opti
                  overheads: bool = True):
     """Replace each preset's budget by the one this machine's cost curve favours -> (specs, lines).
     ``plans`` (a dict) receives each planned policy's ``BudgetChoice``. The cost curve is measured at batch
-    ``bs`` (a bs-4 plan prices a bs-4 forward). ``overheads``: at batch 1, price each round with its measured
-    overhead too (:mod:`~treespec_sglang.engine.overhead`: a few real rounds per policy at the budget the curve
-    alone picks, then the choice is made again). At batch > 1 they are not used: measured there they made a
-    bs-4 plan less accurate."""
+    ``bs`` (a bs-4 plan prices a bs-4 forward). ``overheads``: price each round with its measured overhead too
+    (:mod:`~treespec_sglang.engine.overhead`: a few real rounds per policy at the batch and at the budget the
+    curve alone picks, then the choice is made again)."""
     from ..engine.cost import choose_budgets, load_policy_table
     from ..engine.overhead import measure_overheads
 
@@ -208,10 +207,7 @@ def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Opti
              + ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in zip(curve.sizes, curve.verify_ms) if n in (1, 4, 8, 16, 32))
              + f"; draft step {curve.draft_ms[0]:.1f} ms"]
     curve_only = None  # the curve-alone picks, kept where overheads are measured (printed beside the plan)
-    if overheads and picks and bs > 1:  # validated at batch 1 only (docstring)
-        lines.append(f"per-round overheads: not measured at batch {bs} (validated at batch 1 only); the plan prices "
-                     "the batch's forwards alone")
-    elif overheads and picks:
+    if overheads and picks:
         at = {p: rows[p][str(c.budget)] for p, c in picks.items()}
         ov = measure_overheads(engine, curve, [dict(r["spec"]) for r in at.values()],
                                {p: r.get("width", 1.0) for p, r in at.items()}, bs=bs)

@@ -40,6 +40,9 @@ __all__ = ["CostCurve", "measure_cost_curve", "choose_budgets", "BudgetChoice", 
 POLICY_TABLE = "policy_table.json"
 
 
+PREFIX = 256  # tokens of context each request's timed forwards attend to (measure_cost_curve's default)
+
+
 @dataclass(frozen=True)
 class CostCurve:
     """Measured milliseconds of one forward of a batch of ``bs`` requests: ``verify_ms[i]`` for ``sizes[i]``
@@ -128,7 +131,7 @@ def _cpu_name() -> str:
 
 
 def measure_cost_curve(engine, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
-                       widths: Sequence[int] = (1, 2, 4, 8, 16), prefix: int = 256, repeats: int = 5,
+                       widths: Sequence[int] = (1, 2, 4, 8, 16), prefix: int = PREFIX, repeats: int = 5,
                        cache_dir: Optional[str] = None, model_id: str = "", bs: int = 1) -> Tuple[CostCurve, bool]:
     """-> (curve, whether it came from the cache). ``cache_dir`` None: measure, store nothing. ``bs``: the
     batch size every timed forward runs (module docstring)."""

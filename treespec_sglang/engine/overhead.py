@@ -10,11 +10,13 @@ share. Left out, that work makes every plan optimistic, and more so for the poli
 random prompt at the batch size being planned, times each round between two of the engine's
 ``progress`` callbacks, and keeps what the curve does not explain::
 
-    round overhead(policy) = mean round ms - (verify_ms(bs * mean tree) + delta * draft_ms(bs * width))
-    step overhead          = mean plain step ms - verify_ms(bs)
+    round overhead(policy) = mean round ms - (verify_ms(k * mean tree) + delta * draft_ms(k * width))
+    step overhead          = mean plain step ms - verify_ms(k)
 
-with the run's own mean tree and draft forwards per round (``width``: the acceptance table's mean frontier
-for that policy and budget). :func:`~treespec_sglang.engine.cost.choose_budgets` adds them to its round and
+with the run's own mean tree per request and draft forwards per round (``width``: the acceptance table's
+mean frontier for that policy and budget), priced the way :func:`~treespec_sglang.engine.cost.choose_budgets`
+prices them: ``k = 1`` on a curve measured at the batch (each forward already runs ``bs`` requests), ``k = bs``
+on a bs-1 curve (``bs`` times the tokens in one sequence). :func:`~treespec_sglang.engine.cost.choose_budgets` adds them to its round and
 plain-step prices. A random prompt accepts less than real text, so its draft extend is shorter: the
 measured overhead is, if anything, slightly low. Takes about ``(len(specs) + 1) * rounds`` round times.
 """
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence
 
 import torch
+
+from .cost import PREFIX
 
 __all__ = ["Overheads", "measure_overheads", "round_times_ms"]
 
@@ -56,13 +60,18 @@ def round_times_ms(engine, prompts, spec, max_new_tokens: int):
 
 
 def measure_overheads(engine, curve, specs: Sequence[dict], widths: Optional[Dict[str, float]] = None, bs: int = 1,
-                      rounds: int = 12, prompt_len: int = 64, seed: int = 0) -> Overheads:
+                      rounds: int = 12, prompt_len: int = PREFIX, seed: int = 0) -> Overheads:
     """Per policy of ``specs`` (policy dicts, one per policy name) and for plain decoding: the mean ms per
     round beyond what ``curve`` prices (module docstring). ``widths``: policy -> mean frontier per draft step
     (default 1). Each measurement generates ``rounds`` + 1 tokens on ``bs`` seeded random prompts: the
-    prefill's token, then at most ``rounds`` rounds (fewer where the draft is accepted), each one timed."""
+    prefill's token, then at most ``rounds`` rounds (fewer where the draft is accepted), each one timed. The
+    prompts are as long as the curve's context (``PREFIX``), so their forwards cost what the curve says: with
+    64-token prompts a bs-8 round ran faster than the curve's forwards and the overheads came out negative."""
     if bs < 1 or rounds < 1:
         raise ValueError(f"bs and rounds must be >= 1, got bs={bs}, rounds={rounds}")
+    if curve.bs not in (1, bs):
+        raise ValueError(f"a cost curve measured at batch {curve.bs} cannot price rounds of batch {bs}")
+    k = bs // curve.bs  # tokens of one forward per token of the curve (choose_budgets' convention)
     g = torch.Generator().manual_seed(seed)
     vocab = engine.target.config.vocab_size
     prompts = torch.randint(0, vocab, (bs, prompt_len), generator=g).tolist()
@@ -73,13 +82,13 @@ def measure_overheads(engine, curve, specs: Sequence[dict], widths: Optional[Dic
 
     engine.generate(prompts[:1], max_new_tokens=2)  # warm-up
     _, plain = round_times_ms(engine, prompts, None, rounds + 1)
-    step = mean(plain) - curve.verify(bs)
+    step = mean(plain) - curve.verify(k)
     out = {}
     for spec in specs:
         res, ts = round_times_ms(engine, prompts, spec, rounds + 1)  # each round emits >= 1 token
         n = max(1, max(len(r.stats.tree_sizes) for r in res))
-        tree = mean([s for r in res for s in r.stats.tree_sizes]) * len(res)  # verified tokens per round, batch
+        tree = mean([s for r in res for s in r.stats.tree_sizes])  # verified tokens per round, per request
         delta = max(r.stats.draft_forwards for r in res) / n
-        priced = curve.verify(tree) + delta * curve.draft(bs * widths.get(spec["policy"], 1.0))
+        priced = curve.verify(k * tree) + delta * curve.draft(k * widths.get(spec["policy"], 1.0))
         out[spec["policy"]] = mean(ts) - priced
     return Overheads(step, out, bs)
