@@ -24,6 +24,7 @@ writes ``--out`` (JSON: counts, surviving and equivalent mutant names per group,
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -164,9 +165,7 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
         # new tests make mutmut collect stats again and forget every result it did not rerun ("not checked"):
         # those keep the status they had before the rerun
         now = {m: before.get(m, st) if st == "not checked" else st for m, st in now.items()}
-        stats = {"total": len(now)}
-        for st in now.values():
-            stats[st.replace(" ", "_")] = stats.get(st.replace(" ", "_"), 0) + 1
+        stats = {"total": len(now), **collections.Counter(st.replace(" ", "_") for st in now.values())}
     survivors = [m for m, st in now.items() if st == "survived"]
     no_tests = [m for m, st in now.items() if st == "no tests"]
     diffs = json.loads(subprocess.run([sys.executable, "-c", _DIFFS, *survivors, *no_tests], cwd=work, env=env,

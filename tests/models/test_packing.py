@@ -47,7 +47,8 @@ def capability(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_check_agrees_with_the_kernel_on_this_cpu(dtype):
     """Whatever this CPU is: where the check says yes, the real packed op equals ``nn.Linear`` bit for bit
-    (bf16; but for one-ulp flips of at most 0.1% of the outputs, seen on AMX at M=1 for this small layer), or (float32) gives each row bit for bit what that row gives alone and stays within 1e-5 of a
+    (bf16; but for one-ulp flips of at most 0.1% of the outputs, seen on AMX at M=1 for this small layer),
+    or (float32) gives each row bit for bit what that row gives alone and stays within 1e-5 of a
     float64 product; where it says no, the raw oneDNN op really refuses (or differs), so the "no" is not a
     guess."""
     ok, why = getattr(P, CHECKS[dtype])()

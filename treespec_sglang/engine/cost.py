@@ -70,6 +70,14 @@ class CostCurve:
                 return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
         return ys[-1] + (ys[-1] - ys[-2]) * (x - xs[-1]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1]
 
+    def scale(self, bs: int, use: str) -> int:
+        """Tokens of one forward per token of this curve when pricing batch ``bs``: ``bs`` on a bs-1 curve
+        (``bs`` times the tokens in one sequence), 1 on a curve measured at ``bs``; any other curve raises,
+        naming ``use`` (what it was asked for). Example: a bs-1 curve at bs 4 -> 4; a bs-4 curve -> 1."""
+        if self.bs not in (1, bs):
+            raise ValueError(f"a cost curve measured at batch {self.bs} cannot {use}: measure it at {bs} or 1")
+        return bs // self.bs
+
     def verify(self, n: float) -> float:
         """Interpolated (linearly extrapolated past the last size) ms for ``n`` verified tokens."""
         return self._interp(self.sizes, self.verify_ms, n)
@@ -201,9 +209,7 @@ def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve, overhead
     """
     if bs < 1:
         raise ValueError(f"bs must be >= 1, got {bs}")
-    if curve.bs not in (1, bs):
-        raise ValueError(f"a cost curve measured at batch {curve.bs} cannot plan batch {bs}: measure it at {bs} or 1")
-    k = bs // curve.bs  # tokens of one forward per token of the curve: bs for a bs-1 curve, else 1
+    k = curve.scale(bs, f"plan batch {bs}")
     plain = curve.verify(k) + overhead_ms + (overheads.step_ms if overheads is not None else 0.0)
     out = {}
     for policy, rows in table.items():

@@ -14,11 +14,10 @@ random prompt at the batch size being planned, times each round between two of t
     step overhead          = mean plain step ms - verify_ms(k)
 
 with the run's own mean tree per request and draft forwards per round (``width``: the acceptance table's
-mean frontier for that policy and budget), priced the way :func:`~treespec_sglang.engine.cost.choose_budgets`
-prices them: ``k = 1`` on a curve measured at the batch (each forward already runs ``bs`` requests), ``k = bs``
-on a bs-1 curve (``bs`` times the tokens in one sequence). :func:`~treespec_sglang.engine.cost.choose_budgets` adds them to its round and
-plain-step prices. A random prompt accepts less than real text, so its draft extend is shorter: the
-measured overhead is, if anything, slightly low. Takes about ``(len(specs) + 1) * rounds`` round times.
+mean frontier for that policy and budget) and ``k = CostCurve.scale(bs)``: 1 on a curve measured at the batch,
+``bs`` on a bs-1 curve. :func:`~treespec_sglang.engine.cost.choose_budgets` prices forwards the same way and adds
+these overheads to its round and plain-step prices. A random prompt accepts less than real text, so its
+draft extend is shorter: the measured overhead is, if anything, slightly low. Takes about ``(len(specs) + 1) * rounds`` round times.
 """
 
 from __future__ import annotations
@@ -69,9 +68,7 @@ def measure_overheads(engine, curve, specs: Sequence[dict], widths: Optional[Dic
     64-token prompts a bs-8 round ran faster than the curve's forwards and the overheads came out negative."""
     if bs < 1 or rounds < 1:
         raise ValueError(f"bs and rounds must be >= 1, got bs={bs}, rounds={rounds}")
-    if curve.bs not in (1, bs):
-        raise ValueError(f"a cost curve measured at batch {curve.bs} cannot price rounds of batch {bs}")
-    k = bs // curve.bs  # tokens of one forward per token of the curve (choose_budgets' convention)
+    k = curve.scale(bs, f"price rounds of batch {bs}")
     g = torch.Generator().manual_seed(seed)
     vocab = engine.target.config.vocab_size
     prompts = torch.randint(0, vocab, (bs, prompt_len), generator=g).tolist()
