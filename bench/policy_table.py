@@ -1,5 +1,8 @@
 """A draft's acceptance table: tau, draft forwards and tree size per policy at each budget.
 
+Each cell also keeps every prompt's own tau (``taus``): a batch runs until its slowest request is done, and a
+plan for a batch prices that tail from their spread (:mod:`treespec_sglang.engine.batch_tail`).
+
 Measured on the *validation* prompts (index % 10 == 5 of HumanEval and MT-bench,
 ``treespec_sglang.training.data.split_roles``): neither the held-out every-10th test split the benchmarks
 report nor data a head trained with ``treespec train draft`` has seen (heads trained before that split existed,
@@ -63,13 +66,15 @@ def main(argv=None):
             acc = [x for r in res for x in r.stats.accepted]
             sizes = [x for r in res for x in r.stats.tree_sizes]
             fwd = sum(r.stats.draft_forwards for r in res)
+            taus = [1 + sum(r.stats.accepted) / len(r.stats.accepted) for r in res if r.stats.accepted]
             table[name][str(n)] = dict(tau=1 + sum(acc) / len(acc), delta=fwd / len(acc), tree=sum(sizes) / len(sizes),
-                                       width=width_of(spec), spec=spec)
+                                       width=width_of(spec), taus=[round(t, 4) for t in taus], spec=spec)
             r = table[name][str(n)]
             print(f"{name:>7} N={n:<3} tau {r['tau']:.2f} delta {r['delta']:.2f} tree {r['tree']:.1f}", flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, POLICY_TABLE), "w") as f:
-        json.dump({"about": "tau / draft forwards (delta) / verified tokens (tree) per round, greedy, on "
+        json.dump({"about": "tau / draft forwards (delta) / verified tokens (tree) per round and each prompt's own tau "
+                            "(taus: what a batch plan prices its tail from), greedy, on "
                             f"{len(prompts)} validation prompts (HumanEval / MT-bench index % 10 == 5), "
                             f"{a.max_new_tokens} new tokens, dtype {engine.dtype}; written by bench/policy_table.py",
                    "table": table}, f, indent=1)

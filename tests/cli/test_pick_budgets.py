@@ -66,8 +66,9 @@ def test_batch_above_one_prices_its_overhead_on_the_batch_curve(planned, monkeyp
     # + 40 ms a round flips the choice: N 4 = 1.9 / 63.1 = .0301 > N 2 = 1.5 / 55.7 = .0269; plain 12 + 1 ms
     c = plans["chain"]
     assert c.budget == 4 and c.round_ms == pytest.approx(15.6 + 3 * 2.5 + 40)
-    assert c.speedup == pytest.approx(1.9 / 63.1 * 13)
+    assert c.speedup == pytest.approx(1.9 / 63.1 * 13) and c.tail == 1.0
     assert any("the curve alone: budget 2" in x for x in lines), lines
+    assert any("the batch's tail is not priced: the acceptance table holds no per-prompt taus" in x for x in lines)
 
 
 def test_a_batch_plan_measures_its_own_curve_once(planned, monkeypatch):
@@ -86,3 +87,31 @@ def test_a_batch_plan_measures_its_own_curve_once(planned, monkeypatch):
     for _ in range(2):
         pick_budgets(e, [{"policy": "chain", "length": 9}], d, None, bs=3)
     assert calls == [3] and e.measured_cost_curve(3)[0].bs == 3 and e.measured_cost_curve()[0].bs == 1
+
+
+def test_batch_above_one_prices_its_tail_from_the_per_prompt_taus(planned, monkeypatch):
+    """With per-prompt taus in the table, a bs-2 plan also measures the overheads at bs 1 on the bs-1 curve and
+    prices each round between one row and two: a batch of two prompts drawn from taus [1.5, 3] waits for the
+    slower one."""
+    e, d = planned
+    table = {"chain": {"4": dict(TABLE["chain"]["4"], tau=2.0, taus=[1.5, 3.0])}}
+    (tmp := __import__("pathlib").Path(d) / "policy_table.json").write_text(json.dumps({"table": table}))
+    seen = []
+
+    def fake(engine, curve, specs, widths, bs):
+        seen.append((curve.bs, bs))
+        return Overheads(1.0, {"chain": 4.0 if bs == 2 else 2.0}, bs)
+
+    monkeypatch.setattr(O, "measure_overheads", fake)
+    monkeypatch.setattr(e, "_batch_curves", {2: (CostCurve((1, 16), (12.0, 30.0), (1, 4), (2.5, 3.5), bs=2), True)})
+    plans = {}
+    _, lines = pick_budgets(e, [{"policy": "chain", "length": 9}], d, None, bs=2, plans=plans)
+    assert seen == [(2, 2), (1, 1)] and tmp.is_file()
+    assert any("bs 1): plain +1.0, chain +2.0 (prices the batch's tail" in x for x in lines), lines
+    c2 = 15.6 + 3 * 2.5 + 4.0  # two rows: batch curve at 4 tokens, 3 draft steps, batch overhead
+    c1 = 13.0 + 3 * 2.0 + 2.0  # one row: the pinned bs-1 curve (10 + 1 ms/token), its overhead
+    # draws (1.5, 1.5): 2/3 x c2; (3, 3): 1/3 x c2; (1.5, 3) twice: 1/3 x c2 + 1/3 x c1
+    ms = (2 / 3 * c2 + 1 / 3 * c2 + 2 * (1 / 3 * c2 + 1 / 3 * c1)) / 4
+    c = plans["chain"]
+    assert c.speedup == pytest.approx((12.0 + 1.0) / ms) and c.tail == pytest.approx(ms / (c2 / 2.0))
+    assert any(f"batch tail x{c.tail:.2f}" in x for x in lines), lines

@@ -142,3 +142,60 @@ def test_a_batch_curve_runs_every_forward_at_the_batch_and_caches_apart(tmp_path
     assert len(list(tmp_path.glob("cost-*.json"))) == 2
     with pytest.raises(ValueError, match="bs must be an integer >= 1, got 0"):
         measure_cost_curve(e, bs=0, **kw)
+
+
+def _tailed_table():
+    # budget 2 accepts the same on every prompt; budget 8 accepts more on average (tau: the prompts' tokens over
+    # their rounds, equal tokens each) but spreads widely
+    taus8 = [1.6, 2.5, 3.0, 8.0]
+    return {"p": {"2": dict(tau=1.8, delta=1, tree=2, width=1, taus=[1.8, 1.8, 1.8, 1.8]),
+                  "8": dict(tau=4 / sum(1 / t for t in taus8), delta=3, tree=8, width=1, taus=taus8)}}
+
+
+def test_a_batch_tail_prices_each_row_between_one_row_and_the_full_batch():
+    """bs 4: each row's round is priced at 1 row on the tail's bs-1 curve (+ its overhead) and at 4 rows on the
+    batch curve (+ the batch overhead); a brute-force walk over every draw of 4 prompts gives the ms per token."""
+    import itertools
+
+    from treespec_sglang.engine.cost import BatchTail
+    from treespec_sglang.engine.overhead import Overheads
+
+    batch = CostCurve((1, 2, 8), (60.0, 62.0, 80.0), (1,), (4.0,), bs=4)
+    one = CostCurve((1, 2, 8), (30.0, 31.0, 40.0), (1,), (2.0,))
+    ov4, ov1 = Overheads(1.0, {"p": 6.0}, 4), Overheads(0.5, {"p": 3.0}, 1)
+    table = _tailed_table()
+    picks = choose_budgets(table, batch, bs=4, overheads=ov4, tail=BatchTail(one, ov1))
+    rounds = {"2": (31.0 + 2.0 + 3.0, 62.0 + 4.0 + 6.0), "8": (40.0 + 3 * 2.0 + 3.0, 80.0 + 3 * 4.0 + 6.0)}
+    plain = 60.0 + 1.0
+    speedups = {}
+    for n, (c1, c4) in rounds.items():
+        ms = 0.0
+        draws = list(itertools.product(table["p"][n]["taus"], repeat=4))
+        for draw in draws:  # the batch waits for its slowest request; a round costs by its running rows
+            ends, t = sorted(1 / x for x in draw), 0.0
+            for i, e in enumerate(ends):
+                ms += (e - t) * (c1 + (c4 - c1) * (4 - i - 1) / 3)
+                t = e
+        speedups[n] = plain / (ms / len(draws))
+    best = max(speedups, key=speedups.get)
+    c = picks["p"]
+    assert best == "2" and c.budget == 2  # untailed, budget 8 wins: 2.70 / 98 > 1.8 / 72
+    assert choose_budgets(table, batch, bs=4, overheads=ov4)["p"].budget == 8
+    assert c.speedup == pytest.approx(speedups["2"]) and c.tail == pytest.approx(1.0)
+    assert c.round_ms == pytest.approx(72.0)
+    eight = choose_budgets({"p": {"8": table["p"]["8"]}}, batch, bs=4, overheads=ov4, tail=BatchTail(one, ov1))["p"]
+    assert eight.speedup == pytest.approx(speedups["8"])
+    assert eight.tail == pytest.approx((plain / speedups["8"]) / (98.0 / table["p"]["8"]["tau"])) and eight.tail > 1.1
+
+
+def test_a_batch_tail_changes_nothing_at_batch_one_or_without_taus():
+    from treespec_sglang.engine.cost import BatchTail
+
+    one = CostCurve((1, 2, 8), (30.0, 31.0, 40.0), (1,), (2.0,))
+    table = _tailed_table()
+    bare = {"p": {n: {k: v for k, v in r.items() if k != "taus"} for n, r in table["p"].items()}}
+    tail = BatchTail(CostCurve((1, 8), (10.0, 20.0), (1,), (1.0,)))
+    assert choose_budgets(table, one, bs=1, tail=tail) == choose_budgets(table, one, bs=1)
+    assert choose_budgets(bare, one, bs=4, tail=tail) == choose_budgets(bare, one, bs=4)
+    with pytest.raises(ValueError, match="BatchTail.curve must be measured at batch 1, got batch 4"):
+        BatchTail(CostCurve((1, 8), (10.0, 20.0), (1,), (1.0,), bs=4))

@@ -192,8 +192,10 @@ def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Opti
     ``plans`` (a dict) receives each planned policy's ``BudgetChoice``. The cost curve is measured at batch
     ``bs`` (a bs-4 plan prices a bs-4 forward). ``overheads``: price each round with its measured overhead too
     (:mod:`~treespec_sglang.engine.overhead`: a few real rounds per policy at the batch and at the budget the
-    curve alone picks, then the choice is made again)."""
-    from ..engine.cost import choose_budgets, load_policy_table
+    curve alone picks, then the choice is made again). At ``bs`` > 1 with overheads, the batch's tail is priced
+    as well where the acceptance table holds per-prompt taus (:mod:`~treespec_sglang.engine.batch_tail`): the
+    bs-1 curve and bs-1 overheads price a round of one row."""
+    from ..engine.cost import BatchTail, choose_budgets, load_policy_table
     from ..engine.overhead import measure_overheads
 
     table = load_policy_table(draft_dir)
@@ -209,10 +211,21 @@ def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Opti
     curve_only = None  # the curve-alone picks, kept where overheads are measured (printed beside the plan)
     if overheads and picks:
         at = {p: rows[p][str(c.budget)] for p, c in picks.items()}
-        ov = measure_overheads(engine, curve, [dict(r["spec"]) for r in at.values()],
-                               {p: r.get("width", 1.0) for p, r in at.items()}, bs=bs)
-        curve_only, picks = picks, choose_budgets(rows, curve, bs=bs, overheads=ov)
+        measure = [dict(r["spec"]) for r in at.values()]
+        widths = {p: r.get("width", 1.0) for p, r in at.items()}
+        ov = measure_overheads(engine, curve, measure, widths, bs=bs)
         lines.append(ov.lines())
+        tail = None
+        if bs > 1:
+            if any(r.get("taus") for pol in rows.values() for r in pol.values()):
+                curve1 = engine.measured_cost_curve(1)[0]
+                ov1 = measure_overheads(engine, curve1, measure, widths, bs=1)
+                tail = BatchTail(curve1, ov1)
+                lines.append(ov1.lines() + " (prices the batch's tail: its last rounds run fewer rows)")
+            else:
+                lines.append("the batch's tail is not priced: the acceptance table holds no per-prompt taus "
+                             "(bench/policy_table.py writes them)")
+        curve_only, picks = picks, choose_budgets(rows, curve, bs=bs, overheads=ov, tail=tail)
     out = []
     for s in specs:
         c = picks.get(s["policy"]) if s else None
@@ -224,8 +237,9 @@ def pick_budgets(engine, specs, draft_dir, budget_flag, bs: int = 1, plans: Opti
             plans[s["policy"]] = c
         alone = curve_only[s["policy"]] if curve_only else None
         was = f"; the curve alone: budget {alone.budget}, {alone.speedup:.2f}x" if alone else ""
+        tail_note = f", batch tail x{c.tail:.2f}" if c.tail != 1.0 else ""
         lines.append(f"  {s['policy']:<7} budget {c.budget:<3} (acceptance table tau {c.tau:.2f}, "
-                     f"{c.round_ms:.1f} ms/round -> expected {c.speedup:.2f}x{was})")
+                     f"{c.round_ms:.1f} ms/round{tail_note} -> expected {c.speedup:.2f}x{was})")
     return out, [f"budgets: per policy, the best expected tokens/s at batch {bs} on this machine's cost curve"] + lines
 
 

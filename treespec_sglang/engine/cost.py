@@ -35,7 +35,8 @@ import torch
 
 from .kv_cache import KVCache
 
-__all__ = ["CostCurve", "measure_cost_curve", "choose_budgets", "BudgetChoice", "load_policy_table", "POLICY_TABLE"]
+__all__ = ["CostCurve", "measure_cost_curve", "choose_budgets", "BudgetChoice", "BatchTail", "load_policy_table",
+           "POLICY_TABLE"]
 
 POLICY_TABLE = "policy_table.json"
 
@@ -184,10 +185,33 @@ class BudgetChoice:
     tau: float
     round_ms: float
     speedup: float  # expected tokens/s over plain decoding on this curve
+    tail: float = 1.0  # the batch tail's price over the untailed one (1: not priced, or no tail)
+
+
+@dataclass(frozen=True)
+class BatchTail:
+    """How a batch plan prices its tail (:mod:`~treespec_sglang.engine.batch_tail`): a round of one row, priced
+    on a bs-1 ``curve`` plus ``overheads`` measured at bs 1 (an ``Overheads``, or None for none)."""
+
+    curve: CostCurve
+    overheads: object = None
+
+    def __post_init__(self):
+        if self.curve.bs != 1:
+            raise ValueError(f"BatchTail.curve must be measured at batch 1, got batch {self.curve.bs}")
+
+
+def _forwards_ms(curve: CostCurve, k: int, r: dict) -> float:
+    """A round's forwards for one acceptance-table row at ``k`` curve tokens per request token."""
+    return curve.verify(k * r["tree"]) + r["delta"] * curve.draft(k * r.get("width", 1))
+
+
+def _extra_ms(overhead_ms: float, overheads, policy: str) -> float:
+    return overhead_ms + (overheads.round_ms.get(policy, 0.0) if overheads is not None else 0.0)
 
 
 def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve, overhead_ms: float = 0.0,
-                   bs: int = 1, overheads=None) -> Dict[str, BudgetChoice]:
+                   bs: int = 1, overheads=None, tail: Optional[BatchTail] = None) -> Dict[str, BudgetChoice]:
     """Per policy, the budget with the highest expected tokens/s (module docstring's formula).
 
     ``bs``: the batch the plan is for. A curve measured at that batch (``curve.bs == bs``) prices a round
@@ -198,15 +222,23 @@ def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve, overhead
     compute-bound CPU. Any other curve is refused.
 
     ``table[policy][str(budget)]`` holds ``tau`` (tokens per round), ``delta`` (draft forwards per
-    round), ``tree`` (mean verified tokens per round) and ``width`` (mean frontier per draft step).
+    round), ``tree`` (mean verified tokens per round) and ``width`` (mean frontier per draft step), and may
+    hold ``taus`` (each validation prompt's own tau).
 
     ``overhead_ms`` is added to a plain step and to every round alike; ``overheads``
     (:class:`~treespec_sglang.engine.overhead.Overheads`, measured by running real rounds) adds its own
     per-step and per-policy round times on top, the part of a round the curve's forwards do not price.
 
+    ``tail`` (bs > 1, rows with ``taus``): the batch runs until its slowest request is done, its last rounds
+    over fewer rows. A row is then priced by :func:`~treespec_sglang.engine.batch_tail.batch_ms_per_token`
+    between a round of one row (``tail``'s bs-1 curve and overheads) and the round of ``bs`` rows above,
+    instead of that round over the mean tau; ``BudgetChoice.tail`` is the ratio of the two prices.
+
     Example: with verify 40 ms at 1 token and 48 ms at 8, draft 2 ms, tau(4) = 2.0 with delta 2 and
     tau(8) = 2.4 with delta 3, budget 8 wins: 2.4 / (48 + 6) > 2.0 / (44 + 4).
     """
+    from .batch_tail import batch_ms_per_token
+
     if bs < 1:
         raise ValueError(f"bs must be >= 1, got {bs}")
     k = curve.scale(bs, f"plan batch {bs}")
@@ -214,10 +246,15 @@ def choose_budgets(table: Dict[str, Dict[str, dict]], curve: CostCurve, overhead
     out = {}
     for policy, rows in table.items():
         best = None
-        extra = overhead_ms + (overheads.round_ms.get(policy, 0.0) if overheads is not None else 0.0)
+        extra = _extra_ms(overhead_ms, overheads, policy)
         for budget, r in rows.items():
-            ms = curve.verify(k * r["tree"]) + r["delta"] * curve.draft(k * r.get("width", 1)) + extra
-            c = BudgetChoice(policy, int(budget), r["tau"], ms, (r["tau"] / ms) * plain)
+            ms = _forwards_ms(curve, k, r) + extra
+            per_token, ratio = ms / r["tau"], 1.0
+            if tail is not None and bs > 1 and r.get("taus"):
+                c1 = _forwards_ms(tail.curve, 1, r) + _extra_ms(overhead_ms, tail.overheads, policy)
+                per_token = batch_ms_per_token(r["taus"], bs, c1, ms)
+                ratio = per_token * r["tau"] / ms
+            c = BudgetChoice(policy, int(budget), r["tau"], ms, plain / per_token, ratio)
             if best is None or c.speedup > best.speedup:
                 best = c
         if best is not None:
