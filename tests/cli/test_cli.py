@@ -118,20 +118,49 @@ def test_plan_vs_measured_rows_and_the_plain_sentences():
     from treespec_sglang.cli.runs import PolicyRun, plan_vs_measured
     from treespec_sglang.engine.cost import BudgetChoice
 
-    def run(spec, seconds, accepted):
+    def run(spec, seconds, accepted, decode=None):
         stats = SimpleNamespace(accepted=accepted, draft_forwards=len(accepted))
-        return PolicyRun(spec, seconds, [SimpleNamespace(token_ids=[0] * 12, stats=stats)])
+        return PolicyRun(spec, seconds, [SimpleNamespace(token_ids=[0] * 12, stats=stats)], decode)
 
-    plain = run(None, 1.0, [])
-    talon = run({"policy": "talon", "budget": 8}, 0.5, [1, 2, 1, 0])  # tau 2.0, 2.0x
-    chain = run({"policy": "chain", "length": 3}, 2.0, [0, 1])  # tau 1.5, 0.5x
+    plain = run(None, 1.0, [], 0.88)  # 11 decode tokens (the first is the prefill's) in .88 s: 12.5 tok/s
+    talon = run({"policy": "talon", "budget": 8}, 0.5, [1, 2, 1, 0], 0.275)  # tau 2.0, 2.0x; decode 40 tok/s, 3.2x
+    chain = run({"policy": "chain", "length": 3}, 2.0, [0, 1])  # tau 1.5, 0.5x; decode not timed
     plans = {"talon": BudgetChoice("talon", 8, 2.5, 3.0, 1.6), "chain": BudgetChoice("chain", 4, 1.5, 2.0, 0.9)}
     lines = plan_vs_measured([plain, talon, chain], plans)
-    assert lines[2].split(" | ")[1:] == ["2.50", "2.00", "-20%", "1.60x", "2.00x |"]
-    assert lines[3].split(" | ")[1:] == ["1.50", "1.50", "+0%", "0.90x", "0.50x |"]
+    assert lines[0].endswith("| planned speedup | measured: decode rounds | end to end |")
+    assert lines[2].split(" | ")[1:] == ["2.50", "2.00", "-20%", "1.60x", "3.20x", "2.00x |"]
+    assert lines[3].split(" | ")[1:] == ["1.50", "1.50", "+0%", "0.90x", "-", "0.50x |"]
     assert len(lines) == 4  # a plan above 1x and a run above plain: no sentence
     slow = {k: BudgetChoice(c.policy, c.budget, c.tau, c.round_ms, 0.8) for k, c in plans.items()}
     lines = plan_vs_measured([plain, run(talon.spec, 2.0, [1]), chain], slow)
     assert lines[-2].startswith("no policy was expected to beat plain decoding on this machine (best plan: talon")
     assert lines[-1] == "no policy beat plain decoding in this run"
     assert plan_vs_measured([plain, talon], {}) == []
+
+
+def test_run_policy_times_decode_rounds_apart_from_each_batchs_prefill(monkeypatch):
+    """A fake engine on a virtual clock: each batch's prefill takes 1.0 s and emits each request's first
+    token (the engine's first ``progress`` call), then rounds of 0.25 s. Wall time counts both; the decode
+    time starts at each batch's first call."""
+    from types import SimpleNamespace
+
+    import treespec_sglang.cli.runs as R
+
+    clock = [0.0]
+    monkeypatch.setattr(R, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    updates = []
+
+    class Engine:
+        def generate(self, chunk, max_new_tokens, policy, temperature, seed, progress):
+            clock[0] += 1.0  # prefill
+            progress(len(chunk))
+            for _ in range(3):  # three rounds of two tokens per request
+                clock[0] += 0.25
+                progress(2 * len(chunk))
+            return [SimpleNamespace(token_ids=[7] * 7) for _ in chunk]
+
+    bar = SimpleNamespace(update=updates.append)
+    run = R.run_policy(Engine(), [[1], [2], [3]], None, max_new_tokens=7, batch_size=2, bar=bar)
+    assert run.seconds == pytest.approx(2 * (1.0 + 0.75)) and run.decode_seconds == pytest.approx(2 * 0.75)
+    assert run.decode_tokens_per_s == pytest.approx((21 - 3) / 1.5) and run.tokens_per_s == pytest.approx(21 / 3.5)
+    assert updates == [2, 4, 4, 4, 1, 2, 2, 2]  # the progress bar still sees every call
