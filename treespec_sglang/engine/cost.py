@@ -16,8 +16,9 @@ Acceptance is a property of the draft and the policy; cost is a property of the 
 split is what lets one shipped table serve every machine. A curve is measured at one batch size ``bs``
 (every forward runs ``bs`` requests, each with its own ``prefix``-token cache and ``n`` tree tokens), so a
 plan for a batch of 4 prices a round by what a batch-4 round's forwards cost, attention over 4 caches
-included, not by a batch-1 forward over 4 times the tokens. The online fit of a running call's rounds
-is :mod:`treespec_sglang.engine.round_cost`.
+included, not by a batch-1 forward over 4 times the tokens. A batch plan can also price its tail, the last
+rounds after the fastest requests are done (:class:`BatchTail`, :mod:`treespec_sglang.engine.batch_tail`). The
+online fit of a running call's rounds is :mod:`treespec_sglang.engine.round_cost`.
 """
 
 from __future__ import annotations
