@@ -17,7 +17,8 @@ with the run's own mean tree per request and draft forwards per round (``width``
 mean frontier for that policy and budget) and ``k = CostCurve.scale(bs)``: 1 on a curve measured at the batch,
 ``bs`` on a bs-1 curve. :func:`~treespec_sglang.engine.cost.choose_budgets` prices forwards the same way and adds
 these overheads to its round and plain-step prices. A random prompt accepts less than real text, so its
-draft extend is shorter: the measured overhead is, if anything, slightly low. Takes about ``(len(specs) + 1) * rounds`` round times.
+draft extend is shorter: the measured overhead is, if anything, slightly low. Each policy runs a few untimed
+rounds first (warm-up). Takes about ``(len(specs) + 1) * rounds`` round times.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def measure_overheads(engine, curve, specs: Sequence[dict], widths: Optional[Dic
     step = mean(plain) - curve.verify(k)
     out = {}
     for spec in specs:
+        # warm-up at the batch: a policy's first rounds meet new shapes (oneDNN primitives) and first calls
+        # (C2T's classifier); measured cold, they read +6.7 / +12.5 ms a round for salf / c2t at bs 1, warm +1
+        engine.generate(prompts, max_new_tokens=3, policy=spec)
         res, ts = round_times_ms(engine, prompts, spec, rounds + 1)  # each round emits >= 1 token
         n = max(1, max(len(r.stats.tree_sizes) for r in res))
         tree = mean([s for r in res for s in r.stats.tree_sizes])  # verified tokens per round, per request
