@@ -2,6 +2,7 @@
 rounds (and printed next to the curve-alone choice), on a cost curve measured at that batch."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -95,7 +96,8 @@ def test_batch_above_one_prices_its_tail_from_the_per_prompt_taus(planned, monke
     slower one."""
     e, d = planned
     table = {"chain": {"4": dict(TABLE["chain"]["4"], tau=2.0, taus=[1.5, 3.0])}}
-    (tmp := __import__("pathlib").Path(d) / "policy_table.json").write_text(json.dumps({"table": table}))
+    tmp = Path(d) / "policy_table.json"
+    tmp.write_text(json.dumps({"table": table}))
     seen = []
 
     def fake(engine, curve, specs, widths, bs):

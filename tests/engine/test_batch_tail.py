@@ -1,42 +1,22 @@
 """The batch tail's price against a brute-force oracle: every way to draw the batch's taus, each batch run
 round by round with its active rows counted."""
 
-import itertools
-
 import pytest
 
+from tests.engine.tail_oracle import walk_batch_ms
 from treespec_sglang.engine.batch_tail import batch_ms_per_token
-
-
-def simulate(taus, bs, c1, cb, rounds_per_unit=None):
-    """Oracle: enumerate every ordered draw of ``bs`` taus (each prompt equally likely, with replacement);
-    for one draw, walk time along r (rounds per token) and price each stretch by the rows still running,
-    c(a) = c1 + (cb - c1)(a - 1)/(bs - 1); average over the draws."""
-    def cost(a):
-        return 0.0 if a == 0 else c1 + ((cb - c1) * (a - 1) / (bs - 1) if bs > 1 else 0.0)
-
-    draws = list(itertools.product(taus, repeat=bs))
-    total = 0.0
-    for draw in draws:
-        ends = sorted(1.0 / t for t in draw)
-        t_prev, ms = 0.0, 0.0
-        for i, end in enumerate(ends):
-            ms += (end - t_prev) * cost(bs - i)  # rows i.. still running on [t_prev, end)
-            t_prev = end
-        total += ms
-    return total / len(draws)
 
 
 def test_docstring_example():
     assert batch_ms_per_token([2, 4], 2, 10.0, 16.0) == pytest.approx(6.25)
-    assert simulate([2, 4], 2, 10.0, 16.0) == pytest.approx(6.25)
+    assert walk_batch_ms([2, 4], 2, 10.0, 16.0) == pytest.approx(6.25)
 
 
 @pytest.mark.parametrize("taus,bs", [([1.5, 2.0, 3.7], 3), ([2.2, 2.2, 4.0, 1.0], 4), ([3.0], 5),
                                      ([1.2, 2.5, 1.9, 3.3, 2.0], 2), ([1.7, 2.9], 6)])
 @pytest.mark.parametrize("c1,cb", [(30.0, 60.0), (40.0, 40.0), (25.0, 180.0)])
 def test_matches_the_round_by_round_oracle(taus, bs, c1, cb):
-    assert batch_ms_per_token(taus, bs, c1, cb) == pytest.approx(simulate(taus, bs, c1, cb), rel=1e-12)
+    assert batch_ms_per_token(taus, bs, c1, cb) == pytest.approx(walk_batch_ms(taus, bs, c1, cb), rel=1e-12)
 
 
 @pytest.mark.parametrize("taus", [[1.3, 2.0, 4.5], [2.5]])

@@ -155,8 +155,7 @@ def _tailed_table():
 def test_a_batch_tail_prices_each_row_between_one_row_and_the_full_batch():
     """bs 4: each row's round is priced at 1 row on the tail's bs-1 curve (+ its overhead) and at 4 rows on the
     batch curve (+ the batch overhead); a brute-force walk over every draw of 4 prompts gives the ms per token."""
-    import itertools
-
+    from tests.engine.tail_oracle import walk_batch_ms
     from treespec_sglang.engine.cost import BatchTail
     from treespec_sglang.engine.overhead import Overheads
 
@@ -168,15 +167,8 @@ def test_a_batch_tail_prices_each_row_between_one_row_and_the_full_batch():
     rounds = {"2": (31.0 + 2.0 + 3.0, 62.0 + 4.0 + 6.0), "8": (40.0 + 3 * 2.0 + 3.0, 80.0 + 3 * 4.0 + 6.0)}
     plain = 60.0 + 1.0
     speedups = {}
-    for n, (c1, c4) in rounds.items():
-        ms = 0.0
-        draws = list(itertools.product(table["p"][n]["taus"], repeat=4))
-        for draw in draws:  # the batch waits for its slowest request; a round costs by its running rows
-            ends, t = sorted(1 / x for x in draw), 0.0
-            for i, e in enumerate(ends):
-                ms += (e - t) * (c1 + (c4 - c1) * (4 - i - 1) / 3)
-                t = e
-        speedups[n] = plain / (ms / len(draws))
+    for n, (c1, c4) in rounds.items():  # the batch waits for its slowest request; a round costs by its running rows
+        speedups[n] = plain / walk_batch_ms(table["p"][n]["taus"], 4, c1, c4)
     best = max(speedups, key=speedups.get)
     c = picks["p"]
     assert best == "2" and c.budget == 2  # untailed, budget 8 wins: 2.70 / 98 > 1.8 / 72
