@@ -20,14 +20,18 @@ def random_keep(g, bs, n):
 
 @pytest.mark.parametrize("bs,n", [(1, 1), (3, 5), (4, 8)])
 @pytest.mark.parametrize("with_mask", [True, False])
-def test_plan_matches_loops(bs, n, with_mask):
+@pytest.mark.parametrize("uniform", [False, True])
+def test_plan_matches_loops(bs, n, with_mask, uniform):
     g = torch.Generator().manual_seed(bs * 10 + n)
     keep = random_keep(g, bs, n)
     mask = torch.rand(bs * n * n, generator=g) < 0.5 if with_mask else None
-    plan = plan_ragged(keep, mask)
+    plan = plan_ragged(keep, mask, uniform=uniform)
     rows, lens, flat = [], [], []
+    width = max(sum(keep[b].tolist()) for b in range(bs))
     for b in range(bs):
         kept = [i for i in range(n) if keep[b, i]]
+        if uniform:  # every request at the widest tree's size: its kept nodes, then fillers in index order
+            kept += [i for i in range(n) if not keep[b, i]][: width - len(kept)]
         rows += [b * n + i for i in kept]
         lens.append(len(kept))
         if with_mask:
@@ -52,11 +56,13 @@ def test_plan_rejects_a_non_bool_keep():
 def test_ragged_verify_attention_equals_the_padded_one_on_real_nodes(rng, seed):
     """Each request's tree padded to N with filler (self-only rows, as SGLang's padding): attention over
     the compacted kept nodes == attention over the padded batch, at every kept row."""
-    HQ, HKV, D, N = 4, 2, 8, 7
-    tree = random_batch(rng, [N, 1, 4, 6], vocab=9)  # full, root-only and partial trees
-    bs = tree.bs
-    keep = tree.valid
-    dense = dense_mask(tree)  # [bs, N, N]; padding rows see themselves only
+    HQ, HKV, D, N = 4, 2, 32, 7
+    tree = random_batch(rng, [5, 1, 4, 3], vocab=9)  # root-only and partial trees: the widest has 5 < N nodes
+    bs, w = tree.bs, tree.tokens.shape[1]
+    keep = torch.zeros(bs, N, dtype=torch.bool)
+    keep[:, :w] = tree.valid
+    dense = torch.eye(N, dtype=torch.bool).repeat(bs, 1, 1)  # [bs, N, N]; padding rows see themselves only
+    dense[:, :w, :w] |= dense_mask(tree)
     dense[:, :, 0] = True
     g = torch.Generator().manual_seed(seed)
     prefix = torch.tensor([3, 5, 1, 4])
@@ -67,15 +73,19 @@ def test_ragged_verify_attention_equals_the_padded_one_on_real_nodes(rng, seed):
     q = torch.randn(bs * N, HQ, D, generator=g)
     k, v = torch.randn(bs * N, HKV, D, generator=g), torch.randn(bs * N, HKV, D, generator=g)
     padded = torch.zeros(bs * N, HQ, D)
-    ext = torch.full((bs,), N)
-    extend_attention_cpu(q, k, v, padded, k_buf, v_buf, 1.0, 1.0, r2t, rpi, prefix + N, ext, torch.arange(bs) * N, N,
-                         0.3, 0.0, False, 0, None, None, dense.reshape(-1), True)
-    plan = plan_ragged(keep, dense.reshape(-1))
+    ext = torch.full((bs,), N, dtype=torch.int32)  # SGLang's int32 extend lengths / starts (as req_to_token)
+    extend_attention_cpu(q, k, v, padded, k_buf, v_buf, 1.0, 1.0, r2t, rpi, prefix + N, ext,
+                         torch.arange(bs, dtype=torch.int32) * N, N, 0.3, 0.0, False, 0, None, None, dense.reshape(-1),
+                         True)
+    plan = plan_ragged(keep, dense.reshape(-1), uniform=True)  # a tree mask: one width for the batch
+    width = int(plan.lens.max())
+    assert plan.total == bs * width == bs * 5
     ragged = torch.zeros(plan.total, HQ, D)
     extend_attention_cpu(q[plan.rows], k[plan.rows], v[plan.rows], ragged, k_buf, v_buf, 1.0, 1.0, r2t, rpi,
-                         prefix + plan.lens, plan.lens, plan.starts, N, 0.3, 0.0, False, 0, None, None,
+                         prefix + plan.lens, plan.lens.int(), plan.starts.int(), width, 0.3, 0.0, False, 0, None, None,
                          plan.tree_mask, True)
-    torch.testing.assert_close(scatter_rows(ragged, plan, bs)[plan.rows], padded[plan.rows])
+    kept = keep.reshape(-1).nonzero()[:, 0]  # the fillers the width brought along are never read
+    torch.testing.assert_close(scatter_rows(ragged, plan, bs)[kept], padded[kept])
 
 
 # ----------------------------------------------------------------- FlashInfer (paged) verify arguments

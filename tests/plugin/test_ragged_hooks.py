@@ -15,9 +15,11 @@ from treespec_sglang.plugin.ragged import (ENV_RAGGED, amx_extend_metadata, eage
 class Backend:
     def __init__(self):
         self.planned = 0
+        self.forward_metadata = None
 
-    def init_forward_metadata(self, fb):
+    def init_forward_metadata(self, fb):  # SGLang's CPU backend: (attn_logits, max_extend_len = N)
         self.planned += 1
+        self.forward_metadata = ("logits", fb.input_ids.shape[0] // 2)
 
 
 class IntelAMXAttnBackend(Backend):  # named like SGLang's backends (ragged_mode reads the class names)
@@ -51,16 +53,17 @@ def recording_forward(seen, hidden=True):
 
 KEEP = torch.tensor([[1, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)  # 3 + 2 of 2 x 4 nodes
 ROWS = [0, 2, 3, 4, 5]
+UNIFORM = [0, 2, 3, 4, 5, 6]  # a CPU tree batch at its widest tree's width, 3: request 1 brings filler 6
 
 
-@pytest.mark.parametrize("backend, env, mask, topk, want_mode, want_tree", [
-    (IntelAMXAttnBackend, None, True, 4, "cpu", True),
-    (IntelAMXAttnBackend, None, True, 1, "cpu", False),  # a chain: causal, no tree mask
-    (FlashInferAttnBackend, "1", True, 4, "flashinfer", False),  # the mask is compacted in the paged args
+@pytest.mark.parametrize("backend, env, mask, topk, want_mode, want_tree, rows, width", [
+    (IntelAMXAttnBackend, None, True, 4, "cpu", True, UNIFORM, 3),  # the compiled kernel's uniform tree extend
+    (IntelAMXAttnBackend, None, True, 1, "cpu", False, ROWS, 3),  # a chain: causal, no tree mask, own lengths
+    (FlashInferAttnBackend, "1", True, 4, "flashinfer", False, ROWS, None),  # the mask is compacted in paged args
 ])
 @pytest.mark.parametrize("hidden", [True, False])
 def test_a_ragged_verify_runs_the_kept_rows_with_its_plan(monkeypatch, backend, env, mask, topk, want_mode,
-                                                          want_tree, hidden):
+                                                          want_tree, rows, width, hidden):
     monkeypatch.delenv(ENV_RAGGED, raising=False) if env is None else monkeypatch.setenv(ENV_RAGGED, env)
     runner, fb = verify_batch(backend(), KEEP, mask, topk)
     seen, recorded = [], []
@@ -68,13 +71,15 @@ def test_a_ragged_verify_runs_the_kept_rows_with_its_plan(monkeypatch, backend, 
                                 key="k1")
     (call,) = seen
     assert call["args"] == ("a1",) and call["kwargs"] == {"key": "k1"}
-    assert call["ids"] == ROWS and call["pos"] == [r + 100 for r in ROWS] and call["loc"] == [r + 200 for r in ROWS]
+    assert call["ids"] == rows and call["pos"] == [r + 100 for r in rows] and call["loc"] == [r + 200 for r in rows]
     assert call["plan"].mode == want_mode and (call["plan"].tree_mask is not None) == want_tree
     assert runner.attn_backend.planned == 1  # planned again for the compacted batch
-    assert recorded == [3, 2] and ragged._PLAN.get() is None
+    if width is not None:  # the CPU kernel's max_extend_len is the plan's widest request, not N
+        assert runner.attn_backend.forward_metadata == ("logits", width)
+    assert recorded == [3, 3 if rows == UNIFORM else 2] and ragged._PLAN.get() is None
     assert fb.input_ids.tolist() == list(range(8))  # restored
     want = torch.zeros(8, 3)
-    want[ROWS] = torch.tensor(ROWS).float()[:, None] + 1
+    want[rows] = torch.tensor(rows).float()[:, None] + 1
     lo = out.logits_output
     assert torch.equal(lo.next_token_logits, want)
     assert torch.equal(lo.hidden_states, want) if hidden else lo.hidden_states is None

@@ -290,7 +290,8 @@ def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Option
     unsel = ~torch.gather(keep, 1, order)
     fill = torch.zeros_like(keep).scatter(1, order, unsel & (unsel.cumsum(-1) <= need))
     idx = torch.where(keep | fill, ar, P)
-    top_scores_index = torch.sort(idx, dim=-1).values[:, :N - 1]
+    # a column slice is a strided view: SGLang's tree kernel takes [bs, N-1] contiguous int64 only
+    top_scores_index = torch.sort(idx, dim=-1).values[:, :N - 1].contiguous()
     node_keep = torch.cat([torch.ones(bs, 1, dtype=torch.bool, device=dev),
                            torch.gather(keep, 1, top_scores_index)], dim=1)
     if native is not None and None in params:

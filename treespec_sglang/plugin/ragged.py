@@ -63,34 +63,47 @@ class RaggedVerify:
         return self.rows.shape[0]
 
 
-def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str = "cpu") -> RaggedVerify:
+def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str = "cpu",
+                uniform: bool = False) -> RaggedVerify:
     """Compact SGLang's verify batch to the kept nodes.
 
     Parameters
     ----------
     keep : ``[bs, N]`` bool, True for the nodes a policy selected (the root always).
     tree_mask : ``[bs * N * N]`` bool QLEN_ONLY mask (row = ancestors-or-self), or None (chain).
+    uniform : every request verifies ``L = max_b n_b`` nodes, its kept ones first and then fillers in index
+        order (unlinked: their outputs are never read). SGLang's compiled CPU extend kernel takes a tree mask
+        only over uniform extend lengths (``[bs, L, L]``), so the CPU verifies trees this way.
 
     Example: keep [[1, 1, 0, 1]] -> rows [0, 1, 3], lens [3]; mask rows/cols {0, 1, 3} of the [4, 4] block.
+    Uniform, keep [[1, 1, 0, 0], [1, 0, 0, 0]] -> L 2: rows [0, 1, 4, 5], lens [2, 2].
     """
     if keep.dim() != 2 or keep.dtype != torch.bool:
         raise ValueError(f"keep must be a [bs, N] bool tensor, got {keep.dtype} {tuple(keep.shape)}")
     bs, n = keep.shape
     dev = keep.device
     lens = keep.long().sum(-1)  # [bs]
-    starts = torch.cumsum(lens, 0) - lens
     ar = torch.arange(n, device=dev)
     # kept local indices first, each group in index order: sort by (not kept) * N + index
     # e.g. keep [1, 1, 0, 1] -> keys [0, 1, 6, 3] -> sorted [0, 1, 3, 6] -> order [0, 1, 3, 2]
     order = torch.sort(torch.where(keep, ar, n + ar), dim=-1).values % n  # [bs, N]
-    valid = ar[None, :] < lens[:, None]  # [bs, N] slot i holds a kept node
-    rows = kept_rows(keep, int(lens.sum()))  # [T]: the compacted batch's shape is the one host read
+    if uniform:  # the batch's widest tree is the one host read
+        width = int(lens.max())
+        lens = torch.full_like(lens, width)
+        rows = (torch.arange(bs, device=dev)[:, None] * n + order[:, :width]).reshape(-1)  # [bs * L]
+    else:
+        rows = kept_rows(keep, int(lens.sum()))  # [T]: the compacted batch's shape is the one host read
+    starts = torch.cumsum(lens, 0) - lens
+    valid = ar[None, :] < lens[:, None]  # [bs, N] slot i holds a verified node
     mask = None
     if tree_mask is not None:
         m = tree_mask.reshape(bs, n, n)
         sub = torch.gather(torch.gather(m, 1, order[:, :, None].expand(bs, n, n)), 2, order[:, None, :].expand(bs, n, n))
-        pair = valid[:, :, None] & valid[:, None, :]  # [bs, N, N] (i, j) both real
-        mask = sub[pair]  # request-major, row-major within a request: [sum n_b^2]
+        if uniform:
+            mask = sub[:, :width, :width].contiguous().view(-1)  # [bs * L * L] (a reshape may stay a strided view)
+        else:
+            pair = valid[:, :, None] & valid[:, None, :]  # [bs, N, N] (i, j) both real
+            mask = sub[pair]  # request-major, row-major within a request: [sum n_b^2]
     return RaggedVerify(rows, lens, starts, mask, n, keep, mode)
 
 
@@ -184,7 +197,10 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, r
         record([n] * bs)
         return original(runner, forward_batch, *args, **kwargs)
     tree = spec.custom_mask.bool() if mode == "cpu" and spec.tree_topk != 1 else None
-    plan = plan_ragged(keep, tree, mode)
+    plan = plan_ragged(keep, tree, mode, uniform=tree is not None)  # CPU trees: one width (the compiled kernel's rule)
+    if plan.total == bs * n:  # the widest tree is N: nothing to compact
+        record([n] * bs)
+        return original(runner, forward_batch, *args, **kwargs)
     full = {f: getattr(forward_batch, f) for f in ("input_ids", "positions", "out_cache_loc")}
     for f, v in full.items():
         setattr(forward_batch, f, v[plan.rows])
@@ -193,6 +209,9 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, r
         # SGLang planned this verify's attention metadata for bs * N tokens before the forward (and
         # marked it ready): plan again for the compacted batch (the hooks below read the plan)
         runner.attn_backend.init_forward_metadata(forward_batch)
+        if mode == "cpu":  # the CPU backend sized the extend for N tokens each: the kernel reads it per request
+            logits_buf, _ = runner.attn_backend.forward_metadata
+            runner.attn_backend.forward_metadata = (logits_buf, int(plan.lens.max()))
         out = original(runner, forward_batch, *args, **kwargs)
     finally:
         _PLAN.reset(token)

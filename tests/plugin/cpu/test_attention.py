@@ -7,7 +7,7 @@ import torch
 
 from treespec_sglang.plugin.cpu.attention import decode_attention_cpu, extend_attention_cpu
 
-HQ, HKV, D = 6, 2, 8
+HQ, HKV, D = 6, 2, 32  # head size: the compiled ops take multiples of 32
 
 
 def naive(q, keys, values, scale, logit_cap=0.0, sink=None):
@@ -46,7 +46,8 @@ def test_decode_attention(seq_lens, window, logit_cap, sinks):
     key, value = torch.randn(bs, HKV, D, generator=g), torch.randn(bs, HKV, D, generator=g)
     sink = torch.randn(HQ, generator=g) if sinks else None
     out = torch.empty(bs, HQ, D)
-    decode_attention_cpu(q, k_buf, v_buf, 1.0, 1.0, out, key, value, loc, None, r2t, rpi, seq, 0.3, logit_cap,
+    attn_logits = torch.zeros(bs, HQ, 4, D + 1)  # SGLang's [bs, Hq, kv splits, Dv + 1] float32 scratch
+    decode_attention_cpu(q, k_buf, v_buf, 1.0, 1.0, out, key, value, loc, attn_logits, r2t, rpi, seq, 0.3, logit_cap,
                          False, window, None, sink)
     assert torch.equal(k_buf[loc], key) and torch.equal(v_buf[loc], value)  # the new K/V were stored first
     for b in range(bs):
@@ -81,8 +82,8 @@ def test_extend_attention(mode, shape):
         seq_lens = [max(s, 4) for s in seq_lens]
     bs = len(seq_lens)
     rpi = torch.tensor([1, 4, 2][:bs])
-    seq, ext = torch.tensor(seq_lens), torch.tensor(ext_lens)
-    start = torch.cumsum(ext, 0) - ext
+    seq, ext = torch.tensor(seq_lens), torch.tensor(ext_lens, dtype=torch.int32)  # SGLang's dtypes
+    start = (torch.cumsum(ext, 0) - ext).int()
     T = int(ext.sum())
     q = torch.randn(T, HQ, D, generator=g)
     k_ext, v_ext = torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
@@ -116,11 +117,11 @@ def test_extend_attention(mode, shape):
 def test_extend_reads_the_cache_when_k_extend_is_none():
     g = torch.Generator().manual_seed(11)
     k_buf, v_buf, r2t = pool(g)
-    rpi, seq, ext = torch.tensor([2]), torch.tensor([7]), torch.tensor([3])
+    rpi, seq, ext = torch.tensor([2]), torch.tensor([7]), torch.tensor([3], dtype=torch.int32)
     q = torch.randn(3, HQ, D, generator=g)
     a, b = torch.empty(3, HQ, D), torch.empty(3, HQ, D)
     slots = r2t[2, 4:7].long()
-    args = (k_buf, v_buf, 1.0, 1.0, r2t, rpi, seq, ext, torch.tensor([0]), 3, 0.2, 0.0, False, 0, None, None, None, True)
+    args = (k_buf, v_buf, 1.0, 1.0, r2t, rpi, seq, ext, torch.tensor([0], dtype=torch.int32), 3, 0.2, 0.0, False, 0, None, None, None, True)
     extend_attention_cpu(q, None, None, a, *args)
     extend_attention_cpu(q, k_buf[slots], v_buf[slots], b, *args)
     assert torch.equal(a, b)

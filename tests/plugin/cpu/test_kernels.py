@@ -71,7 +71,7 @@ def test_bitpacked_mask_is_the_packed_qlen_mask():
 def test_bad_mask_mode_names_the_range():
     parent_list, sel = _tree_case(bs=1)
     r = torch.full((3, 1, 7), -1)
-    with pytest.raises(ValueError, match="tree_mask_mode must be 0"):
+    with pytest.raises(RuntimeError, match="tree_mask_mode must be 0"):
         K.build_tree_kernel_efficient_cpu(parent_list, sel, torch.tensor([3]), torch.ones(49, dtype=torch.bool),
                                           torch.zeros(7, dtype=torch.long), r[0], r[1], r[2], 3, 3, 7, 5)
 
@@ -98,7 +98,7 @@ def test_copy_all_layer_kv_cache_moves_every_buffer(dtype):
     g = torch.Generator().manual_seed(3)
     bufs = [torch.randn(20, 3, 4, generator=g).to(dtype) for _ in range(4)] + [torch.randn(20, 6, generator=g).to(dtype)]
     before = [b.clone() for b in bufs]
-    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64)  # as SGLang's memory pool builds them
     strides = torch.tensor([b.stride(0) * b.element_size() for b in bufs], dtype=torch.int64)
     tgt, src = torch.tensor([2, 7, 19, 5]), torch.tensor([7, 2, 0, 5])  # a swap, an overlap, a self copy
     K.copy_all_layer_kv_cache_cpu(ptrs, strides, tgt, src)

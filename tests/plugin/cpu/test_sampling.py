@@ -25,8 +25,8 @@ def test_parents_from_links_inverts_sglang_retrive(rng, seed):
 def run_op(tree: DraftTree, probs, coins, final):
     bs, n = tree.tokens.shape
     r = sglang_retrive(tree)
-    predicts = torch.full((bs * n,), -5, dtype=torch.long)
-    accept_index = torch.full((bs, tree.depth_bound + 1), -1, dtype=torch.long)
+    predicts = torch.full((bs * n,), -5, dtype=torch.int32)  # SGLang's dtypes (eagle_utils.eagle_sample)
+    accept_index = torch.full((bs, tree.depth_bound + 1), -1, dtype=torch.int32)
     num = torch.zeros(bs, dtype=torch.int32)
     ridx = torch.arange(bs)[:, None] * n + torch.arange(n)
     tree_speculative_sampling_target_only(predicts, accept_index, num, tree.tokens.clamp(min=0), ridx,
@@ -40,7 +40,7 @@ def test_one_hot_probs_give_the_greedy_kernel(rng):
     bs, n = tree.tokens.shape
     logits = torch.randn(bs, n, 4)
     probs = target_probs(logits, 0.0)
-    greedy = [torch.full((bs * n,), -5, dtype=torch.long), torch.full((bs, tree.depth_bound + 1), -1, dtype=torch.long),
+    greedy = [torch.full((bs * n,), -5, dtype=torch.int32), torch.full((bs, tree.depth_bound + 1), -1, dtype=torch.int32),
               torch.zeros(bs, dtype=torch.int32)]
     r = sglang_retrive(tree)
     verify_tree_greedy_cpu(*greedy, tree.tokens.clamp(min=0), torch.arange(bs)[:, None] * n + torch.arange(n),

@@ -97,9 +97,10 @@ def check_verify_greedy(rng):
         target = torch.randint(0, V, (bs, N))
         outs = []
         for fn in ("triton", "ours"):
-            predicts = torch.full((bs * N,), -7, dtype=torch.long)
-            accept_index = torch.full((bs, steps + 1), -1, dtype=torch.long)
-            num = torch.full((bs,), -3, dtype=torch.long)
+            # SGLang's dtypes (eagle_utils.eagle_sample): int32 outputs, int64 tree tensors
+            predicts = torch.full((bs * N,), -7, dtype=torch.int32)
+            accept_index = torch.full((bs, steps + 1), -1, dtype=torch.int32)
+            num = torch.full((bs,), -3, dtype=torch.int32)
             if fn == "triton":
                 spec_tree.verify_tree_greedy_triton(predicts, accept_index, num, cand, rbuf[0], rbuf[1], rbuf[2],
                                                     target)
@@ -125,8 +126,9 @@ def check_cache_locs(rng):
         bs, rows, L = rng.randint(1, 5), 6, 64
         rpi, start, end = segments(rng, bs, rows, L)
         total = int((end - start).sum())
-        loc = torch.randint(0, 1000, (total,))
-        base = torch.randint(0, 1000, (rows, L))
+        loc = torch.randint(0, 1000, (total,))  # SGLang's dtypes: int64 slots, an int32 req_to_token,
+        base = torch.randint(0, 1000, (rows, L), dtype=torch.int32)  # int32 offsets (cur / nxt kv lens)
+        start, end = start.int(), end.int()
         a, b = base.clone(), base.clone()
         allocation.assign_req_to_token_pool[(bs,)](rpi, a, start, end, loc, L, next_power_of_2(bs))
         ours.assign_req_to_token_pool_cpu(rpi, b, start, end, loc, L)
@@ -151,18 +153,17 @@ def check_eagle_fills(rng):
     bad = {"fill_bonus_tokens_cpu": [], "fill_accept_out_cache_loc_cpu": []}
     for case in range(5):
         bs, width = rng.randint(1, 5), rng.randint(2, 5)
-        tokens = torch.randint(0, 100, (bs, width))
-        lens = torch.randint(1, width + 1, (bs,))
-        b1, b2 = torch.full((bs,), -1), torch.full((bs,), -1)
+        tokens = torch.randint(0, 100, (bs, width), dtype=torch.int32)  # SGLang's int32 predict / lens
+        lens = torch.randint(1, width + 1, (bs,), dtype=torch.int32)
+        b1, b2 = torch.full((bs,), -1, dtype=torch.int32), torch.full((bs,), -1, dtype=torch.int32)
         eagle.fill_bonus_tokens[(bs,)](tokens, lens, b1, width)
         ours.fill_bonus_tokens_cpu(tokens, lens, b2, width)
         if not torch.equal(b1, b2):
             bad["fill_bonus_tokens_cpu"].append(case)
         idx = torch.arange(bs * width).view(bs, width)
-        idx = torch.where(torch.arange(width)[None, :] < lens[:, None], idx, -1)
+        idx = torch.where(torch.arange(width)[None, :] < lens[:, None], idx, -1).int()  # SGLang's int32 accept_index
         loc = torch.randint(0, 1000, (bs * width,))
-        n = int((idx >= 0).sum())
-        o1, o2 = torch.full((n,), -1), torch.full((n,), -1)
+        o1, o2 = torch.full((bs * width,), -1), torch.full((bs * width,), -1)  # SGLang's size: bs * steps
         eagle.fill_accept_out_cache_loc[(bs * width,)](idx, loc, o1, next_power_of_2(bs * width))
         ours.fill_accept_out_cache_loc_cpu(idx, loc, o2)
         if not torch.equal(o1, o2):

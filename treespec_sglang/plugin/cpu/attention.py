@@ -4,8 +4,16 @@
   then attends over ``req_to_token[req_pool_indices[b], :seq_lens[b]]`` (the new token included).
 * ``extend_attention_cpu``: ``extend_seq_lens[b]`` query tokens per request; the prefix
   (``seq_lens - extend_seq_lens`` tokens) comes from the KV buffers through ``req_to_token``, the
-  extend part from ``k_extend`` / ``v_extend``; the extend part is causal, or follows the per-request
-  ``[ext, ext]`` ``tree_mask`` (SGLang's QLEN_ONLY layout, requests concatenated) when one is given.
+  extend part from ``k_extend`` / ``v_extend``; the extend part is causal, or follows the ``[bs, L, L]``
+  ``tree_mask`` (SGLang's QLEN_ONLY layout) when one is given, which the compiled kernel takes only
+  when every request extends by ``L = max_len_extend`` tokens.
+
+Entry checks are the compiled ops' (``sgl-kernel/csrc/cpu/decode.cpp`` / ``extend.cpp``): last-dimension
+contiguous queries, keys and values, a contiguous ``o_extend``, int64 ``seq_lens`` / ``req_pool_indices``,
+int32 or int64 ``req_to_token`` with extend lengths and starts of the same dtype, head sizes a multiple of
+32, a contiguous bool tree mask of ``bs * L^2`` entries and uniform extend lengths with it. One rule is
+left out: the compiled ops take bf16 / fp16 queries only, and the CPU test bed runs float32 so that its
+greedy output can be compared with plain decoding token for token.
 
 Both pad the batch to its longest row and run one ``scaled_dot_product_attention`` (grouped-query
 heads broadcast, no per-token Python loops). ``logit_cap`` (tanh capping), sliding windows and
@@ -18,6 +26,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from .matcher import Device, Matcher, check
 
 __all__ = ["decode_attention_cpu", "extend_attention_cpu", "attend"]
 
@@ -52,6 +62,67 @@ def _check(is_cross_attn: bool) -> None:
         raise NotImplementedError("treespec CPU attention stand-ins do not implement cross-attention")
 
 
+def _last_dim(op: str, **tensors) -> None:
+    """``CHECK_LAST_DIM_CONTIGUOUS_INPUT`` + ``CHECK_DIM(3, x)``."""
+    for name, t in tensors.items():
+        check(op, t.device.type == "cpu", f"{name} must be a CPU tensor")
+        check(op, t.dim() == 3, f"{name} must be a 3D tensor, got {t.dim()}D")
+        check(op, t.stride(-1) == 1, f"{name} must be contiguous at last dimension")
+
+
+def _indices(op: str, req_to_token, req_pool_indices, seq_lens, bs: int) -> None:
+    check(op, req_to_token.dtype in (torch.int32, torch.int64),
+          f"expect req_to_token to be int32 or int64, got {req_to_token.dtype}")
+    check(op, seq_lens.dtype == torch.int64, f"expect req_lens to be int64, got {seq_lens.dtype}")
+    check(op, req_pool_indices.dtype == torch.int64, f"expect req_pool_indices to be int64, got {req_pool_indices.dtype}")
+    check(op, req_pool_indices.shape[0] == bs, f"req_pool_indices has {req_pool_indices.shape[0]} rows, expected {bs}")
+
+
+def _check_decode(query, k_cache, v_cache, output, key, value, loc, attn_logits, req_to_token, req_pool_indices,
+                  seq_lens) -> None:
+    op = "decode_attention_cpu"
+    _last_dim(op, query=query, k_buffer=k_cache, v_buffer=v_cache)
+    bs, hq = query.shape[0], query.shape[1]
+    if key is not None or value is not None:
+        check(op, key is not None and value is not None, "key and value should have values at the same time")
+        _last_dim(op, key=key, value=value)
+        check(op, loc is not None and loc.dim() == 1 and loc.numel() == bs, f"loc must be a 1D tensor of {bs} slots")
+    check(op, attn_logits.dim() == 4 and attn_logits.shape[0] == bs and attn_logits.shape[1] == hq
+          and attn_logits.shape[3] == v_cache.shape[-1] + 1,
+          f"attn_logits must be [{bs}, {hq}, splits, {v_cache.shape[-1] + 1}], got {tuple(attn_logits.shape)}")
+    check(op, attn_logits.dtype == torch.float32, f"attn_logits must be float32, got {attn_logits.dtype}")
+    _indices(op, req_to_token, req_pool_indices, seq_lens, bs)
+
+
+def _check_extend(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, req_to_token, req_pool_indices,
+                  seq_lens, extend_seq_lens, extend_start_loc, max_len_extend, sliding_window_size,
+                  tree_mask) -> None:
+    op = "extend_attention_cpu"
+    _last_dim(op, q_extend=q_extend, k_buffer=k_buffer, v_buffer=v_buffer)
+    Matcher(op, [-1, -1, -1]).device(Device("cpu")).verify(o_extend, "o_extend")  # CHECK_INPUT: fully contiguous
+    if k_extend is not None:
+        _last_dim(op, k_extend=k_extend, v_extend=v_extend)
+        check(op, v_extend.shape[1] == k_buffer.shape[1], "v_extend and k_buffer must have the same KV heads")
+    bs = seq_lens.shape[0]
+    _indices(op, req_to_token, req_pool_indices, seq_lens, bs)
+    check(op, extend_seq_lens.shape[0] == bs and extend_start_loc.shape[0] == bs,
+          f"extend_seq_lens and extend_start_loc must have {bs} rows")
+    check(op, extend_seq_lens.dtype == req_to_token.dtype and extend_start_loc.dtype == req_to_token.dtype,
+          "expect extend_seq_lens and extend_start_loc to have same dtype as req_to_token.")
+    for name, size in (("head_size", q_extend.shape[-1]), ("head_size_v", v_buffer.shape[-1])):
+        check(op, size % 32 == 0, f"invalid {name} {size}")
+    if tree_mask is not None:
+        Matcher(op, [-1]).dtype(torch.bool).device(Device("cpu")).verify(tree_mask, "tree_mask")
+        check(op, max_len_extend is not None, "max_len_extend must be given with a tree_mask")
+        check(op, tree_mask.numel() == bs * max_len_extend * max_len_extend,
+              f"expect tree_mask numel to be num_seqs * max_len_extend^2 = {bs * max_len_extend ** 2}, "
+              f"got {tree_mask.numel()}")
+        check(op, sliding_window_size <= 0, "tree_mask is not supported with sliding window attention")
+        uniform = bool((extend_seq_lens == max_len_extend).all())
+        check(op, uniform, f"tree_mask requires uniform extend_seq_lens, got {extend_seq_lens.tolist()} vs "
+                           f"{max_len_extend}")
+
+
 def _window(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
     """``[..., Lq, Lk]`` bool: key within the sliding window (``window <= 0``: no window)."""
     if window <= 0:
@@ -64,6 +135,8 @@ def decode_attention_cpu(query, k_cache, v_cache, k_scale: float, v_scale: float
                          is_cross_attn: bool, sliding_window_size: int, encoder_lens, sinks) -> None:
     """Decode attention; query ``[bs, Hq, D]``, caches ``[slots, Hkv, D]``, output ``[bs, Hq, Dv]`` (mutated)."""
     _check(is_cross_attn)
+    _check_decode(query, k_cache, v_cache, output, key, value, loc, attn_logits, req_to_token, req_pool_indices,
+                  seq_lens)
     bs, hq, d = query.shape
     if key is not None and value is not None:
         k_cache[loc.long()] = key.reshape(bs, -1, d).to(k_cache.dtype)
@@ -89,8 +162,8 @@ def _extend_mask(pre: torch.Tensor, ext: torch.Tensor, Lp: int, Le: int, tree_ma
                  window: int) -> torch.Tensor:
     """``[bs, Le, Lp + Le]`` visibility of the padded prefix + extend keys for the padded queries.
 
-    Tree mask layout (QLEN_ONLY): request b's ``[ext_b, ext_b]`` block starts at ``sum_{c<b} ext_c^2``.
-    Example: ext [2, 3] -> blocks at 0 and 4; row i column j of request 1 at 4 + 3 i + j.
+    Tree mask layout (QLEN_ONLY, the compiled kernel's): ``[bs, Le, Le]`` row-major, every request extending
+    by ``Le`` tokens (checked at entry). Example: Le 3 -> row i column j of request 1 at 9 + 3 i + j.
     """
     dev = pre.device
     ap, ae = torch.arange(Lp, device=dev), torch.arange(Le, device=dev)
@@ -98,9 +171,7 @@ def _extend_mask(pre: torch.Tensor, ext: torch.Tensor, Lp: int, Le: int, tree_ma
     pmask = (ap[None, :] < pre[:, None])[:, None, :].expand(-1, Le, -1)  # [bs, Le, Lp]
     kvalid = qvalid[:, None, :] & qvalid[:, :, None]  # [bs, Le, Le]
     if tree_mask is not None:
-        off = torch.cumsum(ext * ext, 0) - ext * ext  # [bs]
-        flat = off[:, None, None] + ae[None, :, None] * ext[:, None, None] + ae[None, None, :]
-        emask = kvalid & tree_mask.reshape(-1)[flat.clamp(max=tree_mask.numel() - 1)].bool()
+        emask = kvalid & tree_mask.reshape(len(ext), Le, Le)
     elif is_causal:
         emask = kvalid & (ae[None, :, None] >= ae[None, None, :])
     else:
@@ -119,6 +190,8 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
                          sliding_window_size: int, encoder_lens, sinks, tree_mask, is_causal: bool) -> None:
     """Extend (prefill / verify / draft-extend) attention; q_extend ``[T, Hq, D]``, o_extend ``[T, Hq, Dv]`` (mutated)."""
     _check(is_cross_attn)
+    _check_extend(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, req_to_token, req_pool_indices,
+                  seq_lens, extend_seq_lens, extend_start_loc, max_len_extend, sliding_window_size, tree_mask)
     dev = q_extend.device
     ext, start, seq = extend_seq_lens.long(), extend_start_loc.long(), seq_lens.long()
     pre = seq - ext

@@ -6,6 +6,12 @@ SGLang's own Triton reference kernels in the same call-site modules (``kernels/o
 spec_tree.py`` ``sgl_build_tree_kernel_efficient_triton`` / ``verify_tree_greedy_kernel_triton``,
 ``cache_locs.py``, ``eagle.py``); the tests run those references under ``TRITON_INTERPRET=1``.
 
+Each op first checks its arguments as the compiled op does (``sgl-kernel/csrc/cpu/spec.cpp``,
+``kvcache.cpp``: ``CHECK_INPUT`` = a contiguous CPU tensor, dtypes, sizes) and, for the two tree ops, as
+SGLang's JIT CUDA kernels do too (``kernels/jit/csrc/speculative/tree.cuh``: int64 tree tensors, int32
+verify outputs, ``TensorMatcher`` strides): a stand-in looser than a real kernel hides the defects users
+hit first. :mod:`.matcher` raises ``RuntimeError`` naming the op, the argument and the rule.
+
 On the CPU device memory is host memory, so the ``.tolist()`` / boolean indexing here costs no
 device sync; every op is vectorised over the batch (loops only over tree depth / sibling rank).
 No sglang import.
@@ -16,6 +22,8 @@ from __future__ import annotations
 import ctypes
 
 import torch
+
+from .matcher import Device, Matcher, Size, check
 
 __all__ = ["assign_req_to_token_pool_cpu", "assign_extend_cache_locs_cpu", "assign_draft_cache_locs_contiguous_cpu",
            "fill_bonus_tokens_cpu", "fill_accept_out_cache_loc_cpu", "copy_all_layer_kv_cache_cpu",
@@ -35,6 +43,42 @@ def _segments(start: torch.Tensor, end: torch.Tensor):
     return rows, cols
 
 
+_INDEX = (torch.int32, torch.int64)  # AT_DISPATCH_INDEX_TYPES
+
+
+def _inputs(op: str, **tensors) -> None:
+    """``CHECK_INPUT`` on each: a contiguous tensor on the CPU."""
+    for name, t in tensors.items():
+        Matcher(op, [-1] * t.dim()).device(Device("cpu")).verify(t, name)
+
+
+def _req_to_token(op: str, req_to_token, pool_len: int) -> None:
+    """``CHECK_DIM(2, req_to_token)``, int32, ``pool_len`` columns."""
+    Matcher(op, [-1, pool_len]).dtype(torch.int32).device(Device("cpu")).verify(req_to_token, "req_to_token")
+
+
+def _rows(op: str, bs: int, dtypes=_INDEX, **tensors) -> None:
+    """Each a ``[bs]``-element tensor of one of ``dtypes``."""
+    for name, t in tensors.items():
+        check(op, t.numel() == bs, f"{name} has {t.numel()} elements, expected {bs}")
+        check(op, t.dtype in dtypes, f"{name} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+
+
+def _segments_checked(op: str, req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
+                      pool_len: int, need: str) -> None:
+    """The checks shared by the two segment ops (``assign_req_to_token_pool_cpu``, ``assign_extend_cache_locs_cpu``)."""
+    _inputs(op, req_pool_indices=req_pool_indices, req_to_token=req_to_token, start_offset=start_offset,
+            end_offset=end_offset, out_cache_loc=out_cache_loc)
+    _req_to_token(op, req_to_token, pool_len)
+    check(op, out_cache_loc.dtype == torch.int64, f"out_cache_loc must be int64, got {out_cache_loc.dtype}")
+    check(op, end_offset.dtype == start_offset.dtype, "start_offset and end_offset must have the same dtype")
+    bs = req_pool_indices.numel()
+    _rows(op, bs, req_pool_indices=req_pool_indices, start_offset=start_offset, end_offset=end_offset)
+    total = int((end_offset.long() - start_offset.long()).clamp(min=0).sum())
+    check(op, total <= out_cache_loc.numel(),
+          f"out_cache_loc has {out_cache_loc.numel()} entries but offsets require {total} ({need})")
+
+
 def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
                                  pool_len: int) -> None:
     """``req_to_token[req_pool_indices[b], start_b:end_b] = out_cache_loc[packed segment b]``.
@@ -42,6 +86,8 @@ def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, e
     req_pool_indices, start_offset, end_offset ``[bs]``; req_to_token ``[rows, pool_len]`` (mutated);
     out_cache_loc ``[sum(end - start)]`` slots packed request after request.
     """
+    _segments_checked("assign_req_to_token_pool_cpu", req_pool_indices, req_to_token, start_offset, end_offset,
+                      out_cache_loc, pool_len, "the slots to store")
     rows, cols = _segments(start_offset, end_offset)
     req_to_token[req_pool_indices.long()[rows], cols] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
 
@@ -49,6 +95,8 @@ def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, e
 def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
                                  pool_len: int) -> None:
     """The gather twin: ``out_cache_loc[packed segment b] = req_to_token[req_pool_indices[b], start_b:end_b]``."""
+    _segments_checked("assign_extend_cache_locs_cpu", req_pool_indices, req_to_token, start_offset, end_offset,
+                      out_cache_loc, pool_len, "the slots to gather")
     rows, cols = _segments(start_offset, end_offset)
     out_cache_loc[: rows.numel()] = req_to_token[req_pool_indices.long()[rows], cols].to(out_cache_loc.dtype)
 
@@ -59,6 +107,15 @@ def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_l
 
     The slots are laid out ``[bs, topk, num_steps]`` (branch k's step s at ``k * num_steps + s``).
     """
+    op = "assign_draft_cache_locs_contiguous_cpu"
+    _inputs(op, req_pool_indices=req_pool_indices, req_to_token=req_to_token, seq_lens=seq_lens,
+            out_cache_loc=out_cache_loc)
+    _req_to_token(op, req_to_token, pool_len)
+    bs = req_pool_indices.numel()
+    _rows(op, bs, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+    check(op, out_cache_loc.dtype == torch.int64, f"out_cache_loc must be int64, got {out_cache_loc.dtype}")
+    check(op, out_cache_loc.numel() == bs * topk * num_steps,
+          f"out_cache_loc has {out_cache_loc.numel()} entries, expected bs * topk * num_steps = {bs * topk * num_steps}")
     width = topk * num_steps
     cols = seq_lens.long()[:, None] + torch.arange(width, device=seq_lens.device)  # [bs, width]
     vals = req_to_token[req_pool_indices.long()[:, None], cols]
@@ -67,7 +124,13 @@ def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_l
 
 def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_stride: int) -> None:
     """``bonus_tokens[b] = accept_tokens.flat[accept_stride * b + accept_lens[b] - 1]`` (the last accepted)."""
-    bs = bonus_tokens.numel()
+    op = "fill_bonus_tokens_cpu"
+    _inputs(op, accept_tokens=accept_tokens, accept_lens=accept_lens, bonus_tokens=bonus_tokens)
+    bs = accept_lens.shape[0]
+    _rows(op, bs, (torch.int32,), accept_lens=accept_lens, bonus_tokens=bonus_tokens)
+    check(op, accept_tokens.dtype == torch.int32, f"accept_tokens must be int32, got {accept_tokens.dtype}")
+    check(op, accept_tokens.numel() == bs * accept_stride,
+          f"accept_tokens has {accept_tokens.numel()} elements, expected bs * accept_stride = {bs * accept_stride}")
     idx = torch.arange(bs, device=accept_lens.device) * accept_stride + accept_lens.long()[:bs] - 1
     bonus_tokens.copy_(accept_tokens.reshape(-1)[idx].to(bonus_tokens.dtype))
 
@@ -77,8 +140,17 @@ def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_
 
     Example: accept_index [[0, 2, -1], [3, -1, -1]] -> out_cache_loc[[0, 2, 3]].
     """
+    op = "fill_accept_out_cache_loc_cpu"
+    _inputs(op, accept_index=accept_index, out_cache_loc=out_cache_loc, accept_out_cache_loc=accept_out_cache_loc)
+    check(op, accept_index.dtype in _INDEX, f"accept_index must be int32 or int64, got {accept_index.dtype}")
+    for name, t in (("out_cache_loc", out_cache_loc), ("accept_out_cache_loc", accept_out_cache_loc)):
+        check(op, t.dtype == torch.int64, f"{name} must be int64, got {t.dtype}")
+    check(op, accept_out_cache_loc.numel() >= accept_index.numel(),
+          f"accept_out_cache_loc has {accept_out_cache_loc.numel()} entries, fewer than accept_index's "
+          f"{accept_index.numel()}")
     flat = accept_index.reshape(-1).long()
     keep = flat >= 0
+    check(op, not bool((flat[keep] >= out_cache_loc.numel()).any()), "accept_index out of range")
     vals = out_cache_loc[flat[keep]]
     accept_out_cache_loc[: vals.numel()] = vals.to(accept_out_cache_loc.dtype)
 
@@ -89,8 +161,16 @@ def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc) -> None:
     SGLang hands over raw addresses (the Triton kernel does pointer arithmetic); we view each buffer's
     first ``max(loc) + 1`` slots as bytes. Sources are read before any target is written.
     """
-    if tgt_loc.numel() == 0:
+    op = "copy_all_layer_kv_cache_cpu"
+    _inputs(op, data_ptrs=data_ptrs, strides=strides, tgt_loc=tgt_loc, src_loc=src_loc)
+    check(op, data_ptrs.dtype == torch.uint64, f"data_ptrs must be uint64, got {data_ptrs.dtype}")
+    check(op, strides.dtype == torch.int64, f"strides must be int64, got {strides.dtype}")
+    check(op, tgt_loc.dtype == src_loc.dtype and tgt_loc.dtype in _INDEX,
+          f"tgt_loc and src_loc must share an int32 / int64 dtype, got {tgt_loc.dtype}, {src_loc.dtype}")
+    if tgt_loc.numel() == 0 or data_ptrs.numel() == 0:
         return
+    check(op, strides.numel() == data_ptrs.numel(), "strides must have one entry per buffer")
+    check(op, src_loc.numel() == tgt_loc.numel(), "src_loc and tgt_loc must have the same length")
     tgt, src = tgt_loc.long(), src_loc.long()
     n_slots = int(torch.maximum(tgt.max(), src.max())) + 1
     for ptr, stride in zip(data_ptrs.tolist(), strides.tolist()):
@@ -135,6 +215,61 @@ def _links(parent: torch.Tensor, found: torch.Tensor):
     return torch.where(first < n, first, -1), torch.where(nxt < n, nxt, -1)
 
 
+def _check_build_tree(parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
+                      retrive_next_token, retrive_next_sibling, topk, depth, n, mode) -> None:
+    """The entry checks of SGLang's tree kernel (``kernels/jit/csrc/speculative/tree.cuh``
+    ``build_tree_kernel_efficient``), on the CPU device: int64 everywhere, ``selected_index`` ``[bs, N-1]``
+    and ``parent_list`` ``[bs, 1 + (depth-1) topk]`` row-contiguous, the links ``[bs, N]`` and ``positions``
+    ``[bs * N]`` contiguous, the mask large enough for its mode."""
+    op = "build_tree_kernel_efficient_cpu"
+    check(op, topk > 0 and depth > 0, f"topk and depth must be > 0, got {topk}, {depth}")
+    check(op, 0 < n <= 1024, f"draft_token_num must be in [1, 1024], got {n}")
+    check(op, 0 <= mode <= 2, f"tree_mask_mode must be 0 (FULL_MASK), 1 (QLEN_ONLY) or 2 (QLEN_ONLY_BITPACKING), "
+                              f"got {mode}")
+    bs, width, dev = Size("batch_size"), Size("parent_width"), Device("cpu")
+    width_stride = -1 if parent_list.dim() == 2 and parent_list.shape[1] == 0 else \
+        (parent_list.shape[1] if parent_list.dim() == 2 else -1)
+    Matcher(op, [bs, width]).strides([width_stride, 1]).dtype(torch.int64).device(dev).verify(parent_list, "parent_list")
+    check(op, depth == 1 or width.unwrap() == topk * (depth - 1) + 1,
+          f"parent_list has {width.unwrap()} columns, expected topk * (depth - 1) + 1 = {topk * (depth - 1) + 1}")
+    Matcher(op, [bs, n - 1]).strides([-1 if n == 1 else n - 1, 1]).dtype(torch.int64).device(dev) \
+        .verify(selected_index, "selected_index")
+    Matcher(op, [bs]).dtype(torch.int64).device(dev).verify(verified_seq_len, "verified_seq_len")
+    Matcher(op, [bs, n]).dtype(torch.int64).device(dev).verify(retrive_index, "retrive_index") \
+        .verify(retrive_next_token, "retrive_next_token").verify(retrive_next_sibling, "retrive_next_sibling")
+    Matcher(op, [bs.unwrap() * n]).dtype(torch.int64).device(dev).verify(positions, "positions")
+    Matcher(op, [-1]).device(dev).verify(tree_mask, "tree_mask")
+    item = tree_mask.element_size()
+    if mode == 2:  # the GPU kernel's bit-packed mode (the compiled CPU op refuses it; SGLang's CPU path never asks)
+        check(op, n <= 32, f"QLEN_ONLY_BITPACKING needs draft_token_num <= 32, got {n}")
+        need = bs.unwrap() * n * (4 if n > 16 else 2 if n > 8 else 1)
+        check(op, tree_mask.numel() * item >= need, f"tree_mask holds {tree_mask.numel() * item} bytes, needs >= {need}")
+        return
+    # the compiled CPU op: a bool mask of exactly its mode's size (QLEN_ONLY [bs, N, N], FULL_MASK per request
+    # [N, seq_len + N])
+    check(op, tree_mask.dtype == torch.bool, f"tree_mask must be bool, got {tree_mask.dtype}")
+    need = bs.unwrap() * n * n if mode == 1 else (int(verified_seq_len.sum()) + bs.unwrap() * n) * n
+    check(op, tree_mask.numel() == need, f"tree_mask has {tree_mask.numel()} entries, expected {need} for mode {mode}")
+
+
+def _check_verify_greedy(op, predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                         retrive_next_sibling, **per_node) -> Size:
+    """The entry checks of SGLang's greedy / sampling tree verify (``tree.cuh`` ``verify_tree_greedy``,
+    ``sampling.cuh``): ``[bs, N]`` int64 tree tensors (``per_node``: more of them), int32 outputs, all
+    contiguous on one device. Returns the batch size symbol."""
+    bs, n, steps, dev = Size("batch_size"), Size("draft_tokens"), Size("spec_tokens"), Device("cpu")
+    m = Matcher(op, [bs, n]).dtype(torch.int64).device(dev).verify(candidates, "candidates") \
+        .verify(retrive_index, "retrive_index").verify(retrive_next_token, "retrive_next_token") \
+        .verify(retrive_next_sibling, "retrive_next_sibling")
+    for name, t in per_node.items():
+        m.verify(t, name)
+    Matcher(op, [bs, steps]).dtype(torch.int32).device(dev).verify(accept_index, "accept_index")
+    Matcher(op, [bs]).dtype(torch.int32).device(dev).verify(accept_token_num, "accept_token_num")
+    Matcher(op, [bs.unwrap() * n.unwrap()]).dtype(torch.int32).device(dev).verify(predicts, "predicts")
+    check(op, n.unwrap() > 0 and steps.unwrap() > 0, "draft_tokens and spec_tokens must be > 0")
+    return bs
+
+
 def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_len, tree_mask, positions,
                                     retrive_index, retrive_next_token, retrive_next_sibling, topk: int, depth: int,
                                     draft_token_num: int, tree_mask_mode: int) -> None:
@@ -147,6 +282,8 @@ def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_le
     Every row sees the root; a node whose parent was not selected hangs off the root for the mask
     and positions but is not linked into the traversal (as the kernel does).
     """
+    _check_build_tree(parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
+                      retrive_next_token, retrive_next_sibling, topk, depth, draft_token_num, tree_mask_mode)
     bs, n = selected_index.shape[0], draft_token_num
     dev = selected_index.device
     parent, found = tree_parents(parent_list, selected_index, topk)
@@ -178,12 +315,9 @@ def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_le
         tree_mask[idx.reshape(-1)] = anc.reshape(-1)
     elif tree_mask_mode == 1:
         tree_mask[: bs * n * n] = anc.reshape(-1)
-    elif tree_mask_mode == 2:
+    else:  # 2, QLEN_ONLY_BITPACKING (the mode was checked at entry)
         bits = (anc.long() << ar).sum(-1)  # [bs, N]
         tree_mask[: bs * n] = bits.reshape(-1).to(tree_mask.dtype)
-    else:
-        raise ValueError(f"tree_mask_mode must be 0 (FULL_MASK), 1 (QLEN_ONLY) or 2 (QLEN_ONLY_BITPACKING), "
-                         f"got {tree_mask_mode}")
 
 
 def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
@@ -196,6 +330,8 @@ def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates,
     From the current node, the accepted child is the first in sibling order whose token equals the
     target's argmax there.
     """
+    _check_verify_greedy("verify_tree_greedy_cpu", predicts, accept_index, accept_token_num, candidates, retrive_index,
+                         retrive_next_token, retrive_next_sibling, target_predict=target_predict)
     bs, n = candidates.shape
     steps = accept_index.shape[1]
     dev = candidates.device
@@ -238,7 +374,11 @@ def build_draft_decode_metadata_cpu(req_to_token, req_pool_indices, seq_lens, to
     by branch k's draft slots (``seq_len_b + k * num_steps + s``, s < num_steps); the rest is 0.
     Example: seq_len 3, topk 2, num_steps 2, row slots [a b c | d e | f g]: branch 1 -> [a b c f g].
     """
-    bs = seq_lens.shape[0]
+    op = "build_draft_decode_metadata_cpu"
+    _inputs(op, req_to_token=req_to_token, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+    _req_to_token(op, req_to_token, pool_len)
+    bs = req_pool_indices.shape[0]
+    _rows(op, bs, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
     dev = seq_lens.device
     seq = seq_lens.long()
     src_rows = req_to_token[req_pool_indices.long()]  # [bs, pool_len]

@@ -16,6 +16,8 @@ import torch
 from ...tree import DraftTree
 from ...verify import walk_tree
 from ...verify.sampling import top_p_renorm
+from .kernels import _check_verify_greedy
+from .matcher import Device, Matcher, Size, check
 
 __all__ = ["tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob",
            "parents_from_links"]
@@ -38,6 +40,27 @@ def parents_from_links(next_token: torch.Tensor, next_sibling: torch.Tensor) -> 
     return parent[:, :n]
 
 
+def _check_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                    retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                    draft_probs, threshold_single, threshold_acc) -> None:
+    """The entry checks of SGLang's sampling verify (``kernels/jit/csrc/speculative/sampling.cuh``), on the
+    CPU: the greedy op's tree tensors and outputs, float32 coins ``[bs, N]`` / ``[bs]``, float32 contiguous
+    ``[bs, N, vocab]`` target and draft probabilities, thresholds in [0, 1]."""
+    op = "tree_speculative_sampling_target_only"
+    bs = _check_verify_greedy(op, predicts, accept_index, accept_token_num, candidates, retrive_index,
+                              retrive_next_token, retrive_next_sibling)
+    n, vocab, dev = Size("draft_tokens"), Size("vocab_size"), Device("cpu")
+    n.value = candidates.shape[1]
+    Matcher(op, [bs, n]).dtype(torch.float32).device(dev).verify(uniform_samples, "uniform_samples")
+    Matcher(op, [bs]).dtype(torch.float32).device(dev).verify(uniform_samples_for_final_sampling,
+                                                              "uniform_samples_for_final_sampling")
+    Matcher(op, [bs, n, vocab]).dtype(torch.float32).device(dev).verify(target_probs, "target_probs") \
+        .verify(draft_probs, "draft_probs")
+    check(op, vocab.unwrap() > 0, "vocab_size must be > 0")
+    for name, t in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+        check(op, 0 <= t <= 1, f"{name} must be in [0, 1], got {t}")
+
+
 def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                           retrive_next_token, retrive_next_sibling, uniform_samples,
                                           uniform_samples_for_final_sampling, target_probs, draft_probs,
@@ -52,6 +75,9 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
     Writes predicts ``[bs*N]`` (the next accepted token at each accepted node, the bonus at the
     last), accept_index ``[bs, S+1]`` and accept_token_num ``[bs]``.
     """
+    _check_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                    retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                    draft_probs, threshold_single, threshold_acc)
     bs, n = candidates.shape
     steps = accept_index.shape[1]
     dev = candidates.device
