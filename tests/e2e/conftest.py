@@ -123,9 +123,10 @@ def plain_greedy(spec_engine, prompt_ids):
     return [r.token_ids for r in spec_engine.generate(prompt_ids, max_new_tokens=N_NEW)]
 
 
-def every_policy_and_native(prompt_ids, plain_greedy):
-    """Every prompt under every policy of POLICIES and natively, for one call: (ids, params, [(name, ref)])."""
-    names = sorted(POLICIES) + [None]
+def every_policy_and_native(prompt_ids, plain_greedy, native=True):
+    """Every prompt under every policy of POLICIES (and natively unless ``native`` is False: a batch with no
+    native row, whose rounds hand SGLang only the plugin's trees), for one call: (ids, params, [(name, ref)])."""
+    names = sorted(POLICIES) + ([None] if native else [])
     ids, params, refs = [], [], []
     for p, ref in zip(prompt_ids, plain_greedy):
         for name in names:
@@ -204,12 +205,13 @@ def classifier_file(tmp_path_factory) -> str:
 
 
 @contextlib.contextmanager
-def serving(argv, log_path, health="/health", port=None):
+def serving(argv, log_path, health="/health", port=None, cpu=True):
     """Run ``argv`` (a server listening on ``port``) in its own process group until ``health`` answers;
-    yield its base URL; stop the whole group on exit."""
+    yield its base URL; stop the whole group on exit. ``cpu``: with SGLang's CPU-engine environment."""
     from treespec_sglang.plugin.cpu.host import CPU_ENV
 
-    env = {**os.environ, **CPU_ENV, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, **(CPU_ENV if cpu else {}),
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     log = open(log_path, "w+")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"

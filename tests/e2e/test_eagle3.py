@@ -54,6 +54,17 @@ def test_every_policy_and_native_in_one_batch_equal_plain_greedy(eagle3, prompt_
     assert all(a > 0 for a in accepted.values()), accepted  # the head drafts for real under every policy
 
 
+def test_every_policy_in_one_batch_without_native_rows_equals_plain_greedy(eagle3, prompt_ids, plain_greedy):
+    """No native row: SGLang's tree kernel reads only the plugin's tree indices every round."""
+    ids, params, refs = every_policy_and_native(prompt_ids, plain_greedy, native=False)
+    outs = eagle3.generate(input_ids=ids, sampling_params=params)
+    for o, (name, ref) in zip(outs, refs):
+        assert same_tokens(o["output_ids"], ref), name
+        meta = o["meta_info"]
+        assert meta["treespec_policy"] == [name] and all(1 <= s <= N for s in meta["treespec_tree_sizes"])
+        assert len(meta["treespec_accept_lengths"]) == meta["spec_verify_ct"]
+
+
 @pytest.mark.parametrize("name", ["eagle2", "chain"])
 def test_sglang_accepts_what_our_engine_accepts_with_the_same_head(eagle3, engine3, prompt_ids, name):
     """Same head, same policy, float32 greedy: SGLang's EAGLE3 path (its own layer capture, fc, d2t) and our

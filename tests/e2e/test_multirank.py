@@ -3,8 +3,10 @@ every verify) and data parallelism (DP = 2: two schedulers), demo target + shipp
 map (the draft head is sharded over the TP ranks by the plugin).
 
 The TP = 2 EAGLE engine runs with a faulty rank on purpose: ``TREESPEC_TEST_PERTURB_RANK=1`` reverses
-rank 1's draft scores before its selection, so its own trees differ from rank 0's; every rank must still
-verify rank 0's tree (``TREESPEC_RANK_DIGESTS`` logs both per round), or outputs break or the ranks hang."""
+rank 1's draft scores before its selection, so its own trees differ from rank 0's, and
+``TREESPEC_TEST_PERTURB_VERIFY_RANK=1`` reverses its greedy verify's target argmaxes, so it would accept
+other tokens; every rank must still verify rank 0's tree and accept rank 0's outcome
+(``TREESPEC_RANK_DIGESTS`` logs both per round), or outputs break or the ranks hang."""
 
 import os
 
@@ -29,7 +31,8 @@ def digest_dir(tmp_path_factory):
 def tp2_eagle(host_factory, demo_target_dir, digest_dir):
     kw = cpu_engine_kwargs(demo_target_dir, tp_size=2, **eagle_kwargs(shipped_draft(), TOPK, STEPS, N),
                            treespec_defaults={"policy": None, "token_cap": TOKEN_CAP})
-    h = host_factory("tp2-eagle", kw, env={"TREESPEC_RANK_DIGESTS": digest_dir, "TREESPEC_TEST_PERTURB_RANK": "1"})
+    h = host_factory("tp2-eagle", kw, env={"TREESPEC_RANK_DIGESTS": digest_dir, "TREESPEC_TEST_PERTURB_RANK": "1",
+                                           "TREESPEC_TEST_PERTURB_VERIFY_RANK": "1"})
     yield h
     h.close()
 
@@ -46,10 +49,10 @@ def tp2_reference(host_factory, demo_target_dir, prompt_ids):
     return [o["output_ids"] for o in outs]
 
 
-def read_digests(digest_dir):
+def read_digests(digest_dir, what=""):
     rows = {}
     for rank in (0, 1):
-        with open(os.path.join(digest_dir, f"rank{rank}.txt")) as f:
+        with open(os.path.join(digest_dir, f"{what}rank{rank}.txt")) as f:
             rows[rank] = [line.split() for line in f]
     return rows
 
@@ -102,7 +105,8 @@ def test_tp2_mixed_batch_equals_tp2_plain_and_every_rank_verifies_rank0s_tree(tp
             assert not meta.get("treespec_policy") and not meta.get("treespec_tree_sizes")
             continue
         sizes = meta["treespec_tree_sizes"]
-        assert meta["treespec_verify_tokens"] == sizes  # ragged: each request verified its own tree only
+        verified = meta["treespec_verify_tokens"]  # ragged: a tree verify runs the batch's widest kept tree
+        assert len(verified) == len(sizes) and all(s <= v <= N for s, v in zip(sizes, verified))
         assert all(1 <= s <= N for s in sizes) and (spec["policy"] != "none" or set(sizes) == {1})
     trimmed = [s for o, spec in zip(outs, SPECS) if spec and spec["policy"] != "none"
                for s in o["meta_info"]["treespec_tree_sizes"]]
@@ -112,6 +116,12 @@ def test_tp2_mixed_batch_equals_tp2_plain_and_every_rank_verifies_rank0s_tree(tp
     assert [r[1] for r in rows[0]] == [r[1] for r in rows[1]]  # the verified trees agree round by round
     assert all(own == agreed for own, agreed in rows[0])  # rank 0 verifies its own selection
     assert any(own != agreed for own, agreed in rows[1])  # rank 1's own (faulty) selection was overridden
+    # rank 1's greedy verify is faulty too (its target argmaxes reversed): every rank accepts rank 0's outcome
+    verify = read_digests(digest_dir, "verify-")
+    assert len(verify[0]) == len(verify[1]) > 0
+    assert [r[1] for r in verify[0]] == [r[1] for r in verify[1]]
+    assert all(own == agreed for own, agreed in verify[0])
+    assert any(own != agreed for own, agreed in verify[1])
 
 
 def test_tp2_bad_value_fails_alone_on_every_rank(tp2_eagle, tp2_reference, prompt_ids):

@@ -35,7 +35,8 @@ def test_token_cap_is_lossless_respected_and_moves_between_requests(capped, prom
             assert not meta.get("treespec_tree_sizes")
             continue
         sizes = meta["treespec_tree_sizes"]
-        assert meta["treespec_verify_tokens"] == sizes  # ragged: each request verifies exactly its kept nodes
+        verified = meta["treespec_verify_tokens"]  # ragged: a tree verify runs the batch's widest kept tree
+        assert len(verified) == len(sizes) and all(s <= v <= N for s, v in zip(sizes, verified))
         if kind == "own":
             assert set(sizes) == {N}, sizes  # opted out: its whole eagle2 tree every round
         else:

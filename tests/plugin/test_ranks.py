@@ -17,7 +17,7 @@ from treespec_sglang.plugin.request import request_params
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for k in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP", "TREESPEC_BATCH_BUDGET", "TREESPEC_CLASSIFIERS",
-              R.ENV_PERTURB, R.ENV_DIGESTS):
+              R.ENV_PERTURB, R.ENV_PERTURB_VERIFY, R.ENV_DIGESTS):
         monkeypatch.delenv(k, raising=False)
 
 
@@ -50,6 +50,70 @@ def test_alone_agree_is_the_identity_and_sends_nothing():
         (out,) = R.agree([t], group)
         assert out is t
     assert R.BROADCASTS == before
+
+
+# ------------------------------------------------------------------------------------------ verify outcome
+def _verify_case(bs=3, n=5, steps=4):
+    """A greedy verify as SGLang calls it: a chain of n nodes per request (node i's first child i + 1) whose
+    candidates equal the target's tokens for a prefix, SGLang's int32 outputs and int64 tree tensors."""
+    g = torch.Generator().manual_seed(5)
+    target = torch.randint(0, 40, (bs, n), generator=g)
+    cand = torch.roll(target, 1, dims=1)  # node i + 1 carries the target's token at node i: every draft accepted
+    cand[1, 3] = (cand[1, 3] + 1) % 40  # request 1 stops after two
+    nxt = torch.where(torch.arange(n) < n - 1, torch.arange(n) + 1, -1).expand(bs, n).contiguous()
+    return dict(predicts=torch.zeros(bs * n, dtype=torch.int32), accept_index=torch.full((bs, steps), -1, dtype=torch.int32),
+                accept_token_num=torch.zeros(bs, dtype=torch.int32), candidates=cand,
+                retrieve_index=torch.arange(bs * n).view(bs, n), retrieve_next_token=nxt,
+                retrieve_next_sibling=torch.full((bs, n), -1), target_predict=target, topk=4)
+
+
+def _greedy_verify(predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
+                   retrieve_next_sibling, target_predict, topk=-1):
+    """SGLang's ``verify_tree_greedy_func`` on the CPU (the strict stand-in of its kernel)."""
+    from treespec_sglang.plugin.cpu.kernels import verify_tree_greedy_cpu
+
+    verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
+                           retrieve_next_sibling, target_predict)
+    return predicts, accept_index, accept_token_num
+
+
+def _verify_main(rank, out, digests):
+    os.environ[R.ENV_PERTURB_VERIFY] = "1"  # rank 1's verify splits from rank 0's at every node
+    os.environ[R.ENV_DIGESTS] = digests
+    R.verify_group = GlooGroup  # the plugin's group lookup, pointed at this world
+    case = _verify_case()
+    own = _greedy_verify(**{k: v.clone() if torch.is_tensor(v) else v for k, v in case.items()})
+    if rank == 1:
+        flipped = dict(case, target_predict=case["target_predict"].flip(-1).contiguous())
+        own = _greedy_verify(**{k: v.clone() if torch.is_tensor(v) else v for k, v in flipped.items()})
+    before = dict(R.BROADCASTS)
+    got = R.agree_verify(_greedy_verify, **case)
+    torch.save({"own": own, "got": got, "count": R.BROADCASTS["count"] - before["count"]},
+               os.path.join(out, f"rank{rank}.pt"))
+
+
+def test_every_rank_accepts_rank0s_outcome_even_when_its_own_verify_split(tmp_path):
+    digests = tmp_path / "digests"
+    digests.mkdir()
+    run_ranks(_verify_main, 2, tmp_path, str(tmp_path), str(digests))
+    r0, r1 = (torch.load(tmp_path / f"rank{i}.pt") for i in (0, 1))
+    assert r0["own"][2].tolist() == [3, 2, 3]  # the case accepts drafts on rank 0 ...
+    assert not all(torch.equal(a, b) for a, b in zip(r0["own"], r1["own"]))  # ... and rank 1's own verify differs
+    for r in (r0, r1):
+        assert all(torch.equal(a, b) and a.dtype == torch.int32 for a, b in zip(r["got"], r0["own"]))
+        assert r["count"] == 1  # one broadcast per round
+    rows = {k: (digests / f"verify-rank{k}.txt").read_text().split() for k in (0, 1)}
+    assert rows[0][0] == rows[0][1] == rows[1][1] != rows[1][0]  # own / agreed hashes per rank
+
+
+def test_alone_the_greedy_verify_is_sglangs_call_untouched():
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "sglang's"
+
+    assert R.agree_verify(original, 1, 2, topk=3) == "sglang's" and calls == [((1, 2), {"topk": 3})]
 
 
 # ------------------------------------------------------------------------------------------ settings

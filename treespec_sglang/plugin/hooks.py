@@ -23,6 +23,7 @@
 | ``{Decode,Prefill}CudaGraphRunner.can_run_graph`` | AROUND | a ragged verify runs eagerly |
 | ``EAGLEWorkerV2.forward_batch_generation`` | AROUND | the round's requests, for the per-round verify-token stats |
 | ``SchedulerBatchResultProcessor._resolve_spec_v2_tokens`` | AFTER | records each round's accepted drafts |
+| ``eagle_utils.verify_tree_greedy_func`` | AROUND | several ranks: rank 0's greedy verify outcome on every rank |
 | ``eagle_utils._verify_uses_greedy`` | AROUND | on CPU, T > 0 takes the exact sampling verify (:mod:`.cpu.sampling`) |
 | ``Scheduler.init_metrics_collector`` | AFTER | the plugin's Prometheus series beside SGLang's (:mod:`.metrics`) |
 | ``TokenizerManager.init_metric_collector_watchdog`` | AFTER | the refused-requests counter |
@@ -46,8 +47,9 @@ Ragged verify (:mod:`.ragged`, ``TREESPEC_RAGGED_VERIFY``) is on by default for 
 backend, opt-in (``=1``) for SGLang's FlashInfer backend (not yet run on a GPU), off with ``=0``.
 Elsewhere every request verifies N tokens with its filler nodes unlinked.
 
-Several ranks (:mod:`.ranks`): every rank of the attention TP group takes rank 0's tree each round (one
-int64 broadcast), so their verifies agree by construction.
+Several ranks (:mod:`.ranks`): every rank of the attention TP group takes rank 0's tree each round and
+rank 0's greedy verify outcome (one int64 broadcast each), so what they draft and accept agrees by
+construction.
 
 With no server default and no request carrying ``custom_params["treespec"]`` every hook calls
 straight through, so SGLang behaves exactly as without the plugin.
@@ -70,8 +72,9 @@ from .config import ServerDefaults, configure, draft_algorithm_mismatch, server_
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .draft_select import capturing, select_after_draft, stash_pool
+from .graph_log import register_counting
 from .pool import unlink_filler
-from .ranks import check_settings_agree, cpu_parallel_group, shard_hot_head, \
+from .ranks import agree_verify, check_settings_agree, cpu_parallel_group, shard_hot_head, \
     verify_group
 from .ragged import amx_extend_metadata, eager_while_ragged, flashinfer_verify_args, ragged_verify_forward
 from .request import ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason, \
@@ -457,6 +460,9 @@ HOOKS: Dict[str, Tuple[str, Callable, List[str]]] = {
     "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
     "._resolve_spec_v2_tokens":
         ("AFTER", _record_accepts, ["self", "result", "batch"]),
+    "sglang.srt.speculative.eagle_utils.verify_tree_greedy_func":
+        ("AROUND", agree_verify, ["predicts", "accept_index", "accept_token_num", "candidates", "retrieve_index",
+         "retrieve_next_token", "retrieve_next_sibling", "target_predict", "topk"]),
     "sglang.srt.speculative.eagle_utils._verify_uses_greedy":
         ("AROUND", _verify_uses_greedy, ["is_all_greedy", "is_cpu", "is_hip", "is_xpu", "use_rejection_sampling"]),
     "sglang.srt.managers.scheduler.Scheduler.init_metrics_collector":
@@ -483,4 +489,12 @@ def register_hooks() -> None:
 
     for target, (kind, fn, _) in HOOKS.items():
         HookRegistry.register(target, fn, getattr(HookType, kind))
-    logger.info("treespec-sglang: registered %d hooks", len(HOOKS))
+    counting = register_counting(HookRegistry, HookType.AFTER, _treespec_round)  # TREESPEC_GRAPH_LOG only
+    logger.info("treespec-sglang: registered %d hooks%s", len(HOOKS), " and CUDA-graph counting" if counting else "")
+
+
+def _treespec_round() -> bool:
+    """Whether the round in progress carries a treespec request (its draft step, or its round's requests)."""
+    if _STEP.get() is not None:
+        return True
+    return any(getattr(r, "_treespec_params", None) is not None for r in (_ROUND.get() or ()))

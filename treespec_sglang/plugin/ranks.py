@@ -12,6 +12,12 @@ drift apart and the next collective hangs. The plugin makes that true by constru
   token cap's shares and the ragged plan's sizes follow from it) in one int64 broadcast per round,
   ``bs * (2 (N - 1) + N)`` integers. The C2T chain cut is broadcast the same way
   (:meth:`~treespec_sglang.plugin.chain_stop.ChainStopper.keep_mask`).
+- **Verify outcomes agree** (:func:`agree_verify`): SGLang broadcasts the verify result from rank 0 when it
+  samples, but its greedy verify on CUDA relies on every rank computing bit-identical target argmaxes; TP
+  ranks sum their all-reduces in different orders, so a near-tie can split them, accept different tokens,
+  and hang the next collective. With a group larger than one, every rank takes rank 0's greedy outcome
+  (predicted tokens, accepted indices, accepted counts) in one int64 broadcast per round, for native and
+  treespec requests alike.
 - **Groups on the CPU** (:func:`cpu_parallel_group`): SGLang builds a PyNccl communicator for every
   group outside NPU / XPU, which fails on a CPU-only host; CPU (gloo) groups get none.
 - **Token map under TP** (:func:`shard_hot_head`): EAGLE with ``--speculative-token-map`` slices the
@@ -21,7 +27,10 @@ drift apart and the next collective hangs. The plugin makes that true by constru
 Debugging (operator environment, never a request): ``TREESPEC_RANK_DIGESTS=DIR`` makes every rank append
 one line per round (hashes of the tree it selected and of the tree it verified) to ``DIR/rank<k>.txt``;
 ``TREESPEC_TEST_PERTURB_RANK=k`` reverses rank k's draft scores before its selection (a test-only fault:
-without :func:`agree` that rank would verify another tree).
+without :func:`agree` that rank would verify another tree); ``TREESPEC_TEST_PERTURB_VERIFY_RANK=k`` gives rank
+k's greedy verify the target's argmax tokens in reversed node order, as if its verify logits had split from
+rank 0's at every node (without :func:`agree_verify` that rank would accept other tokens). With
+``TREESPEC_RANK_DIGESTS`` the verify outcomes are logged to ``DIR/verify-rank<k>.txt`` the same way.
 """
 
 from __future__ import annotations
@@ -37,10 +46,11 @@ import torch
 logger = logging.getLogger("treespec_sglang.plugin")
 
 __all__ = ["verify_group", "agree", "settings_digest", "check_settings_agree", "cpu_parallel_group",
-           "shard_hot_head", "hot_rows", "BROADCASTS", "record_digest", "perturbed"]
+           "shard_hot_head", "hot_rows", "BROADCASTS", "record_digest", "perturbed", "agree_verify"]
 
 ENV_DIGESTS = "TREESPEC_RANK_DIGESTS"
 ENV_PERTURB = "TREESPEC_TEST_PERTURB_RANK"
+ENV_PERTURB_VERIFY = "TREESPEC_TEST_PERTURB_VERIFY_RANK"
 BROADCASTS = {"count": 0, "bytes": 0}  # per process: the plugin's own per-round broadcasts
 
 
@@ -128,25 +138,52 @@ def _tree_hash(tensors) -> str:
     return hashlib.sha256(b"".join(t.cpu().numpy().tobytes() for t in tensors)).hexdigest()[:16]
 
 
-def record_digest(own: Sequence[torch.Tensor], agreed: Sequence[torch.Tensor], group=None) -> None:
-    """With ``TREESPEC_RANK_DIGESTS=DIR``: append ``"<own tree hash> <agreed tree hash>"`` for this round to
-    ``DIR/rank<k>.txt`` (own: this rank's selection; agreed: rank 0's, which it verifies). Debug only:
-    one host read per round."""
+def record_digest(own: Sequence[torch.Tensor], agreed: Sequence[torch.Tensor], group=None, what: str = "") -> None:
+    """With ``TREESPEC_RANK_DIGESTS=DIR``: append ``"<own hash> <agreed hash>"`` for this round to
+    ``DIR/<what>rank<k>.txt`` (own: this rank's tree, or with ``what="verify-"`` its verify outcome; agreed:
+    rank 0's, which it uses). Debug only: one host read per round."""
     out = os.environ.get(ENV_DIGESTS)
     if not out:
         return
     rank = int(getattr(group, "rank_in_group", 0)) if group is not None else 0
-    with open(os.path.join(out, f"rank{rank}.txt"), "a") as f:
+    with open(os.path.join(out, f"{what}rank{rank}.txt"), "a") as f:
         f.write(f"{_tree_hash(own)} {_tree_hash(agreed)}\n")
 
 
 def perturbed(score_list: List[torch.Tensor], group=None) -> List[torch.Tensor]:
     """``TREESPEC_TEST_PERTURB_RANK=k``: rank k sees its draft scores reversed in order (a test-only
     fault that makes its own selection differ from rank 0's); every other rank sees them as they are."""
-    want = os.environ.get(ENV_PERTURB)
-    if not want or group is None or int(getattr(group, "rank_in_group", 0)) != int(want):
+    if not _faulty(ENV_PERTURB, group):
         return score_list
     return [-s for s in score_list]
+
+
+def _faulty(env: str, group) -> bool:
+    want = os.environ.get(env)
+    return bool(want) and group is not None and int(getattr(group, "rank_in_group", 0)) == int(want)
+
+
+_VERIFY_ARGS = ("predicts", "accept_index", "accept_token_num", "candidates", "retrieve_index", "retrieve_next_token",
+                "retrieve_next_sibling", "target_predict", "topk")
+
+
+def agree_verify(original, *args, **kwargs):
+    """``eagle_utils.verify_tree_greedy_func`` AROUND: SGLang's greedy tree verify, then rank 0's outcome on every
+    rank of the verify group (one int64 broadcast; alone: SGLang's call untouched).
+
+    Returns ``(predicts [bs * N] int32, accept_index [bs, S + 1] int32, accept_token_num [bs] int32)`` as SGLang's
+    function does; rank 0's values when the group is larger than one.
+    """
+    group = verify_group()
+    if _group_size(group) <= 1:
+        return original(*args, **kwargs)
+    a = dict(zip(_VERIFY_ARGS, args), **kwargs)
+    if _faulty(ENV_PERTURB_VERIFY, group):  # test-only: this rank's target argmaxes split from rank 0's
+        a["target_predict"] = a["target_predict"].flip(-1).contiguous()
+    own = original(**a)
+    agreed = agree(own, group)
+    record_digest(own, agreed, group, "verify-")
+    return tuple(agreed)
 
 
 # ---------------------------------------------------------------------------- SGLang set-up hooks

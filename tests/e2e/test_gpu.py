@@ -1,0 +1,216 @@
+"""The plugin in real SGLang on a CUDA GPU, CUDA graphs on: runs against any SGLang 0.5.23-on-CUDA install (a
+user's own, or the GPU test bed) and skips cleanly without a CUDA device or SGLang.
+
+Per configuration (EAGLE 4/3/8 and 8/5/32 with the shipped head and token map, EAGLE-3 4/3/8): native EAGLE,
+every policy alone, every policy mixed with native requests and every policy without a native row equal
+plain greedy; every treespec round replays SGLang's draft, verify and draft-extend graphs (counted through
+``TREESPEC_GRAPH_LOG``: no eager fallback). Besides: plain SGLang equals transformers greedy, the T = 1 law
+test, and ``launch_server`` with the OpenAI client and ``/metrics``.
+
+Float32. A greedy mismatch on a GPU passes only as a documented near-tie: the first differing token's two
+candidates are within ``NEAR_TIE`` of each other in the target's own logits at that position (transformers,
+float32, this GPU), and the test prints the margin. ``TREESPEC_GPU_ATTENTION=flashinfer`` runs SGLang's
+FlashInfer backend (the custom-mask verify path) instead of Triton.
+"""
+
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from tests.e2e.conftest import (N_NEW, POLICIES, free_port, get, greedy_params, same_tokens,  # noqa: E402
+                                serving, shipped_draft)
+from tests.e2e.law import Z2, chi2_stat, chi2_threshold, draw_pairs, temperature_z  # noqa: E402
+from treespec_sglang.plugin.cpu.host import eagle_kwargs  # noqa: E402
+from treespec_sglang.plugin.graph_log import ENV_GRAPH_LOG, read_counts  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.sglang, pytest.mark.e2e, pytest.mark.slow]
+
+NEAR_TIE = 0.01  # logits: float32 kernels of different shapes order closer candidates either way
+ATTENTION = os.environ.get("TREESPEC_GPU_ATTENTION", "triton")
+CONFIGS = {"eagle-4-3-8": (4, 3, 8, "EAGLE"), "eagle-8-5-32": (8, 5, 32, "EAGLE"), "eagle3-4-3-8": (4, 3, 8, "EAGLE3")}
+
+
+def policies(topk, steps, n):
+    """Every policy sized for a (topk, steps, N) pool (the CPU tests' POLICIES at 4/3/8)."""
+    return {"eagle2": {"policy": "eagle2", "budget": n, "topk": topk, "depth": steps},
+            "talon": {"policy": "talon", "budget": n, "topk": topk, "mu": 0.03},
+            "salf": {"policy": "salf", "budget": n, "th": 0.1}, "c2t": {"policy": "c2t", "budget": n, "topk": topk,
+                                                                         "beta": 0.5},
+            "chain": {"policy": "chain", "length": steps}, "none": {"policy": "none"}}
+
+
+def gpu_engine_kwargs(target, **spec):
+    """``sgl.Engine`` arguments on a CUDA GPU: float32, decode / draft / verify / draft-extend graphs on (the
+    prefill graph off: a minute per start, and no speculative round replays it)."""
+    kw = dict(model_path=target, dtype="float32", attention_backend=ATTENTION,
+              sampling_backend="flashinfer" if ATTENTION == "flashinfer" else "pytorch", mem_fraction_static=0.35,
+              cuda_graph_max_bs_decode=32, max_running_requests=32, random_seed=0, log_level="warning",
+              disable_prefill_cuda_graph=True)
+    kw.update(spec)
+    return kw
+
+
+def _require_sglang():
+    sglang = pytest.importorskip("sglang")
+    from treespec_sglang.plugin import SGLANG_VERSION
+
+    if sglang.__version__ != SGLANG_VERSION:
+        pytest.skip(f"plugin pins sglang {SGLANG_VERSION}, found {sglang.__version__}")
+    return sglang
+
+
+@pytest.fixture(scope="module")
+def graph_dir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("graphs"))
+    os.environ[ENV_GRAPH_LOG] = d  # inherited by the engines' scheduler processes
+    yield d
+    os.environ.pop(ENV_GRAPH_LOG, None)
+
+
+@pytest.fixture(scope="module")
+def hf_target(demo_target_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(demo_target_dir, dtype=torch.float32).cuda().eval()
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(hf_target, prompt_ids):
+    """transformers float32 greedy on this GPU: the reference plain SGLang must equal."""
+    outs = []
+    with torch.inference_mode():
+        for ids in prompt_ids:
+            g = hf_target.generate(torch.tensor([ids], device="cuda"), max_new_tokens=N_NEW, do_sample=False,
+                                   eos_token_id=2, pad_token_id=2)
+            outs.append(g[0, len(ids):].tolist())
+    return outs
+
+
+def near_tie_margin(hf_target, prompt, ours, ref):
+    """The target's logit margin between the two tokens at the first position where ``ours`` and ``ref``
+    part (None when they agree on their common length)."""
+    i = next((k for k, (a, b) in enumerate(zip(ours, ref)) if a != b), None)
+    if i is None:
+        return None
+    with torch.inference_mode():
+        logits = hf_target(torch.tensor([list(prompt) + list(ref[:i])], device="cuda")).logits[0, -1].float()
+    return abs(float(logits[ours[i]] - logits[ref[i]]))
+
+
+def check_equal(outs, refs, prompts, hf_target, label):
+    """Every output equals its reference, or parts from it at a documented near-tie (printed)."""
+    for k, (o, ref) in enumerate(zip(outs, refs)):
+        ids = o["output_ids"] if isinstance(o, dict) else o
+        if same_tokens(ids, ref):
+            continue
+        margin = near_tie_margin(hf_target, prompts[k % len(prompts)], ids, ref)
+        assert margin is not None and margin < NEAR_TIE, (label, k, margin, ids, ref)
+        print(f"{label}: request {k} parts from plain greedy at a near-tie, logit margin {margin:.2e}",
+              file=sys.stderr)
+
+
+@pytest.fixture(scope="module")
+def gpu_plain(demo_target_dir, prompt_ids, graph_dir):
+    """Plain SGLang greedy on this GPU (the reference of the speculative engines); the engine stops at once,
+    so at most one SGLang engine (plus the launch_server test's) holds GPU memory at a time."""
+    sgl = _require_sglang()
+    llm = sgl.Engine(**gpu_engine_kwargs(demo_target_dir))
+    try:
+        outs = llm.generate(input_ids=prompt_ids, sampling_params=[greedy_params()] * len(prompt_ids))
+    finally:
+        llm.shutdown()
+    return [o["output_ids"] for o in outs]
+
+
+def test_plain_sglang_equals_transformers_greedy(gpu_plain, hf_greedy, prompt_ids, hf_target):
+    check_equal(gpu_plain, hf_greedy, prompt_ids, hf_target, "plain vs transformers")
+
+
+def draft_dir(algo):
+    if algo == "EAGLE3":
+        from treespec_sglang.engine.loading import eagle3_draft_dir
+
+        return eagle3_draft_dir()
+    return shipped_draft()
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def spec(request, demo_target_dir, gpu_plain, graph_dir):
+    """One speculative engine per configuration (after plain: ``gpu_plain`` is computed first)."""
+    sgl = _require_sglang()
+    topk, steps, n, algo = CONFIGS[request.param]
+    llm = sgl.Engine(**gpu_engine_kwargs(demo_target_dir, **eagle_kwargs(draft_dir(algo), topk, steps, n,
+                                                                         algorithm=algo)))
+    yield request.param, llm, policies(topk, steps, n), n
+    llm.shutdown()
+
+
+def test_every_policy_equals_plain_greedy_and_replays_sglangs_graphs(spec, prompt_ids, gpu_plain, hf_target,
+                                                                     graph_dir):
+    """Native alone, each policy alone, every policy mixed with native requests, every policy without a
+    native row: plain greedy (or a documented near-tie), stats on every treespec request; then no treespec
+    round of this engine ran a graph runner eagerly."""
+    name, llm, pol, n = spec
+    before = read_counts(graph_dir)
+    batches = {"native": [None]} | {f"only-{k}": [v] for k, v in pol.items()}
+    batches["mixed"] = [pol[k] for k in sorted(pol)] + [None]
+    batches["all-policy"] = [pol[k] for k in sorted(pol)]
+    for label, specs in batches.items():
+        ids = [p for p in prompt_ids for _ in specs]
+        outs = llm.generate(input_ids=ids, sampling_params=[greedy_params(s) for _ in prompt_ids for s in specs])
+        refs = [r for r in gpu_plain for _ in specs]
+        check_equal(outs, refs, [p for p in prompt_ids for _ in specs], hf_target, f"{name} {label}")
+        for o, s in zip(outs, specs * len(prompt_ids)):
+            meta = o["meta_info"]
+            if s is not None:
+                assert meta["treespec_policy"] == [s["policy"]], (label, meta)
+                assert all(1 <= t <= n for t in meta["treespec_tree_sizes"])
+    counts = read_counts(graph_dir) - before
+    eager = {k: v for k, v in counts.items() if k.endswith("|False|ts")}
+    replayed = {k.split("|")[0] for k, v in counts.items() if k.endswith("|True|ts") and v > 0}
+    print(f"{name} graph decisions: {dict(counts)}", file=sys.stderr)
+    assert not eager, eager  # no treespec round fell back to eager
+    assert {"DecodeCudaGraphRunner", "EAGLEDraftCudaGraphRunner", "EAGLEDraftExtendCudaGraphRunner"} <= replayed
+
+
+def test_sampled_tokens_follow_the_target_law(spec, sample_law):
+    """T = 1, a treespec policy (talon) in SGLang's GPU sampling verify: the first two tokens' joint law and the
+    second token's temperature match the float32 target's (the CPU test's chi-square and z tests)."""
+    name, llm, pol, _ = spec
+    if name != "eagle-4-3-8":
+        pytest.skip("one configuration is enough for the law (1200 draws)")
+
+    ids, law, cond, _ = sample_law
+    samples = draw_pairs(llm, ids, 1.0, pol["talon"])  # an in-process engine answers EngineHost's generate call
+    stat, bins = chi2_stat(samples, law)
+    assert bins >= 8 and stat < chi2_threshold(bins), (stat, bins)
+    z = temperature_z(samples, cond)
+    assert abs(z) < Z2, z
+
+
+def test_launch_server_with_the_openai_client_and_metrics(demo_target_dir, prompt_ids, spec_engine, tmp_path):
+    """``python -m sglang.launch_server`` on the GPU with the plugin: an OpenAI completion with a policy in
+    ``extra_body`` returns native EAGLE's text (itself plain greedy's, tested above), a bad value is a 400
+    naming the field, and ``/metrics`` carries the plugin's series."""
+    _require_sglang()
+    openai = pytest.importorskip("openai")
+    port = free_port()
+    argv = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port),
+            "--enable-metrics"]
+    for k, v in gpu_engine_kwargs(demo_target_dir, **eagle_kwargs(shipped_draft(), 4, 3, 8)).items():
+        flag = "--" + k.replace("_", "-")
+        argv += [flag] if v is True else [] if v is False else [flag, str(v)]
+    with serving(argv, tmp_path / "server.log", port=port, cpu=False) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+        kw = dict(model="default", prompt=spec_engine.tokenizer.decode(prompt_ids[0]), max_tokens=N_NEW, temperature=0)
+        native = client.completions.create(**kw).choices[0].text
+        ours = client.completions.create(**kw, extra_body={"custom_params": {"treespec": POLICIES["talon"]}})
+        assert ours.choices[0].text == native and native
+        with pytest.raises(openai.BadRequestError, match=r"talon.budget must be in \[1, 1024\], got 0"):
+            client.completions.create(**kw, extra_body={"custom_params": {"treespec": {"policy": "talon", "budget": 0}}})
+        assert "treespec:rounds_total" in get(base + "/metrics")
