@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from treespec_sglang.plugin import ragged
-from treespec_sglang.plugin.ragged import (ENV_RAGGED, amx_extend_metadata, eager_while_ragged, flashinfer_verify_args,
+from treespec_sglang.plugin.ragged import (ENV_RAGGED, amx_extend_metadata, amx_forward_metadata, eager_while_ragged,
+                                           flashinfer_verify_args,
                                            plan_ragged, ragged_mode, ragged_verify_forward)
 
 
@@ -17,9 +18,10 @@ class Backend:
         self.planned = 0
         self.forward_metadata = None
 
-    def init_forward_metadata(self, fb):  # SGLang's CPU backend: (attn_logits, max_extend_len = N)
+    def init_forward_metadata(self, fb):  # SGLang's CPU backend: (attn_logits, max_extend_len = N) ...
         self.planned += 1
-        self.forward_metadata = ("logits", fb.input_ids.shape[0] // 2)
+        self.forward_metadata = ("logits", 4)
+        amx_forward_metadata(None, self, fb)  # ... with the plugin's AFTER hook
 
 
 class IntelAMXAttnBackend(Backend):  # named like SGLang's backends (ragged_mode reads the class names)
@@ -35,7 +37,8 @@ def verify_batch(backend, keep, custom_mask=True, tree_topk=4):
     spec = SimpleNamespace(custom_mask=torch.ones(bs * n * n, dtype=torch.bool) if custom_mask else None,
                            tree_topk=tree_topk)
     fb = SimpleNamespace(input_ids=torch.arange(bs * n), positions=torch.arange(bs * n) + 100,
-                         out_cache_loc=torch.arange(bs * n) + 200, spec_info=spec)
+                         out_cache_loc=torch.arange(bs * n) + 200, spec_info=spec,
+                         forward_mode=SimpleNamespace(is_target_verify=lambda: True))
     return SimpleNamespace(attn_backend=backend), fb
 
 
@@ -58,7 +61,7 @@ UNIFORM = [0, 2, 3, 4, 5, 6]  # a CPU tree batch at its widest tree's width, 3: 
 
 @pytest.mark.parametrize("backend, env, mask, topk, want_mode, want_tree, rows, width", [
     (IntelAMXAttnBackend, None, True, 4, "cpu", True, UNIFORM, 3),  # the compiled kernel's uniform tree extend
-    (IntelAMXAttnBackend, None, True, 1, "cpu", False, ROWS, 3),  # a chain: causal, no tree mask, own lengths
+    (IntelAMXAttnBackend, None, True, 1, "cpu", False, ROWS, 4),  # a chain: causal, no mask, own lengths, N
     (FlashInferAttnBackend, "1", True, 4, "flashinfer", False, ROWS, None),  # the mask is compacted in paged args
 ])
 @pytest.mark.parametrize("hidden", [True, False])
@@ -74,8 +77,9 @@ def test_a_ragged_verify_runs_the_kept_rows_with_its_plan(monkeypatch, backend, 
     assert call["ids"] == rows and call["pos"] == [r + 100 for r in rows] and call["loc"] == [r + 200 for r in rows]
     assert call["plan"].mode == want_mode and (call["plan"].tree_mask is not None) == want_tree
     assert runner.attn_backend.planned == 1  # planned again for the compacted batch
-    if width is not None:  # the CPU kernel's max_extend_len is the plan's widest request, not N
+    if width is not None:  # a tree verify's max_extend_len is the plan's one width, not N
         assert runner.attn_backend.forward_metadata == ("logits", width)
+        assert call["plan"].width == (width if want_tree else None)
     assert recorded == [3, 3 if rows == UNIFORM else 2] and ragged._PLAN.get() is None
     assert fb.input_ids.tolist() == list(range(8))  # restored
     want = torch.zeros(8, 3)

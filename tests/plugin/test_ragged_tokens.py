@@ -19,7 +19,7 @@ import torch
 
 from tests.helpers import random_tree_lists
 from treespec_sglang.plugin.cpu.attention import extend_attention_cpu
-from treespec_sglang.plugin.ragged import ENV_RAGGED, amx_extend_metadata, ragged_verify_forward
+from treespec_sglang.plugin.ragged import ENV_RAGGED, amx_extend_metadata, amx_forward_metadata, ragged_verify_forward
 
 H, D, SLOTS = 2, 32, 512  # head size: a multiple of 32, as the compiled op requires
 
@@ -90,9 +90,10 @@ class IntelAMXAttnBackend:
         return (fb.seq_lens + self.n, torch.full((bs,), self.n, dtype=torch.int32),
                 torch.arange(0, bs * self.n, self.n, dtype=torch.int32), tree)
 
-    def init_forward_metadata(self, fb):  # SGLang's: (attn_logits, max_extend_len = N) for a target verify
-        self.forward_metadata = (None, self.n)
+    def init_forward_metadata(self, fb):  # SGLang's: (attn_logits, max_extend_len = N) for a target verify ...
         self.extend_metadata = amx_extend_metadata(IntelAMXAttnBackend._sglang_build_extend_metadata, self, fb)
+        self.forward_metadata = (None, self.n)
+        amx_forward_metadata(None, self, fb)  # ... with the plugin's AFTER hook
 
     def forward_extend(self, q, k, v, fb):
         self.k_buf[fb.out_cache_loc], self.v_buf[fb.out_cache_loc] = k, v  # SGLang's set_kv_buffer
@@ -110,6 +111,7 @@ def model_forward(weights):
     emb, wk, wv, wo = weights
 
     def forward(runner, fb):
+        runner.attn_backend.init_forward_metadata(fb)  # as ModelRunner.forward does (no skip_attn_backend_init)
         x = emb[fb.input_ids]  # [T, H * D]
         q = x.view(-1, H, D)
         for _ in range(2):

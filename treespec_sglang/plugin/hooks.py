@@ -19,6 +19,7 @@
 | ``ModelRunner.forward`` | AROUND | chain draft loop: feeds each step's logits to the C2T stop; target verify on the
   CPU: runs only the real tree nodes (ragged verify, :mod:`.ragged`) |
 | ``IntelAMXAttnBackend._build_extend_metadata`` | AROUND | per-request extend lengths / tree masks of a ragged verify |
+| ``IntelAMXAttnBackend.init_forward_metadata`` | AFTER | a uniform ragged verify's extend length (the plan's width) |
 | ``EagleVerifyInput.generate_attn_arg_prefill`` | AROUND | FlashInfer ragged verify: the padded paged args compacted |
 | ``{Decode,Prefill}CudaGraphRunner.can_run_graph`` | AROUND | a ragged verify runs eagerly |
 | ``EAGLEWorkerV2.forward_batch_generation`` | AROUND | the round's requests, for the per-round verify-token stats |
@@ -38,7 +39,7 @@ Per-request stats go to ``req.customized_info`` (-> the response's ``meta_info``
 ``treespec_policy``, ``treespec_summary`` (totals over every round, :mod:`.stats`),
 ``treespec_tree_sizes`` (verified nodes per round, root included),
 ``treespec_verify_tokens`` (tokens the target's verify forward processed for the request per round:
-the tree size with ragged verify, N when padded) and ``treespec_accept_lengths`` (accepted draft
+its tree size with ragged verify, the batch's widest tree in a CPU tree verify, N when padded) and ``treespec_accept_lengths`` (accepted draft
 tokens per round, bonus excluded: tau = 1 + mean). The accept lengths are read where the scheduler
 already has them on the host (no extra sync); the tree sizes are copied to the host asynchronously and
 recorded once that copy is done (:class:`PendingSizes`).
@@ -76,7 +77,8 @@ from .graph_log import register_counting
 from .pool import unlink_filler
 from .ranks import agree_verify, check_settings_agree, cpu_parallel_group, shard_hot_head, \
     verify_group
-from .ragged import amx_extend_metadata, eager_while_ragged, flashinfer_verify_args, ragged_verify_forward
+from .ragged import amx_extend_metadata, amx_forward_metadata, eager_while_ragged, flashinfer_verify_args, \
+    ragged_verify_forward
 from .request import ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason, \
     validate_custom_params
 from .stats import PendingSizes, policy_name, record_round, stream_accept
@@ -443,6 +445,8 @@ HOOKS: Dict[str, Tuple[str, Callable, List[str]]] = {
          "reinit_attn_backend", "split_forward_count"]),
     "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend._build_extend_metadata":
         ("AROUND", amx_extend_metadata, ["self", "forward_batch"]),
+    "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend.init_forward_metadata":
+        ("AFTER", amx_forward_metadata, ["self", "forward_batch"]),
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation":
         ("AROUND", _eagle_round, ["self", "batch", "on_publish", "grammar_barrier", "pp_proxy_tensors"]),
     "sglang.srt.speculative.eagle_info.EagleVerifyInput.generate_attn_arg_prefill":

@@ -7,7 +7,10 @@ compacts the verify batch to the kept nodes (``sum_b n_b`` tokens instead of ``b
 restricts each request's ``[N, N]`` tree mask to them; :func:`scatter_rows` puts the forward's
 per-token outputs back into SGLang's ``[bs * N]`` layout (filler rows zero: never read, since no
 traversal link reaches them). The attention needs per-request extend lengths and masks, which the
-plugin's hook on SGLang's CPU attention metadata supplies from the plan.
+plugin's hook on SGLang's CPU attention metadata supplies from the plan. SGLang's compiled CPU extend kernel
+takes a tree mask only when every request extends by the same length (``[bs, L, L]``), so a CPU tree verify
+runs every request at the batch's widest kept tree (``plan_ragged(uniform=True)``); a CPU chain verify (no
+mask, causal) and FlashInfer (per-request custom masks) run each request's own nodes.
 
 Compaction needs ``T = sum_b n_b`` on the host (the forward's shape depends on it): one size read
 per verify round, inherent to a ragged batch.
@@ -25,7 +28,7 @@ import torch
 from ..tree import kept_rows, to_grid
 
 __all__ = ["RaggedVerify", "plan_ragged", "scatter_rows", "compact_paged_verify_args", "ragged_verify_forward",
-           "amx_extend_metadata", "flashinfer_verify_args", "eager_while_ragged", "ENV_RAGGED"]
+           "amx_extend_metadata", "amx_forward_metadata", "flashinfer_verify_args", "eager_while_ragged", "ENV_RAGGED"]
 
 ENV_RAGGED = "TREESPEC_RAGGED_VERIFY"
 # The plan of the ragged verify forward in progress (SGLang may re-plan on a copy of the ForwardBatch).
@@ -44,6 +47,7 @@ class RaggedVerify:
     tree_mask : ``[sum_b n_b^2]`` bool, request b's ``[n_b, n_b]`` mask row-major (None: chain, causal).
     n : int, SGLang's ``N`` (the padded width).
     keep : ``[bs, N]`` bool kept nodes; mode : which attention path re-plans from this plan.
+    width : int, every request's length in a uniform plan (None: each its own).
     """
 
     rows: torch.Tensor
@@ -53,6 +57,7 @@ class RaggedVerify:
     n: int
     keep: Optional[torch.Tensor] = None  # [bs, N] bool, for the FlashInfer argument compaction
     mode: str = "cpu"  # "cpu" (intel_amx extend metadata) | "flashinfer" (paged verify arguments)
+    width: Optional[int] = None  # every request's extend length when uniform (the CPU kernel's max_len_extend)
 
     def __post_init__(self):
         if self.rows.dim() != 1 or self.lens.dim() != 1 or self.lens.shape != self.starts.shape:
@@ -87,6 +92,7 @@ def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str
     # kept local indices first, each group in index order: sort by (not kept) * N + index
     # e.g. keep [1, 1, 0, 1] -> keys [0, 1, 6, 3] -> sorted [0, 1, 3, 6] -> order [0, 1, 3, 2]
     order = torch.sort(torch.where(keep, ar, n + ar), dim=-1).values % n  # [bs, N]
+    width = None
     if uniform:  # the batch's widest tree is the one host read
         width = int(lens.max())
         lens = torch.full_like(lens, width)
@@ -104,7 +110,7 @@ def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str
         else:
             pair = valid[:, :, None] & valid[:, None, :]  # [bs, N, N] (i, j) both real
             mask = sub[pair]  # request-major, row-major within a request: [sum n_b^2]
-    return RaggedVerify(rows, lens, starts, mask, n, keep, mode)
+    return RaggedVerify(rows, lens, starts, mask, n, keep, mode, width)
 
 
 def scatter_rows(x: torch.Tensor, plan: RaggedVerify, bs: int) -> torch.Tensor:
@@ -209,9 +215,6 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, r
         # SGLang planned this verify's attention metadata for bs * N tokens before the forward (and
         # marked it ready): plan again for the compacted batch (the hooks below read the plan)
         runner.attn_backend.init_forward_metadata(forward_batch)
-        if mode == "cpu":  # the CPU backend sized the extend for N tokens each: the kernel reads it per request
-            logits_buf, _ = runner.attn_backend.forward_metadata
-            runner.attn_backend.forward_metadata = (logits_buf, int(plan.lens.max()))
         out = original(runner, forward_batch, *args, **kwargs)
     finally:
         _PLAN.reset(token)
@@ -236,6 +239,17 @@ def amx_extend_metadata(original, backend, forward_batch, *args, **kwargs):
                            f"{plan.total} planned")
     lens = plan.lens.to(forward_batch.seq_lens.device)
     return (forward_batch.seq_lens + lens, lens.to(torch.int32), plan.starts.to(torch.int32), plan.tree_mask)
+
+
+def amx_forward_metadata(result, backend, forward_batch, *args, **kwargs):
+    """``IntelAMXAttnBackend.init_forward_metadata`` AFTER: during a uniform CPU ragged verify the extend's
+    ``max_extend_len`` is the plan's width (SGLang sets N, and the compiled kernel requires every request's
+    extend length to equal it when a tree mask is given)."""
+    plan = _PLAN.get()
+    if plan is not None and plan.width is not None and forward_batch.forward_mode.is_target_verify():
+        attn_logits, _ = backend.forward_metadata
+        backend.forward_metadata = (attn_logits, plan.width)
+    return result
 
 
 def flashinfer_verify_args(original, spec_info, *args, **kwargs):
