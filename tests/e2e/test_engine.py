@@ -21,7 +21,9 @@ def plain(host_factory, demo_target_dir):
 
 @pytest.fixture(scope="module")
 def eagle(host_factory, demo_target_dir):
-    h = host_factory("eagle", cpu_engine_kwargs(demo_target_dir, **eagle_kwargs(shipped_draft(), TOPK, STEPS, N)))
+    # tests.e2e.custom_policy registers two policies through the public API in every process of the engine
+    h = host_factory("eagle", cpu_engine_kwargs(demo_target_dir, **eagle_kwargs(shipped_draft(), TOPK, STEPS, N)),
+                     env={"TREESPEC_POLICY_MODULES": "tests.e2e.custom_policy"})
     yield h
     h.close()
 
@@ -91,6 +93,26 @@ def test_every_policy_in_one_batch_without_native_rows_equals_plain_greedy(eagle
         assert same_tokens(o["output_ids"], ref), name
         assert o["meta_info"]["treespec_policy"] == [name]
         check_meta(o["meta_info"], o["meta_info"]["completion_tokens"])
+
+
+def test_a_policy_registered_through_the_public_api_is_served_or_refused_on_arrival(eagle, prompt_ids, plain_greedy):
+    """``root-children`` (``tests/e2e/custom_policy.py``: one ``@register_policy`` with a custom pool rule) runs
+    beside a built-in policy and a native request, equal to plain greedy with its own stats; ``engine-only``
+    (registered without a pool rule) fails alone with its name, never mid-round."""
+    specs = [{"policy": "root-children", "budget": 3}, POLICIES["talon"], None, {"policy": "engine-only"}]
+    ids = [p for p in prompt_ids for _ in specs]
+    outs = eagle.generate(input_ids=ids, sampling_params=[greedy_params(s) for _ in prompt_ids for s in specs])
+    for i, o in enumerate(outs):
+        spec, meta = specs[i % len(specs)], o["meta_info"]
+        if spec and spec["policy"] == "engine-only":
+            fr = meta["finish_reason"]
+            assert fr["type"] == "abort" and "policy 'engine-only' has no SGLang pool rule" in fr["message"], fr
+            continue
+        assert same_tokens(o["output_ids"], plain_greedy[i // len(specs)]), spec
+        if spec and spec["policy"] == "root-children":
+            assert meta["treespec_policy"] == ["root-children"]
+            assert all(1 <= t <= 3 for t in meta["treespec_tree_sizes"]) and max(meta["treespec_tree_sizes"]) == 3
+            check_meta(meta, meta["completion_tokens"])
 
 
 # trees spanning 1..N in one batch: root only, small, mid, classifier-pruned, chain, full

@@ -13,6 +13,7 @@ from tests.plugin.pools import MIXED_SPECS, OTHER_CLF, chain_oracle, expected_pa
 from tests.policies import oracles
 from treespec_sglang.plugin.pool import COLUMNS, policy_rows, request_row, select_from_pool, unlink_filler
 from treespec_sglang.policies import parse_spec
+from treespec_sglang.policies.registry import REGISTRY
 from treespec_sglang.policies.classifier import C2TClassifier
 from treespec_sglang.tree import sglang_retrive
 
@@ -196,7 +197,10 @@ def test_request_rows_hold_every_column_of_each_policy():
          [6, 5, 0, B, B, 0, 0, 1, B, 0.4, half, 0]),
     ]
     clf = COLUMNS.index("clf")
+    old_kinds = {0: "native", 1: "none", 2: "eagle2", 3: "talon", 4: "salf", 5: "c2t", 6: "chain"}
     for spec, shares, want in cases:
+        want = [pool_module.kind_id(old_kinds[want[0]])] + want[1:]  # the kind column numbers the registry
+        assert want[0] == (0 if spec is None else 1 + list(REGISTRY).index(spec["policy"]))
         row = request_row(None if spec is None else parse_spec(spec), "cpu", shares=shares)
         assert row.shape == (1, len(COLUMNS)) and row.dtype == torch.float32
         got = row[0].tolist()

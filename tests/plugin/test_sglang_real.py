@@ -365,7 +365,9 @@ def test_accept_lengths_per_round_reach_customized_info(loaded):
                                spec_verify_ct=0, spec_num_correct_drafts=0,
                                update_spec_correct_drafts_histogram=lambda n: None)
 
-    reqs = [req(object(), {"treespec_tree_sizes": [7]}), req(None, None)]
+    from treespec_sglang.policies import parse_spec
+
+    reqs = [req(parse_spec({"policy": "talon"}), {"treespec_tree_sizes": [7]}), req(None, None)]
     noop = lambda *a, **k: None  # noqa: E731
     proc = SimpleNamespace(metrics_reporter=SimpleNamespace(snapshot_spec_decode_metrics=noop),
                            model_worker=SimpleNamespace(on_verify_complete_cpu=noop), advance_grammar_fsm=noop)

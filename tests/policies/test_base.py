@@ -3,21 +3,47 @@
 import pytest
 import torch
 
-from treespec_sglang.policies import base
+from treespec_sglang.policies import base, registry
+from treespec_sglang.policies.registry import REGISTRY, PoolRule, registration, registration_of
 from treespec_sglang.policies.params import TalonParams
 
 
 def test_register_policy_makes_the_class_selectable_and_returns_it():
+    class DummyParams(TalonParams):  # a parameter class of its own: a request's parameters name one policy
+        pass
+
     class Dummy(base.TreePolicy):
         name = "dummy-registry-test"
-        Params = TalonParams
+        Params = DummyParams
 
     try:
         assert base.register_policy(Dummy) is Dummy
         assert base.POLICIES["dummy-registry-test"] is Dummy
-        assert base.parse_spec({"policy": "dummy-registry-test", "budget": 7}) == TalonParams(budget=7)
+        p = base.parse_spec({"policy": "dummy-registry-test", "budget": 7})
+        assert p == DummyParams(budget=7) and registration_of(p).name == "dummy-registry-test"
+        assert registration_of(TalonParams(budget=7)).name == "talon"  # the base class keeps its own policy
+        reg = registration("dummy-registry-test")
+        assert reg.engine is Dummy and reg.pool_rule is None and reg.needs_tree  # the class defaults
     finally:
-        base.POLICIES.pop("dummy-registry-test", None)
+        for table in (REGISTRY, base.POLICIES):
+            table.pop("dummy-registry-test", None)
+        registry._BY_PARAMS.pop(DummyParams, None)
+
+
+def test_a_parameter_class_belongs_to_one_policy_and_a_pool_rule_is_checked():
+    class Twin(base.TreePolicy):
+        name = "twin-registry-test"
+        Params = TalonParams
+
+    with pytest.raises(ValueError, match="parameter class TalonParams already belongs to policy 'talon'"):
+        base.register_policy(Twin)
+    assert "twin-registry-test" not in REGISTRY
+    with pytest.raises(ValueError, match="pool_rule.stage must be one of"):
+        PoolRule(row=dict, stage="levels")
+    with pytest.raises(ValueError, match="keep is given exactly when"):
+        PoolRule(row=dict, stage="custom")
+    with pytest.raises(ValueError, match="policy must be one of .*got 'nope'"):
+        registration("nope")
 
 
 def test_sanitize_logprobs_maps_non_finite_to_minus_inf_and_clamps_at_zero():

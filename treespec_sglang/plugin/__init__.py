@@ -18,11 +18,13 @@ SGLANG_VERSION = "0.5.23"
 def register() -> None:
     """Entry point (group ``sglang.srt.plugins``): CPU stand-ins where needed, then the hooks."""
     from .classifiers import registered
+    from .config import import_policy_modules
     from .cpu import install
     from .hooks import register_hooks
     from .stats import max_rounds
 
     install()  # only with SGLANG_USE_CPU_ENGINE and no real sgl_kernel (see plugin.cpu)
+    import_policy_modules()  # TREESPEC_POLICY_MODULES: the operator's own registered policies, in this process too
 
     register_hooks()
     registered()  # the operator's classifiers, loaded once per process (hashes logged); a bad file fails here

@@ -32,13 +32,14 @@ from ..policies import parse_spec
 from ..utils.deprecation import UNSET, renamed_arg, warn_renamed
 from .classifiers import ENV_CLASSIFIERS, load_registry, parse_classifier_flags, resolve_request_classifier
 
-__all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_TOKEN_CAP", "ENV_BATCH_BUDGET", "ServerDefaults", "configure",
-           "server_defaults", "draft_algorithm_mismatch"]
+__all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_TOKEN_CAP", "ENV_BATCH_BUDGET", "ENV_POLICY_MODULES", "ServerDefaults",
+           "configure", "server_defaults", "draft_algorithm_mismatch", "import_policy_modules"]
 
 ENV_POLICY = "TREESPEC_POLICY"
 ENV_CONFIG = "TREESPEC_CONFIG"
 ENV_TOKEN_CAP = "TREESPEC_TOKEN_CAP"
 ENV_BATCH_BUDGET = "TREESPEC_BATCH_BUDGET"  # the deprecated name of ENV_TOKEN_CAP, read when it is unset
+ENV_POLICY_MODULES = "TREESPEC_POLICY_MODULES"  # the operator's own policy modules, imported in every process
 MAX_TOKEN_CAP = 1024
 
 
@@ -144,6 +145,27 @@ def _parse_defaults(policy: Optional[str], raw: str, cap: Optional[str] = None,
         return ServerDefaults(policy, config, token_cap)
     except ValueError as e:
         raise ValueError(f"{ENV_POLICY}/{ENV_CONFIG}/{env}: {e}") from None
+
+
+def import_policy_modules() -> list:
+    """Import the modules named in ``TREESPEC_POLICY_MODULES`` (comma-separated; the operator's environment,
+    never a request), so the policies they register (``@register_policy``) exist in this process: SGLang runs
+    the plugin's ``register`` in every process it starts. Returns the names imported.
+
+    Raises
+    ------
+    ImportError
+        Naming the variable and the module that failed, at start instead of at the first request.
+    """
+    import importlib
+
+    names = [n.strip() for n in os.environ.get(ENV_POLICY_MODULES, "").split(",") if n.strip()]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ImportError(f"{ENV_POLICY_MODULES}: cannot import {name!r}: {e}") from e
+    return names
 
 
 def draft_algorithm_mismatch(draft_class: str, eagle3: bool) -> Optional[str]:

@@ -7,7 +7,9 @@ then keeps the N-1 best. Here each request's policy chooses its own subset of th
 * no policy (None): SGLang's own top N-1 (native behaviour);
 * ``none``: the root alone (speculation off for the request: plain decoding);
 * ``eagle2``: the top ``min(budget, N) - 1`` by score (SALF with th = 0 too: its exact top-N, Thm. 2-3);
-* ``talon`` / ``salf`` / ``c2t`` / ``chain``: the policy's own rule over the pool (:mod:`.pool_rules`):
+* ``talon`` / ``salf`` / ``c2t`` / ``chain``: the policy's own rule over the pool (:mod:`.pool_rules`);
+  a policy registered with a ``"custom"`` pool rule, its own ``keep`` function
+  (:mod:`treespec_sglang.policies.registry`: each policy's one registration names its stage and row):
   a pool node's children are exactly the ones SGLang's beam computed, with their true conditional draft
   probabilities, so the policy sees what the captured draft computed and is limited to the beam. Every
   policy's tree is capped at N nodes (its budget is ``min(budget, N)``).
@@ -25,26 +27,24 @@ same code runs eagerly or inside a CUDA graph and its op count does not grow wit
 from __future__ import annotations
 
 import copy
-import math
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..policies.token_cap import select_best
 from ..policies.classifier import c2t_features, load_classifier
-from ..policies.params import C2TParams, ChainParams, Eagle2Params, NoneParams, PolicyParams, SalfParams, TalonParams
+from ..policies.params import PolicyParams
+from ..policies.registry import REGISTRY, registration_of
+from ..policies.token_cap import select_best
 from .pool_rules import arange, level_policies_keep, parent_entropy, salf_keep, salf_pops, static
 
 __all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_token_cap", "unlink_filler", "request_row",
-           "policy_rows", "KIND", "COLUMNS"]
+           "policy_rows", "kind_id", "COLUMNS"]
 
 # the row table: one float32 row per request, these columns
 COLUMNS = ("kind", "budget", "top", "rank_depth", "topk", "log_mu", "th", "batch", "max_depth", "beta", "clf", "shares")
 _C = {name: i for i, name in enumerate(COLUMNS)}
-KIND = {"native": 0, "none": 1, "eagle2": 2, "talon": 3, "salf": 4, "c2t": 5, "chain": 6}
-_KIND_OF = {NoneParams: "none", Eagle2Params: "eagle2", TalonParams: "talon", SalfParams: "salf",
-            C2TParams: "c2t", ChainParams: "chain"}
 _BIG = 1 << 20
+_LEVEL_STAGES = ("talon", "c2t", "chain")  # pool_rules.level_policies_keep's rules
 
 _CLF_IDS: Dict[object, int] = {}  # classifier spec key -> id (the row's "clf" column)
 _CLF_SPECS: List[object] = []
@@ -59,26 +59,44 @@ def _clf_id(spec) -> int:
     return _CLF_IDS[key]
 
 
+def kind_id(name: str) -> int:
+    """The row table's ``kind`` of policy ``name``: 0 for SGLang's own selection (``"native"``), else 1 + its
+    place in the registry (the same in every process: the same imports register in the same order)."""
+    return 0 if name == "native" else 1 + list(REGISTRY).index(name)
+
+
+_RULE_ROWS: Dict[PolicyParams, dict] = {}  # params -> its pool rule's row, computed once
+
+
+def _rule_row(p: PolicyParams) -> dict:
+    """The pool rule's entries for ``p`` (``registration_of(p).pool_rule.row``), cached per parameter set."""
+    row = _RULE_ROWS.get(p)
+    if row is None:
+        rule = registration_of(p).pool_rule
+        if rule is None:  # refused on arrival (plugin.request); a request built by hand fails here, not mid-round
+            raise ValueError(f"{registration_of(p).name}: the SGLang plugin has no pool rule for this policy")
+        if len(_RULE_ROWS) > 4096:
+            _RULE_ROWS.clear()
+        row = _RULE_ROWS[p] = dict(rule.row(p))
+        unknown = sorted(set(row) - set(COLUMNS))
+        if unknown:
+            raise ValueError(f"{registration_of(p).name}: pool_rule.row gave unknown columns {unknown}; "
+                             f"allowed: {list(COLUMNS[1:-1])}")
+    return row
+
+
 def _row_values(p: Optional[PolicyParams], shares: bool) -> List[float]:
-    # top: how many of SGLang's best pool nodes the row keeps by rank (native N-1, eagle2 and SALF
-    # with th = 0 budget-1, the others 0); rank_depth: the deepest level that ranking may take
+    # top: how many of SGLang's best pool nodes the row keeps by rank (native N-1, a policy what its rule
+    # says, 0 by default); rank_depth: the deepest level that ranking may take; None: unbounded
     v = dict(kind=0.0, budget=float(_BIG), top=float(_BIG), rank_depth=float(_BIG), topk=float(_BIG), log_mu=0.0,
              th=0.0, batch=1.0, max_depth=float(_BIG), beta=-1.0, clf=-1.0, shares=float(shares))
     if p is None:
         return [v[c] for c in COLUMNS]
-    kind = _KIND_OF[type(p)]
-    v["kind"] = float(KIND[kind])
-    v["budget"] = float(p.max_nodes)
-    v["top"] = float(p.max_nodes - 1) if kind in ("eagle2", "none") or (kind == "salf" and p.th <= 0) else 0.0
-    if kind == "talon":
-        v.update(topk=p.topk, log_mu=float("-inf") if p.mu <= 0 else math.log(p.mu))
-    elif kind == "salf":
-        v.update(th=p.th, batch=p.batch, max_depth=p.max_depth if p.max_depth is not None else _BIG)
-        v["rank_depth"] = v["max_depth"]  # SALF never goes below max_depth
-    elif kind == "c2t":
-        v.update(topk=p.topk, beta=p.beta, max_depth=p.max_depth, clf=_clf_id(p.classifier))
-    elif kind == "chain" and p.beta is not None:
-        v.update(beta=p.beta, clf=_clf_id(p.classifier))
+    v.update(kind=float(kind_id(registration_of(p).name)), budget=float(p.max_nodes), top=0.0)
+    for col, value in _rule_row(p).items():
+        if col == "clf":  # a classifier spec (None: the default), numbered per process in first-seen order
+            value = _clf_id(value)
+        v[col] = float(_BIG) if value is None else float(value)
     return [float(v[c]) for c in COLUMNS]
 
 
@@ -92,8 +110,8 @@ def request_row(p: Optional[PolicyParams], device, shares: bool = False) -> torc
     --------
     >>> from treespec_sglang.policies import parse_spec
     >>> row = request_row(parse_spec({"policy": "talon", "budget": 9}), "cpu")[0]
-    >>> [row[COLUMNS.index(c)].item() for c in ("kind", "budget", "topk")]
-    [3.0, 9.0, 10.0]
+    >>> [row[COLUMNS.index(c)].item() for c in ("kind", "budget", "topk")] == [kind_id("talon"), 9.0, 10.0]
+    True
     """
     key = (p, bool(shares), str(torch.device(device)))
     row = _ROWS.get(key)
@@ -203,8 +221,25 @@ def _group_index(k: int, P: int, dev) -> torch.Tensor:
     return static(("group", k, P), dev, lambda: (torch.arange(P) // k)[None, :])
 
 
-def _present(params) -> set:
-    return {("native" if p is None else _KIND_OF[type(p)]) for p in params}
+def _rows_of(kind: torch.Tensor, names) -> torch.Tensor:
+    """``[bs]`` bool: the rows whose ``kind`` column is one of the policies ``names``."""
+    ids = sorted(kind_id(n) for n in names)
+    out = kind == ids[0]
+    for i in ids[1:]:
+        out = out | (kind == i)
+    return out
+
+
+def _stages(params) -> Dict[str, set]:
+    """The batch's pool stages -> the names of its policies in each (``"native"``: rows without a policy)."""
+    out: Dict[str, set] = {}
+    for p in params:
+        if p is None:
+            out.setdefault("native", set()).add("native")
+        else:
+            reg = registration_of(p)
+            out.setdefault(reg.pool_rule.stage if reg.pool_rule is not None else "none-rule", set()).add(reg.name)
+    return out
 
 
 def select_from_pool(score_list, token_list, parents_list, num_draft_token: int, topk: int,
@@ -252,15 +287,15 @@ def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Option
     dev = pool.scores.device
     if rows is None:
         rows = policy_rows(params, dev)
-    present = _present(params)
+    stages = _stages(params)
     kind = rows[:, _C["kind"]]
     n_eff = rows[:, _C["budget"]].clamp(max=N).long()  # [bs] tree size cap, root included
     limit = rows[:, _C["top"]].clamp(max=N - 1).long()  # [bs] nodes kept by SGLang's ranking
     ar = arange(P, dev)
     # SGLang's ranking, ties toward the earlier (shallower) candidate; sorted position j < limit <=> rank < limit
     rank_scores, shallow = pool.scores, None
-    if any(isinstance(p, SalfParams) and p.th <= 0 and p.max_depth is not None and p.max_depth < pool.steps
-           for p in params):  # SALF with th = 0 never goes below max_depth
+    if any(p is not None and _rule_row(p).get("rank_depth") is not None and _rule_row(p)["rank_depth"] < pool.steps
+           and _rule_row(p).get("th", 0) <= 0 for p in params):  # SALF with th = 0 never goes below max_depth
         shallow = pool.level[None, :] <= rows[:, _C["rank_depth"], None]  # [bs, P]
         rank_scores = torch.where(shallow, rank_scores, float("-inf"))
     order = torch.sort(rank_scores, dim=-1, descending=True, stable=True).indices  # [bs, P]
@@ -268,22 +303,24 @@ def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Option
     if shallow is not None:  # fewer shallow candidates than the cut: the masked (deeper) ones stay out
         keep = keep & shallow
     cols = {c: rows[:, _C[c]] for c in ("topk", "log_mu", "beta", "max_depth", "th", "batch")}
-    kinds = {name: kind == KIND[name] for name in ("talon", "c2t", "chain") if name in present}
+    kinds = {stage: _rows_of(kind, stages[stage]) for stage in _LEVEL_STAGES if stage in stages}
     if kinds:
-        ids = sorted({_clf_id(p.classifier) for p in params if isinstance(p, C2TParams)
-                      or (isinstance(p, ChainParams) and p.beta is not None)})
+        ids = sorted({_clf_id(_rule_row(p)["clf"]) for p in params if p is not None and "clf" in _rule_row(p)})
         conf = None
         if ids:  # every node's C2T features and confidence at once (C2T Eq. 6-8)
             feats = c2t_features(pool.val, parent_entropy(pool.val - pool.parent_val, topk), pool.level.expand(bs, P))
             conf = _Classifiers(ids, rows[:, _C["clf"]], dev)(feats)  # [bs, P]
         keep = keep | level_policies_keep(pool.val, pool.valid, pool.parent, topk, n_eff, cols, kinds, conf)
-    salf = [p for p in params if isinstance(p, SalfParams) and p.th > 0]
+    salf = [(p.max_nodes, _rule_row(p)) for p in params if p is not None and registration_of(p).name in
+            stages.get("salf", ()) and _rule_row(p)["th"] > 0]
     if salf:  # the best-first search (th = 0 rows took their exact top-N from the ranking)
-        search = cols["th"] > 0  # only SALF rows have a th column
-        pops = salf_pops(min(p.th for p in salf), N, pool.steps)
-        n_max = min(N, max(p.budget for p in salf))
+        search = cols["th"] > 0  # SALF's column: only rows of the salf stage set it
+        pops = salf_pops(min(r["th"] for _, r in salf), N, pool.steps)
+        n_max = min(N, max(n for n, _ in salf))
         keep = keep | salf_keep(pool.val, pool.valid, pool.level, pool.parent, n_eff, cols, search, pops, n_max,
-                                max(p.batch for p in salf))
+                                max(r["batch"] for _, r in salf))
+    for name in sorted(stages.get("custom", ())):  # a registered policy's own rule, on its rows only
+        keep = keep | (REGISTRY[name].pool_rule.keep(pool, rows, n_eff) & _rows_of(kind, {name})[:, None])
     # pad to exactly N-1 with the best unselected candidates: a prefix of SGLang's ranking, which is
     # closed under ancestors because a parent never scores below its child
     need = (N - 1) - keep.sum(-1, keepdim=True)
@@ -295,7 +332,7 @@ def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Option
     node_keep = torch.cat([torch.ones(bs, 1, dtype=torch.bool, device=dev),
                            torch.gather(keep, 1, top_scores_index)], dim=1)
     if native is not None and None in params:
-        is_native = (kind == KIND["native"])[:, None]
+        is_native = (kind == kind_id("native"))[:, None]
         top_scores_index = torch.where(is_native, native[1], top_scores_index)
         node_keep = node_keep | is_native
     draft_tokens = torch.gather(pool.tokens, 1, top_scores_index)

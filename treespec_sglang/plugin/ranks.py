@@ -98,14 +98,18 @@ def agree(tensors: Sequence[torch.Tensor], group=None) -> List[torch.Tensor]:
 
 # ---------------------------------------------------------------------------- inputs agree
 def settings_digest() -> str:
-    """sha256 of what decides a request's policy on this rank: the server defaults, the classifier
-    registry (name -> file hash) and the stats cap."""
+    """sha256 of what decides a request's policy on this rank: the server defaults, the registered policies in
+    registration order (the row table's kind ids) with their pool stages, the classifier registry (name ->
+    file hash) and the stats cap."""
     from .classifiers import classifier_digests
     from .config import server_defaults
     from .stats import max_rounds
 
+    from ..policies.registry import REGISTRY
+
     d = server_defaults()
-    blob = json.dumps({"policy": d.policy, "config": d.config, "token_cap": d.token_cap,
+    policies = [[n, r.pool_rule.stage if r.pool_rule else None] for n, r in REGISTRY.items()]  # order: kind ids
+    blob = json.dumps({"policy": d.policy, "config": d.config, "token_cap": d.token_cap, "policies": policies,
                        "classifiers": classifier_digests(), "max_rounds": max_rounds()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -120,7 +124,8 @@ def check_settings_agree(group=None) -> Optional[str]:
     first = agree([t], group)[0]
     if not torch.equal(first, t):
         raise RuntimeError("treespec: this rank's settings (TREESPEC_POLICY / TREESPEC_CONFIG / TREESPEC_TOKEN_CAP, "
-                           "the classifier files of TREESPEC_CLASSIFIERS, TREESPEC_STATS_MAX_ROUNDS) differ from rank "
+                           "the policies of TREESPEC_POLICY_MODULES, the classifier files of TREESPEC_CLASSIFIERS, "
+                           "TREESPEC_STATS_MAX_ROUNDS) differ from rank "
                            f"0's: sha256 {mine.hex()[:16]} here vs {bytes(first.tolist()).hex()[:16]} on rank 0; "
                            "give every rank the same flags, environment and files")
     return mine.hex()

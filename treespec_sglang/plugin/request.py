@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..policies import PolicyParams, parse_spec
-from ..policies.params import ChainParams
+from ..policies.registry import REGISTRY, registration_of
 from ..policies.token_cap import split_batch_option
 from .classifiers import resolve_request_classifier
 from .config import ServerDefaults
@@ -37,8 +37,15 @@ def _raw(custom_params):
 
 def _parse(raw) -> PolicyParams:
     """A request's ``custom_params['treespec']`` -> its parameters; a classifier is a registered name
-    (never a path: :mod:`.classifiers`). Raises ``ValueError`` naming the field and its range."""
-    return parse_spec(resolve_request_classifier(split_batch_option(raw)[0]))
+    (never a path: :mod:`.classifiers`). Raises ``ValueError`` naming the field and its range, or the policy
+    when the plugin has no pool rule for it (registered for the engine only)."""
+    p = parse_spec(resolve_request_classifier(split_batch_option(raw)[0]))
+    reg = registration_of(p)
+    if reg.pool_rule is None:
+        servable = sorted(n for n, r in REGISTRY.items() if r.pool_rule is not None)
+        raise ValueError(f"policy {reg.name!r} has no SGLang pool rule (registered without pool_rule), so a server "
+                         f"cannot draft it; policies a server can draft: {servable}")
+    return p
 
 
 def diagnose(custom_params) -> Optional[str]:
@@ -124,13 +131,13 @@ def unsupported_reason(p: Optional[PolicyParams], server_args) -> Optional[str]:
     """
     if p is None or server_args is None or getattr(server_args, "speculative_algorithm", None) is None:
         return None  # native, or no speculation at all (plain decoding is what every policy reduces to)
-    name = type(p).__name__.replace("Params", "").lower()
+    reg = registration_of(p)
+    name = reg.name
     if getattr(server_args, "enable_multi_layer_eagle", False):
         return (f"{name}: this server drafts with SGLang's multi-layer EAGLE worker (--enable-multi-layer-eagle), "
                 f"which treespec policies cannot drive; send the request without custom_params['{CUSTOM_KEY}'] "
                 f"or use a server without that flag")
-    if getattr(server_args, "speculative_eagle_topk", None) == 1 and not isinstance(p, ChainParams) \
-            and name != "none":
+    if getattr(server_args, "speculative_eagle_topk", None) == 1 and reg.needs_tree:
         return (f"{name} needs a draft tree: this server drafts a chain (--speculative-eagle-topk 1); use "
                 f"{{'policy': 'chain'}} (length, C2T early stop with beta) or {{'policy': 'none'}}, or a server "
                 f"with --speculative-eagle-topk > 1")

@@ -28,6 +28,7 @@ from typing import Deque
 import torch
 
 from .metrics import scheduler_series
+from ..policies.registry import registration_of
 
 __all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "max_rounds", "PendingSizes",
            "policy_name"]
@@ -122,8 +123,8 @@ def stream_accept(original, self, *args, **kwargs):
 
 
 def policy_name(p) -> str:
-    """``TalonParams(...)`` -> ``"talon"``."""
-    return type(p).__name__.replace("Params", "").lower()
+    """The registered name of a request's policy: ``TalonParams(...)`` -> ``"talon"`` (its stats and metrics label)."""
+    return registration_of(p).name
 
 
 class PendingSizes:

@@ -14,23 +14,16 @@ maxima, never Python branches on tensor values.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Dict, Sequence, Type
+from typing import ClassVar, Optional, Sequence, Type
 
 import torch
 
 from ..tree import DraftTree, TreeBuffer, compact
 from .params import PolicyParams
+from .registry import POLICIES, PoolRule, register_policy, registration
 
 __all__ = ["TreePolicy", "register_policy", "POLICIES", "parse_spec", "sanitize_logprobs",
            "rank_desc", "row_param", "keep_top_budget"]
-
-POLICIES: Dict[str, Type["TreePolicy"]] = {}
-
-
-def register_policy(cls: Type["TreePolicy"]) -> Type["TreePolicy"]:
-    """Class decorator: make ``cls`` selectable by ``{"policy": cls.name}``."""
-    POLICIES[cls.name] = cls
-    return cls
 
 
 def parse_spec(spec) -> PolicyParams:
@@ -51,9 +44,7 @@ def parse_spec(spec) -> PolicyParams:
     if not isinstance(spec, dict):
         raise ValueError(f"policy spec must be a dict like {{'policy': 'talon', ...}}, got {type(spec).__name__}")
     name = spec.get("policy")
-    if not isinstance(name, str) or name not in POLICIES:  # a list / dict value is unhashable: name it, no TypeError
-        raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {name!r}")
-    cls = POLICIES[name].Params
+    cls = registration(name).Params  # ValueError naming the registered policies (a list / dict value too)
     allowed = cls.field_names()
     unknown = sorted(set(spec) - set(allowed) - {"policy"})
     if unknown:
@@ -98,10 +89,14 @@ def row_param(params: Sequence[PolicyParams], name: str, device, dtype=torch.int
 
 
 class TreePolicy(ABC):
-    """One policy applied to a group of requests."""
+    """One policy applied to a group of requests. ``@register_policy`` registers the class with its
+    ``pool_rule`` (how the SGLang plugin selects its tree from SGLang's draft pool; None: it cannot) and
+    ``needs_tree`` (False: a chain server can draft it) (:mod:`.registry`)."""
 
     name: ClassVar[str]
     Params: ClassVar[Type[PolicyParams]]
+    pool_rule: ClassVar[Optional[PoolRule]] = None
+    needs_tree: ClassVar[bool] = True
 
     def __init__(self, params: Sequence[PolicyParams], device: torch.device):
         self.params = list(params)

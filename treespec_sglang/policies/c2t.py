@@ -13,6 +13,7 @@ import torch
 
 from ..tree import DraftTree, TreeBuffer, pack_left
 from .base import TreePolicy, rank_desc, register_policy, row_param, sanitize_logprobs
+from .registry import PoolRule
 from .classifier import c2t_features, entropy_topm, load_classifier
 from .params import C2TParams
 
@@ -49,6 +50,8 @@ def group_classifiers(specs, device):
 class C2TPolicy(TreePolicy):
     name = "c2t"
     Params = C2TParams
+    pool_rule = PoolRule(row=lambda p: {"topk": p.topk, "beta": p.beta, "max_depth": p.max_depth, "clf": p.classifier},
+                         stage="c2t")
 
     def __init__(self, params, device):
         super().__init__(params, device)

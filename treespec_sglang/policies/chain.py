@@ -11,6 +11,7 @@ import torch
 
 from ..tree import DraftTree, TreeBuffer
 from .base import TreePolicy, register_policy, row_param, sanitize_logprobs
+from .registry import PoolRule
 from .c2t import classifier_scores, group_classifiers
 from .classifier import c2t_features, entropy_topm
 from .params import ChainParams
@@ -22,6 +23,9 @@ __all__ = ["ChainPolicy"]
 class ChainPolicy(TreePolicy):
     name = "chain"
     Params = ChainParams
+    # the C2T early stop, when beta is set, scores with the row's classifier
+    pool_rule = PoolRule(row=lambda p: {} if p.beta is None else {"beta": p.beta, "clf": p.classifier}, stage="chain")
+    needs_tree = False
 
     def __init__(self, params, device):
         super().__init__(params, device)

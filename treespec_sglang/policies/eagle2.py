@@ -14,6 +14,7 @@ import torch
 
 from ..tree import DraftTree, TreeBuffer
 from .base import TreePolicy, keep_top_budget, register_policy, row_param, sanitize_logprobs
+from .registry import PoolRule
 from .params import Eagle2Params
 
 __all__ = ["Eagle2Policy"]
@@ -23,6 +24,8 @@ __all__ = ["Eagle2Policy"]
 class Eagle2Policy(TreePolicy):
     name = "eagle2"
     Params = Eagle2Params
+    # in SGLang's pool: the top budget - 1 nodes of SGLang's own ranking (what organize_draft_results keeps)
+    pool_rule = PoolRule(row=lambda p: {"top": p.max_nodes - 1}, stage="rank")
 
     def __init__(self, params, device):
         super().__init__(params, device)

@@ -8,6 +8,7 @@ import torch
 
 from ..tree import DraftTree, stack_rows
 from .base import POLICIES, TreePolicy, parse_spec, sanitize_logprobs
+from .registry import registration_of
 from .params import PolicyParams
 
 __all__ = ["grow_tree", "parse_specs", "ExpandFn"]
@@ -114,7 +115,7 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
     dev = root_tokens.device
     by_policy = {}
     for i, p in enumerate(params):
-        name = next(n for n, c in POLICIES.items() if isinstance(p, c.Params))
+        name = registration_of(p).name
         by_policy.setdefault(name, []).append(i)
     groups: List[tuple] = []  # (rows tensor, policy, frontier)
     for name, rows in by_policy.items():

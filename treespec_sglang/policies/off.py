@@ -10,6 +10,7 @@ import torch
 
 from ..tree import DraftTree, TreeBuffer
 from .base import TreePolicy, register_policy
+from .registry import PoolRule
 from .params import NoneParams
 
 __all__ = ["NonePolicy"]
@@ -19,6 +20,8 @@ __all__ = ["NonePolicy"]
 class NonePolicy(TreePolicy):
     name = "none"
     Params = NoneParams
+    pool_rule = PoolRule(row=lambda p: {"top": 0}, stage="rank")  # the root alone
+    needs_tree = False
 
     @property
     def max_steps(self) -> int:

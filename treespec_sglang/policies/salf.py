@@ -21,6 +21,7 @@ import torch
 
 from ..tree import DraftTree, TreeBuffer, pack_left
 from .base import TreePolicy, keep_top_budget, register_policy, row_param, sanitize_logprobs
+from .registry import PoolRule
 from .params import MAX_DEPTH, SalfParams
 
 __all__ = ["SalfPolicy"]
@@ -32,6 +33,9 @@ NEG_INF = float("-inf")
 class SalfPolicy(TreePolicy):
     name = "salf"
     Params = SalfParams
+    # th = 0 is the exact top-N (Thm. 2-3): SGLang's ranking, never below max_depth; th > 0 the best-first search
+    pool_rule = PoolRule(row=lambda p: {"top": p.max_nodes - 1 if p.th <= 0 else 0, "th": p.th, "batch": p.batch,
+                                        "max_depth": p.max_depth, "rank_depth": p.max_depth}, stage="salf")
 
     def __init__(self, params, device):
         super().__init__(params, device)

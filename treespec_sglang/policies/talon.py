@@ -12,10 +12,13 @@ its top-(N-1) children first (exact, and what keeps the step O(width * N) after 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..tree import DraftTree, TreeBuffer, pack_left
 from .base import TreePolicy, rank_desc, register_policy, row_param, sanitize_logprobs
+from .registry import PoolRule
 from .params import TalonParams
 
 __all__ = ["TalonPolicy"]
@@ -25,6 +28,8 @@ __all__ = ["TalonPolicy"]
 class TalonPolicy(TreePolicy):
     name = "talon"
     Params = TalonParams
+    pool_rule = PoolRule(row=lambda p: {"topk": p.topk, "log_mu": float("-inf") if p.mu <= 0 else math.log(p.mu)},
+                         stage="talon")
 
     def __init__(self, params, device):
         super().__init__(params, device)

@@ -1,0 +1,77 @@
+"""A policy registered through the public API (``tests/e2e/custom_policy.py``): one registration reaches the
+plugin's row table, stages, request validation and stats; a policy without a pool rule is refused on arrival,
+never a KeyError in the middle of a round."""
+
+import importlib
+import sys
+
+import pytest
+import torch
+
+from tests.plugin.pools import pool
+from treespec_sglang.plugin.pool import COLUMNS, kind_id, request_row, select_from_pool
+from treespec_sglang.plugin.request import request_params, unsupported_reason, validate_custom_params
+from treespec_sglang.plugin.stats import policy_name
+from treespec_sglang.policies import parse_spec, registry
+
+K, S, N = 4, 3, 8
+
+
+@pytest.fixture
+def custom():
+    """The module's policies registered for one test, then removed again (the registry is process-wide)."""
+    before = dict(registry.REGISTRY)
+    mod = importlib.import_module("tests.e2e.custom_policy")
+    yield mod
+    for name in set(registry.REGISTRY) - set(before):
+        registry.POLICIES.pop(name)
+        registry._BY_PARAMS.pop(registry.REGISTRY.pop(name).Params)
+    sys.modules.pop("tests.e2e.custom_policy", None)
+
+
+def root_children_oracle(sl, b, budget):
+    """Plain Python: the flat indices of the root's ``budget - 1`` best children (ties: lower index)."""
+    scores = sl[0][b, 0].tolist()  # [k] the root's children
+    order = sorted(range(len(scores)), key=lambda j: (-scores[j], j))
+    return sorted(j for j in order[:budget - 1] if scores[j] > 0)
+
+
+def test_a_custom_pool_rule_selects_its_rows_and_leaves_the_others_alone(custom):
+    _, sl, tl, pl, _ = pool(topk=K, steps=S, seed=3, roots=(3, 5, 7))
+    talon = parse_spec({"policy": "talon", "budget": N, "mu": 0.03})
+    mine = parse_spec({"policy": "root-children", "budget": 3})
+    _, top, _, keep = select_from_pool(sl, tl, pl, N, K, [mine, talon, None])
+    kept = [f for f, k in zip(top[0].tolist(), keep[0, 1:].tolist()) if k]
+    assert kept == root_children_oracle(sl, 0, 3) and len(kept) == 2
+    _, top_alone, _, keep_alone = select_from_pool(sl, tl, pl, N, K, [None, talon, None])
+    assert torch.equal(top[1:], top_alone[1:]) and torch.equal(keep[1:], keep_alone[1:])
+    assert request_row(mine, "cpu")[0, COLUMNS.index("kind")] == kind_id("root-children") > kind_id("talon")
+    assert policy_name(mine) == "root-children"
+
+
+def test_a_policy_without_a_pool_rule_is_refused_on_arrival_with_its_name(custom):
+    with pytest.raises(ValueError, match=r"policy 'engine-only' has no SGLang pool rule .* policies a server can "
+                                         r"draft: \[.*'root-children'.*\]"):
+        validate_custom_params({"treespec": {"policy": "engine-only"}})
+    with pytest.raises(ValueError, match="custom_params\\['treespec'\\]: policy 'engine-only'"):
+        request_params(type("SP", (), {"custom_params": {"treespec": {"policy": "engine-only"}}})(), None)
+    with pytest.raises(ValueError, match="engine-only: the SGLang plugin has no pool rule"):  # built by hand
+        request_row(parse_spec({"policy": "engine-only"}), "cpu")
+
+
+def test_a_chain_server_refuses_a_registered_tree_policy_by_its_registration(custom):
+    chain_server = type("Args", (), {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1})()
+    msg = unsupported_reason(parse_spec({"policy": "root-children", "budget": 3}), chain_server)
+    assert msg.startswith("root-children needs a draft tree")
+    assert unsupported_reason(parse_spec({"policy": "none"}), chain_server) is None
+
+
+def test_a_pool_rule_naming_an_unknown_column_fails_at_its_first_row(custom):
+    bad = registry.PoolRule(row=lambda p: {"width": 3}, stage="custom", keep=custom.root_children_keep)
+    reg = registry.REGISTRY["root-children"]
+    registry.REGISTRY["root-children"] = registry.Registration(reg.name, reg.engine, bad, reg.needs_tree)
+    try:
+        with pytest.raises(ValueError, match=r"root-children: pool_rule.row gave unknown columns \['width'\]"):
+            request_row(parse_spec({"policy": "root-children", "budget": 4}), "cpu")
+    finally:
+        registry.REGISTRY["root-children"] = reg
