@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import itertools
@@ -222,3 +223,23 @@ def _rank_entry(rank, world, store, fn, args):
         fn(rank, *args)
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def drafting(step):
+    """A plugin round whose draft step ``step`` is being drafted (what the draft hook sets up around SGLang's draft)."""
+    from treespec_sglang.plugin.round import opened
+
+    with opened() as r:
+        r.step, r.drafting = step, True
+        yield r
+
+
+@contextlib.contextmanager
+def planned(plan):
+    """A plugin round whose ragged verify ``plan`` is in force (what the ragged verify forward sets up)."""
+    from treespec_sglang.plugin.round import opened
+
+    with opened() as r:
+        r.plan = plan
+        yield r

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.helpers import random_batch
+from tests.helpers import planned, random_batch
 from treespec_sglang.plugin.cpu.attention import extend_attention_cpu
 from treespec_sglang.plugin.ragged import ENV_RAGGED, compact_paged_verify_args, plan_ragged, ragged_mode, scatter_rows
 from treespec_sglang.tree import dense_mask
@@ -200,12 +200,9 @@ def test_flashinfer_args_hook_and_eager_hook_act_only_during_a_flashinfer_ragged
     assert ragged.flashinfer_verify_args(original, None, req_pool_indices=None) is padded
     assert ragged.eager_while_ragged(lambda r, fb: True, None, None) is True
     for mode, compacts in (("cpu", False), ("flashinfer", True)):
-        token = ragged._PLAN.set(plan_ragged(keep, None, mode))
-        try:
+        with planned(plan_ragged(keep, None, mode)):
             got = ragged.flashinfer_verify_args(original, None, req_pool_indices=None)
             assert ragged.eager_while_ragged(lambda r, fb: True, None, None) is False
-        finally:
-            ragged._PLAN.reset(token)
         if compacts:
             want = compact_paged_verify_args(padded[0], padded[1], padded[3], keep)
             assert all(torch.equal(a, b) for a, b in zip(got, want)) and got[2].tolist() == [0, 2, 5]

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.helpers import planned
 from treespec_sglang.plugin import ragged
 from treespec_sglang.plugin.ragged import (ENV_RAGGED, amx_extend_metadata, amx_forward_metadata, eager_while_ragged,
                                            flashinfer_verify_args,
@@ -47,7 +48,7 @@ def recording_forward(seen, hidden=True):
     logits row and one hidden row per token (the token's input id)."""
     def forward(runner, fb, *args, **kwargs):
         seen.append(dict(args=args, kwargs=kwargs, ids=fb.input_ids.tolist(), pos=fb.positions.tolist(),
-                         loc=fb.out_cache_loc.tolist(), plan=ragged._PLAN.get()))
+                         loc=fb.out_cache_loc.tolist(), plan=ragged._plan()))
         x = fb.input_ids.float()[:, None].repeat(1, 3) + 1
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=x, hidden_states=x.clone()
                                                              if hidden else None))
@@ -69,9 +70,8 @@ def test_a_ragged_verify_runs_the_kept_rows_with_its_plan(monkeypatch, backend, 
                                                           want_tree, rows, width, hidden):
     monkeypatch.delenv(ENV_RAGGED, raising=False) if env is None else monkeypatch.setenv(ENV_RAGGED, env)
     runner, fb = verify_batch(backend(), KEEP, mask, topk)
-    seen, recorded = [], []
-    out = ragged_verify_forward(recording_forward(seen, hidden), runner, fb, KEEP, recorded.extend, "a1",
-                                key="k1")
+    seen = []
+    out, recorded = ragged_verify_forward(recording_forward(seen, hidden), runner, fb, KEEP, "a1", key="k1")
     (call,) = seen
     assert call["args"] == ("a1",) and call["kwargs"] == {"key": "k1"}
     assert call["ids"] == rows and call["pos"] == [r + 100 for r in rows] and call["loc"] == [r + 200 for r in rows]
@@ -80,7 +80,7 @@ def test_a_ragged_verify_runs_the_kept_rows_with_its_plan(monkeypatch, backend, 
     if width is not None:  # a tree verify's max_extend_len is the plan's one width, not N
         assert runner.attn_backend.forward_metadata == ("logits", width)
         assert call["plan"].width == (width if want_tree else None)
-    assert recorded == [3, 3 if rows == UNIFORM else 2] and ragged._PLAN.get() is None
+    assert recorded == [3, 3 if rows == UNIFORM else 2] and ragged._plan() is None
     assert fb.input_ids.tolist() == list(range(8))  # restored
     want = torch.zeros(8, 3)
     want[rows] = torch.tensor(rows).float()[:, None] + 1
@@ -98,8 +98,8 @@ def test_a_ragged_verify_runs_the_kept_rows_with_its_plan(monkeypatch, backend, 
 def test_padded_verify_runs_sglangs_batch_untouched(monkeypatch, backend, env, keep, mask):
     monkeypatch.delenv(ENV_RAGGED, raising=False) if env is None else monkeypatch.setenv(ENV_RAGGED, env)
     runner, fb = verify_batch(backend(), keep, mask)
-    seen, recorded = [], []
-    out = ragged_verify_forward(recording_forward(seen), runner, fb, keep, recorded.extend, "a1", key="k1")
+    seen = []
+    out, recorded = ragged_verify_forward(recording_forward(seen), runner, fb, keep, "a1", key="k1")
     (call,) = seen
     assert call["args"] == ("a1",) and call["kwargs"] == {"key": "k1"}
     assert call["ids"] == list(range(8)) and call["plan"] is None
@@ -133,12 +133,9 @@ def test_hooks_pass_their_arguments_through_outside_a_ragged_verify():
     assert flashinfer_verify_args(original, "spec", 1, k=2) == "sglang's"
     assert eager_while_ragged(original, "runner", fb, 1, k=2) == "sglang's"
     assert calls == [(("backend", fb, 1), {"k": 2}), (("spec", 1), {"k": 2}), (("runner", fb, 1), {"k": 2})]
-    token = ragged._PLAN.set(plan_ragged(KEEP, None))
-    try:  # during a ragged verify, the metadata of a non-verify forward (a draft extend) is SGLang's
+    with planned(plan_ragged(KEEP, None)):  # during a ragged verify, the metadata of a non-verify forward (a draft extend) is SGLang's
         other = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: False))
         assert amx_extend_metadata(original, "backend", other, 3, k=4) == "sglang's"
-    finally:
-        ragged._PLAN.reset(token)
     assert calls[-1] == (("backend", other, 3), {"k": 4})
 
 
@@ -146,16 +143,13 @@ def test_amx_metadata_of_a_ragged_verify_and_its_token_check():
     plan = plan_ragged(KEEP, torch.ones(32, dtype=torch.bool))
     fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True), input_ids=torch.arange(5),
                          seq_lens=torch.tensor([10, 20]))
-    token = ragged._PLAN.set(plan)
-    try:
+    with planned(plan):
         seq, ext, start, mask = amx_extend_metadata(None, "backend", fb)
         assert seq.tolist() == [13, 22] and ext.tolist() == [3, 2] and start.tolist() == [0, 3]
         assert ext.dtype == start.dtype == torch.int32 and mask is plan.tree_mask
         fb.input_ids = torch.arange(7)
         with pytest.raises(RuntimeError, match=r"ragged verify: 7 tokens in the forward, 5 planned"):
             amx_extend_metadata(None, "backend", fb)
-    finally:
-        ragged._PLAN.reset(token)
 
 
 def test_plan_defaults_to_the_cpu_path_and_refuses_misshaped_rows():
@@ -184,13 +178,13 @@ def test_spec_and_logits_without_the_optional_attributes(monkeypatch):
     monkeypatch.setenv(ENV_RAGGED, "1")
     runner, fb = verify_batch(FlashInferAttnBackend(), KEEP)
     fb.spec_info = SimpleNamespace(tree_topk=1)
-    seen, recorded = [], []
-    ragged_verify_forward(recording_forward(seen), runner, fb, KEEP, recorded.extend)
+    seen = []
+    _, recorded = ragged_verify_forward(recording_forward(seen), runner, fb, KEEP)
     assert seen[0]["plan"] is None and recorded == [4, 4]
 
     def no_hidden(runner, fb):
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=fb.input_ids.float()[:, None]))
     monkeypatch.setenv(ENV_RAGGED, "auto")
     runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
-    lo = ragged_verify_forward(no_hidden, runner, fb, KEEP, recorded.extend).logits_output
+    lo = ragged_verify_forward(no_hidden, runner, fb, KEEP)[0].logits_output
     assert not hasattr(lo, "hidden_states") and lo.next_token_logits[ROWS, 0].tolist() == [float(r) for r in ROWS]

@@ -273,9 +273,9 @@ def test_the_scheduler_refuses_a_value_that_skipped_validation():
 def test_a_chain_mode_treespec_batch_votes_for_an_eager_draft_before_dp_ranks_reduce(monkeypatch):
     """In chain mode (topk 1) a decode batch with policies votes no (the C2T stop reads each draft step);
     on a tree server it keeps the graph (the selection runs on the replay's pool)."""
-    from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin import hooks, server_hooks
 
-    monkeypatch.setitem(hooks._DRAFT_TOPK, "topk", 1)
+    monkeypatch.setitem(server_hooks._DRAFT_TOPK, "topk", 1)
     def batch(custom, decode=True):
         req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom))
         return SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_decode=lambda: decode))
@@ -286,5 +286,5 @@ def test_a_chain_mode_treespec_batch_votes_for_an_eager_draft_before_dp_ranks_re
     assert hooks._draft_graph_vote(False, batch(None)) is False
     assert hooks._draft_graph_vote(True, batch(talon, decode=False)) is True
     assert hooks._draft_graph_vote(True, None) is True
-    monkeypatch.setitem(hooks._DRAFT_TOPK, "topk", 4)
+    monkeypatch.setitem(server_hooks._DRAFT_TOPK, "topk", 4)
     assert hooks._draft_graph_vote(True, batch(talon)) is True

@@ -56,7 +56,7 @@ def test_the_server_fields_read_exist_in_sglang():
 def test_the_draft_class_must_fit_the_algorithm(cls, eagle3, refused, monkeypatch):
     """The EAGLE-3-served-as-EAGLE trap (it runs and accepts nothing) and its reverse are refused at start, through
     the init_lm_head hook on a worker-shaped object; other draft classes (MTP) pass."""
-    from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin import hooks, server_hooks
     from treespec_sglang.plugin.config import draft_algorithm_mismatch
 
     reason = draft_algorithm_mismatch(cls, eagle3)
@@ -66,8 +66,8 @@ def test_the_draft_class_must_fit_the_algorithm(cls, eagle3, refused, monkeypatc
                              speculative_algorithm=SimpleNamespace(is_eagle3=lambda: eagle3))
     called = []
     if refused is None:
-        monkeypatch.setattr(hooks, "check_settings_agree", lambda group: None)
-        monkeypatch.setattr(hooks, "shard_hot_head", lambda original, self: called.append(self))
+        monkeypatch.setattr(server_hooks, "check_settings_agree", lambda group: None)
+        monkeypatch.setattr(server_hooks, "shard_hot_head", lambda original, self: called.append(self))
         hooks._draft_head(lambda self: None, worker)
         assert called == [worker]
     else:

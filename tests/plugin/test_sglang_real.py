@@ -11,7 +11,7 @@ import torch
 pytestmark = pytest.mark.sglang
 sglang = pytest.importorskip("sglang")
 
-from tests.helpers import PathDraft  # noqa: E402
+from tests.helpers import PathDraft, drafting  # noqa: E402
 from treespec_sglang.plugin import SGLANG_VERSION  # noqa: E402
 from treespec_sglang.plugin.hooks import HOOKS, SIGNATURES  # noqa: E402
 
@@ -220,11 +220,8 @@ def test_organize_hook_keeps_sglang_selection_and_the_policies_run_on_the_stashe
     again = eu.organize_draft_results(sl, tl, pl, 12)  # hooked, but no draft step active
     assert torch.equal(again[1], native[1])
     step = hooks.DraftStep([parse_spec({"policy": "talon", "budget": 6, "topk": 3}), None], 4)
-    token = hooks._STEP.set(step)
-    try:
+    with drafting(step):
         out = eu.organize_draft_results(sl, tl, pl, 12)
-    finally:
-        hooks._STEP.reset(token)
     assert all(torch.equal(x, y) for x, y in zip(out, native))  # SGLang's selection, untouched
     pool = read_pool(2, 2, 4, 4, "cpu")
     assert torch.equal(pool.scores, torch.cat(sl, 1).flatten(1)) and torch.equal(pool.parent_list, native[0])
@@ -313,19 +310,13 @@ def test_tree_batches_keep_the_draft_graph_and_chain_stops_draft_eagerly(loaded)
     args = ("draft_input", "req_to_token_pool", "batch", runner)
     assert hooks._prepare_for_draft(fake, *args) == fake
     tree = hooks.DraftStep([None], 4)
-    token = hooks._STEP.set(tree)
-    try:
+    with drafting(tree):
         assert hooks._prepare_for_draft(fake, *args) == fake and tree.runner is runner
         assert hooks._prepare_for_draft(("fb", False, None), *args) == ("fb", False, None) and tree.runner is None
-    finally:
-        hooks._STEP.reset(token)
     chain = hooks.DraftStep([parse_spec({"policy": "chain", "beta": 0.5})], 1)
     chain.chain = ChainStopper(chain.params, 3, "cpu")
-    token = hooks._STEP.set(chain)
-    try:
+    with drafting(chain):
         assert hooks._prepare_for_draft(fake, *args) == ("fb", False, None)
-    finally:
-        hooks._STEP.reset(token)
     import sglang.srt.speculative.eagle_worker_common as common
     import sglang.srt.speculative.eagle_worker_v2 as v2
 

@@ -18,21 +18,26 @@ per verify round, inherent to a ragged batch.
 
 from __future__ import annotations
 
-import contextvars
+import contextlib
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from ..tree import kept_rows, to_grid
+from .round import current, opened
 
 __all__ = ["RaggedVerify", "plan_ragged", "scatter_rows", "compact_paged_verify_args", "ragged_verify_forward",
            "amx_extend_metadata", "amx_forward_metadata", "flashinfer_verify_args", "eager_while_ragged", "ENV_RAGGED"]
 
 ENV_RAGGED = "TREESPEC_RAGGED_VERIFY"
-# The plan of the ragged verify forward in progress (SGLang may re-plan on a copy of the ForwardBatch).
-_PLAN: contextvars.ContextVar = contextvars.ContextVar("treespec_ragged_plan", default=None)
+
+
+def _plan():
+    """The round's ragged verify plan while its forward runs (SGLang may re-plan on a copy of the ForwardBatch)."""
+    r = current()
+    return None if r is None else r.plan
 
 
 @dataclass(frozen=True)
@@ -184,12 +189,13 @@ def ragged_mode(model_runner) -> Optional[str]:
     return None
 
 
-def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, record: Callable, *args, **kwargs):
+def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, *args, **kwargs):
     """``ModelRunner.forward`` of a target verify over the kept nodes only (``keep`` ``[bs, N]``).
 
+    Returns ``(SGLang's forward output, the tokens run per request)`` (N each when the batch runs padded).
     The batch's ``input_ids`` / ``positions`` / ``out_cache_loc`` are compacted for the forward and
-    restored after it; logits and hidden states come back in SGLang's ``[bs * N]`` rows. ``record``
-    receives the tokens run per request (N each when the batch runs padded). The attention metadata is
+    restored after it; logits and hidden states come back in SGLang's ``[bs * N]`` rows. While the forward
+    runs, the plan is the round's (``round.plan``, :mod:`.round`), where the attention hooks read it. The attention metadata is
     planned again for the compacted batch: on the CPU from the plan (:func:`amx_extend_metadata`), with
     FlashInfer from SGLang's padded arguments compacted (:func:`flashinfer_verify_args`), in eager mode
     (:func:`eager_while_ragged`: a CUDA graph was captured for ``bs * N`` tokens).
@@ -200,38 +206,37 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, r
     if mode == "flashinfer" and getattr(spec, "custom_mask", None) is None:
         mode = None  # a chain verify without a custom mask: nothing to compact the mask from
     if mode is None or bool(keep.all()):  # the check is the one size read a ragged batch needs anyway
-        record([n] * bs)
-        return original(runner, forward_batch, *args, **kwargs)
+        return original(runner, forward_batch, *args, **kwargs), [n] * bs
     tree = spec.custom_mask.bool() if mode == "cpu" and spec.tree_topk != 1 else None
     plan = plan_ragged(keep, tree, mode, uniform=tree is not None)  # CPU trees: one width (the compiled kernel's rule)
     if plan.total == bs * n:  # the widest tree is N: nothing to compact
-        record([n] * bs)
-        return original(runner, forward_batch, *args, **kwargs)
+        return original(runner, forward_batch, *args, **kwargs), [n] * bs
     full = {f: getattr(forward_batch, f) for f in ("input_ids", "positions", "out_cache_loc")}
     for f, v in full.items():
         setattr(forward_batch, f, v[plan.rows])
-    token = _PLAN.set(plan)
-    try:
-        # SGLang planned this verify's attention metadata for bs * N tokens before the forward (and
-        # marked it ready): plan again for the compacted batch (the hooks below read the plan)
-        runner.attn_backend.init_forward_metadata(forward_batch)
-        out = original(runner, forward_batch, *args, **kwargs)
-    finally:
-        _PLAN.reset(token)
-        for f, v in full.items():
-            setattr(forward_batch, f, v)
+    r = current()
+    with (contextlib.nullcontext(r) if r is not None else opened()) as r:  # a round of its own when called alone
+        r.plan = plan
+        try:
+            # SGLang planned this verify's attention metadata for bs * N tokens before the forward (and
+            # marked it ready): plan again for the compacted batch (the hooks below read the plan)
+            runner.attn_backend.init_forward_metadata(forward_batch)
+            out = original(runner, forward_batch, *args, **kwargs)
+        finally:
+            r.plan = None
+            for f, v in full.items():
+                setattr(forward_batch, f, v)
     lo = out.logits_output
     lo.next_token_logits = scatter_rows(lo.next_token_logits, plan, bs)
     if getattr(lo, "hidden_states", None) is not None:
         lo.hidden_states = scatter_rows(lo.hidden_states, plan, bs)
-    record(plan.lens.tolist())  # the forward's total was checked against the plan in amx_extend_metadata
-    return out
+    return out, plan.lens.tolist()  # the forward's total was checked against the plan in amx_extend_metadata
 
 
 def amx_extend_metadata(original, backend, forward_batch, *args, **kwargs):
     """``IntelAMXAttnBackend._build_extend_metadata`` for a ragged verify: (seq_lens after the extend,
     per-request extend lens, extend starts, compacted tree mask); SGLang's own otherwise."""
-    plan = _PLAN.get()
+    plan = _plan()
     if plan is None or not forward_batch.forward_mode.is_target_verify():
         return original(backend, forward_batch, *args, **kwargs)
     if forward_batch.input_ids.shape[0] != plan.total:
@@ -245,7 +250,7 @@ def amx_forward_metadata(result, backend, forward_batch, *args, **kwargs):
     """``IntelAMXAttnBackend.init_forward_metadata`` AFTER: during a uniform CPU ragged verify the extend's
     ``max_extend_len`` is the plan's width (SGLang sets N, and the compiled kernel requires every request's
     extend length to equal it when a tree mask is given)."""
-    plan = _PLAN.get()
+    plan = _plan()
     if plan is not None and plan.width is not None and forward_batch.forward_mode.is_target_verify():
         attn_logits, _ = backend.forward_metadata
         backend.forward_metadata = (attn_logits, plan.width)
@@ -256,7 +261,7 @@ def flashinfer_verify_args(original, spec_info, *args, **kwargs):
     """``EagleVerifyInput.generate_attn_arg_prefill`` during a FlashInfer ragged verify: SGLang's padded
     ``(kv_indices, kv_indptr, qo_indptr, custom_mask)`` compacted to the kept nodes."""
     out = original(spec_info, *args, **kwargs)
-    plan = _PLAN.get()
+    plan = _plan()
     if plan is None or plan.mode != "flashinfer" or plan.keep is None:
         return out
     kv_indices, kv_indptr, _qo_indptr, custom_mask = out
@@ -267,6 +272,6 @@ def flashinfer_verify_args(original, spec_info, *args, **kwargs):
 
 def eager_while_ragged(original, runner, forward_batch, *args, **kwargs):
     """``*CudaGraphRunner.can_run_graph``: False while a ragged verify runs (graphs hold ``bs * N`` tokens)."""
-    if _PLAN.get() is not None:
+    if _plan() is not None:
         return False
     return original(runner, forward_batch, *args, **kwargs)

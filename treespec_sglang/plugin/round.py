@@ -1,0 +1,114 @@
+"""One speculative round's plugin state, in one object (no sglang import).
+
+SGLang 0.5.23's EAGLE v2 worker runs a decode round in one ``EAGLEWorkerV2.forward_batch_generation`` call:
+draft (SGLang's beam, then the tree the verify checks), verify (the target's forward and the accept walk),
+draft extend. The plugin's hook on that call opens a :class:`PluginRound` (:func:`opened`); the hooks that run
+inside it read and fill that one object, in the order a round runs:
+
+| field | written by | read by |
+|---|---|---|
+| ``reqs`` | ``forward_batch_generation`` (the round's requests) | the verify-token stats |
+| ``step`` | ``EagleDraftWorker.draft``: policies, shares, token cap; the graph runner (``prepare_for_draft``); ``keep`` after the selection (``build_eagle_verify_input``) | the draft hooks, the verify forward (ragged verify from ``keep``), the graph counter |
+| ``drafting`` | ``EagleDraftWorker.draft`` (True while SGLang's draft runs) | ``ModelRunner.forward`` (the chain stop scores draft steps only) |
+| ``plan`` | the ragged verify forward | the attention hooks of that forward (``IntelAMXAttnBackend``, FlashInfer arguments, ``can_run_graph``) |
+
+Two things outlive a round on purpose and are not here: the draft-pool stash (:mod:`.draft_select`: buffers a
+captured CUDA graph writes on every replay) and the pending tree sizes (:mod:`.stats`: host copies that complete
+after the round). A draft without an open round (a code path that drafts outside ``forward_batch_generation``)
+opens one for itself: its tree is still verified exactly (the filler is unlinked in the verify input), only the
+ragged verify and the verify-token stats need the round to reach the verify.
+
+Example
+-------
+>>> with opened(["req-a"]) as r:
+...     current() is r, drafting_step() is None
+(True, True)
+>>> current() is None
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
+
+import torch
+
+__all__ = ["DraftStep", "PluginRound", "current", "opened", "drafting_step"]
+
+
+@dataclass
+class DraftStep:
+    """The draft step's per-row policies (None = SGLang's own tree) and what the draft hooks add to them.
+
+    ``params`` one per row; ``topk`` the server's; ``shares[b]`` row b is under the token cap of ``token_cap``
+    verified tokens per sharing request (None: off); ``keep`` ``[bs, N]`` bool, the kept verify nodes once
+    selected; ``chain`` the C2T chain stopper in chain mode; ``runner`` SGLang's draft graph runner when this
+    round's draft is a replay.
+    """
+
+    params: List
+    topk: int
+    shares: Optional[List[bool]] = None
+    token_cap: Optional[int] = None
+    keep: Optional[torch.Tensor] = None
+    chain: object = None
+    runner: object = None
+
+    def __post_init__(self):
+        if self.shares is None:
+            self.shares = [False] * len(self.params)
+
+    @property
+    def sizes(self) -> Optional[torch.Tensor]:
+        """``[bs]`` int64 verified tree sizes (root included), once the selection is made."""
+        return None if self.keep is None else self.keep.long().sum(-1)
+
+
+@dataclass
+class PluginRound:
+    """One round's state (see the module table)."""
+
+    reqs: Optional[list] = None
+    step: Optional[DraftStep] = None
+    drafting: bool = False
+    plan: object = None  # the ragged verify's RaggedVerify while its forward runs
+
+    @property
+    def keep(self) -> Optional[torch.Tensor]:
+        """``[bs, N]`` bool, the kept verify nodes of this round's treespec draft (None: native or none yet)."""
+        return None if self.step is None else self.step.keep
+
+    def carries_treespec(self) -> bool:
+        """Whether a request of this round has a treespec policy (its draft step, or its requests' params)."""
+        if self.step is not None:
+            return True
+        return any(getattr(r, "_treespec_params", None) is not None for r in (self.reqs or ()))
+
+
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("treespec_round", default=None)
+
+
+def current() -> Optional[PluginRound]:
+    """The round in progress in this thread (None outside one)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def opened(reqs: Optional[list] = None) -> Iterator[PluginRound]:
+    """Open a round for the enclosed calls; it is gone when they return (or raise)."""
+    r = PluginRound(reqs)
+    token = _CURRENT.set(r)
+    try:
+        yield r
+    finally:
+        _CURRENT.reset(token)
+
+
+def drafting_step() -> Optional[DraftStep]:
+    """The draft step while SGLang's draft of a treespec round runs (None otherwise: native rounds, verify,
+    draft extend)."""
+    r = _CURRENT.get()
+    return r.step if r is not None and r.drafting else None

@@ -1,0 +1,202 @@
+"""The plugin's hooks that run outside a speculative round (no sglang import): server start (flags, the draft
+head, metrics, ``/server_info``, CPU process groups), request arrival (validation, batch items, the scheduler's
+refusal of what this server cannot draft) and the CPU's sampling verify switch. :mod:`.hooks` lists them with
+the round's hooks, in the order they run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Dict
+
+from .config import ServerDefaults, configure, draft_algorithm_mismatch, server_defaults
+from .classifiers import parse_classifier_flags
+from .info import server_info
+from .metrics import count_refused, enable_scheduler, enable_tokenizer
+from .ranks import check_settings_agree, shard_hot_head, verify_group
+from .request import ERROR_KEY, flag_invalid_items, request_params, unsupported_reason, validate_custom_params
+from ..utils.deprecation import UNSET, renamed_arg
+
+logger = logging.getLogger("treespec_sglang.plugin")
+
+
+# ---------------------------------------------------------------------------- server start
+
+
+def _add_cli_args(result, parser, *args, **kwargs):
+    g = parser.add_argument_group("treespec", "per-request draft-tree policies (treespec-sglang plugin)")
+    g.add_argument("--treespec-policy", type=str, default=None,
+                   help="default tree policy for requests without custom_params['treespec'] "
+                        "(eagle2, talon, salf, c2t, chain); unset = SGLang's own tree")
+    g.add_argument("--treespec-config", type=str, default=None,
+                   help='JSON object of the default policy\'s parameters, e.g. \'{"budget": 60, "mu": 0.03}\'')
+    g.add_argument("--treespec-token-cap", type=int, default=None,
+                   help="the batch's token cap: the treespec requests of a round verify this many tokens "
+                        "each on average (roots included), spent where the draft's path probabilities are highest; "
+                        'a request opts out with {"token_cap": false} in custom_params["treespec"]')
+    g.add_argument("--treespec-batch-budget", type=int, default=None,
+                   help="deprecated name of --treespec-token-cap")
+    g.add_argument("--treespec-classifier", action="append", default=None, metavar="NAME=PATH",
+                   help="register a C2T classifier file under NAME (repeatable); requests pick one with "
+                        '{"classifier": "NAME"} and never name a file; "default" (the shipped one) is always there')
+    return result
+
+
+def _from_cli_args(result, cls, args, *a, **k):
+    policy = getattr(args, "treespec_policy", None)
+    raw = getattr(args, "treespec_config", None)
+    old = getattr(args, "treespec_batch_budget", None)
+    token_cap = renamed_arg(getattr(args, "treespec_token_cap", None), UNSET if old is None else old,
+                            "--treespec-batch-budget", "--treespec-token-cap", stacklevel=3)
+    classifiers = parse_classifier_flags(getattr(args, "treespec_classifier", None))
+    if policy is None and raw is None and token_cap is None and not classifiers:
+        return result
+    try:
+        config = json.loads(raw) if raw else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--treespec-config must be a JSON object: {e}") from None
+    defaults = configure(policy, config, token_cap, classifiers or None)  # validates (ValueError naming field and
+    # range), exports to the env; a default this server cannot draft stops it here, not every request later
+    reason = unsupported_reason(request_params(None, defaults), result)
+    if reason is not None:
+        raise ValueError(f"--treespec-policy {reason}")
+    thresholds = [getattr(args, n, 1.0) for n in ("speculative_accept_threshold_single",
+                                                    "speculative_accept_threshold_acc")]
+    if any(t is not None and t != 1.0 for t in thresholds):
+        logger.warning("treespec: --speculative-accept-threshold-single/acc != 1 relaxes verification; "
+                       "sampling is then not lossless (greedy is unaffected)")
+    return result
+
+
+_DRAFT_TOPK: Dict[str, int] = {}  # the draft worker's topk in this process (chain mode: 1)
+
+
+def _draft_head(original, self, *args, **kwargs):
+    # the draft's class must fit the algorithm (an EAGLE-3 head under EAGLE runs and accepts nothing)
+    runner = getattr(self, "draft_runner", None)
+    algo = getattr(self, "speculative_algorithm", None)
+    if runner is not None and algo is not None:
+        reason = draft_algorithm_mismatch(type(runner.model).__name__, bool(algo.is_eagle3()))
+        if reason is not None:
+            raise ValueError(f"treespec: {reason}")
+    # the spec worker is built on every rank after the groups: settings must agree before any round
+    check_settings_agree(verify_group())
+    if getattr(self, "topk", None) is not None:
+        _DRAFT_TOPK["topk"] = int(self.topk)
+    return shard_hot_head(original, self, *args, **kwargs)
+
+
+def _scheduler_metrics(result, self, *args, **kwargs):
+    # SGLang made its scheduler collector (stats-logging ranks with --enable-metrics): ours beside it
+    collector = getattr(self, "metrics_collector", None)
+    if collector is not None:
+        enable_scheduler(getattr(collector, "labels", {}))
+    return result
+
+
+def _tokenizer_metrics(result, self, *args, **kwargs):
+    if getattr(self, "enable_metrics", False):
+        enable_tokenizer(getattr(getattr(self, "metrics_collector", None), "labels", {}) or {})
+    return result
+
+
+def _server_info(result, *args, **kwargs):
+    if isinstance(result, dict):
+        result["treespec"] = server_info()
+    return result
+
+
+# ---------------------------------------------------------------------------- request arrival
+
+
+def _verify_sampling_params(result, self, *args, **kwargs):
+    try:
+        validate_custom_params(getattr(self, "custom_params", None))
+    except ValueError as e:
+        count_refused(str(e))
+        raise
+    return result
+
+
+def _handle_batch_request(self, obj, *args, **kwargs):
+    if not hasattr(obj, "sampling_params"):  # embedding requests carry none
+        return
+    obj.sampling_params = flag_invalid_items(obj.sampling_params)
+    if isinstance(obj.sampling_params, list):
+        for sp in obj.sampling_params:
+            cp = sp.get("custom_params") if isinstance(sp, dict) else None
+            if isinstance(cp, dict) and ERROR_KEY in cp:
+                count_refused(str(cp[ERROR_KEY]))
+    # GenerateReqInput caches the per-item objects obj[i] it already handed out: point them at the copies
+    for i, sub in (obj.__dict__.get("_sub_obj_cache") or {}).items():
+        if isinstance(obj.sampling_params, list) and hasattr(sub, "sampling_params"):
+            sub.sampling_params = obj.sampling_params[i]
+
+
+_UNSET = object()
+
+
+def _req_params(req, defaults: ServerDefaults):
+    """A request's policy, parsed once and cached on the request object."""
+    p = getattr(req, "_treespec_params", _UNSET)
+    if p is _UNSET:
+        p = request_params(req.sampling_params, defaults)
+        try:
+            req._treespec_params = p
+        except AttributeError:  # a slotted request type: recompute next time
+            pass
+    return p
+
+
+def _create_generation_req(req, self, *args, **kwargs):
+    cp = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    msg = str(cp[ERROR_KEY]) if isinstance(cp, dict) and ERROR_KEY in cp else None
+    if msg is None:
+        try:  # parsed here, once: every rank sees the same request and (checked at start) the same settings
+            msg = unsupported_reason(_req_params(req, server_defaults()), getattr(self, "server_args", None))
+        except ValueError as e:  # a value that skipped the tokenizer's validation: refused, never a fallback
+            msg = str(e)
+    if msg is not None:
+        # finish this request alone, before any compute; no status code, so the batch's gather
+        # returns it as an output (finish_reason abort + message) instead of raising for everyone
+        req.set_finish_with_abort(msg, status_code=None, err_type="BadRequestError")
+    return req
+
+
+# ---------------------------------------------------------------------------- around a round
+
+
+def _draft_graph_vote(result, local_batch, *args, **kwargs):
+    # DP attention: each rank votes on the draft CUDA graph before SGLang min-reduces the votes across
+    # ranks. Tree mode keeps the graph (the selection runs after it); in chain mode a batch carrying
+    # treespec policies votes no, so every rank agrees to draft eagerly for the C2T stop (after the vote,
+    # turning the graph off on one rank would desynchronise the collectives)
+    if not result or local_batch is None or not getattr(local_batch, "reqs", None) \
+            or not local_batch.forward_mode.is_decode() or _DRAFT_TOPK.get("topk", 1) > 1:
+        return result
+    defaults = server_defaults()
+    return not any(_req_params(r, defaults) is not None for r in local_batch.reqs)
+
+
+def _request_level_key(original, self, key, *args, **kwargs):
+    return str(key).startswith("treespec_") or original(self, key, *args, **kwargs)
+
+
+_CPU_SAMPLING = ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob")
+
+
+def _verify_uses_greedy(original, *args, **kwargs):
+    # SGLang verifies greedily on CPU at any temperature (its sampling ops are None there). Give the
+    # CPU the exact sampling walk instead, so speculative output at T > 0 follows the target.
+    if not kwargs.get("is_cpu"):
+        return original(*args, **kwargs)
+    import sys
+
+    from .cpu import sampling
+
+    eagle_utils = sys.modules["sglang.srt.speculative.eagle_utils"]
+    for name in _CPU_SAMPLING:
+        if getattr(eagle_utils, name, None) is None:
+            setattr(eagle_utils, name, getattr(sampling, name))
+    return original(*args, **{**kwargs, "is_cpu": False})
