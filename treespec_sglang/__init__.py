@@ -4,7 +4,7 @@ Subpackages follow the dependency direction ``tree`` <- ``policies``/``verify``/
 <- ``engine``/``training`` <- ``plugin``/``cli``. Only ``plugin`` imports sglang.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def configure(policy=None, config=None):

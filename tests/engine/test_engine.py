@@ -251,15 +251,6 @@ def test_token_cap_is_lossless_and_respected(aligned_engine, per_request):
         aligned_engine.generate(ps, max_new_tokens=4, policy=mix, token_cap=0)
 
 
-def test_the_deprecated_verify_budget_keyword_warns_and_means_token_cap(aligned_engine):
-    ps = prompts(3, seed=5)
-    mix = [POLICIES[i % len(POLICIES)] for i in range(3)]
-    new = aligned_engine.generate(ps, max_new_tokens=6, policy=mix, token_cap=7)
-    with pytest.warns(DeprecationWarning, match=r"generate\(token_cap=\.\.\.\)"):
-        old = aligned_engine.generate(ps, max_new_tokens=6, policy=mix, verify_budget=7)
-    assert [(r.token_ids, r.stats.tree_sizes) for r in old] == [(r.token_ids, r.stats.tree_sizes) for r in new]
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=r"give generate\(token_cap=\.\.\.\) only"):
-        aligned_engine.generate(ps, max_new_tokens=6, policy=mix, token_cap=7, verify_budget=7)
 
 
 def test_calibrated_token_cap_is_lossless_and_learns(aligned_engine):

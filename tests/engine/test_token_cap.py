@@ -103,13 +103,3 @@ def test_plan_round_keeps_the_best_nodes_under_the_calibration(seed, total):
     got = sum(values[b][i] for b, k in enumerate(kept) for i in k[1:])
     assert got == pytest.approx(best, abs=1e-6)
 
-
-def test_the_deprecated_module_name_warns_and_re_exports(monkeypatch):
-    """``treespec_sglang.engine.budget`` (and its ``AutoBudget``) still import, with a warning naming the new module."""
-    import importlib
-    import sys
-
-    monkeypatch.delitem(sys.modules, "treespec_sglang.engine.budget", raising=False)
-    with pytest.warns(DeprecationWarning, match=r"treespec_sglang\.engine\.token_cap"):
-        old = importlib.import_module("treespec_sglang.engine.budget")
-    assert old.AutoBudget is AutoTokenCap and old.plan_round is plan_round

@@ -22,7 +22,7 @@ def fast(tmp_path):
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for k in (C.ENV_CLASSIFIERS, "TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP", "TREESPEC_BATCH_BUDGET"):
+    for k in (C.ENV_CLASSIFIERS, "TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP"):
         monkeypatch.delenv(k, raising=False)
     yield
     configure(None, classifiers={})

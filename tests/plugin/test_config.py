@@ -1,19 +1,19 @@
-"""The server defaults' deprecated names for the batch's token cap: each warns, naming the new one, and sets the
-same value (``configure(batch_budget=...)``, ``TREESPEC_BATCH_BUDGET``, ``ServerDefaults.batch_budget``)."""
+"""The server defaults: the token cap exported and read back, its range, and the operator's policy modules
+(``TREESPEC_POLICY_MODULES``)."""
 
 import os
 
 import pytest
 
 from treespec_sglang.plugin import config as C
-from treespec_sglang.plugin.config import ServerDefaults, configure, server_defaults
+from treespec_sglang.plugin.config import ServerDefaults, configure, import_policy_modules, server_defaults
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for k in (C.ENV_POLICY, C.ENV_CONFIG, C.ENV_TOKEN_CAP, C.ENV_BATCH_BUDGET):
+    for k in (C.ENV_POLICY, C.ENV_CONFIG, C.ENV_TOKEN_CAP, C.ENV_POLICY_MODULES):
         monkeypatch.delenv(k, raising=False)
-    C._parse_defaults.cache_clear()  # the environment's warning comes once per parsed setting
+    C._parse_defaults.cache_clear()
     yield
     configure(None)
 
@@ -24,30 +24,28 @@ def test_configure_token_cap_is_exported_and_read_back():
     assert configure(None).token_cap is None and C.ENV_TOKEN_CAP not in os.environ
 
 
-def test_configure_batch_budget_keyword_warns_and_sets_the_token_cap():
-    with pytest.warns(DeprecationWarning, match=r"configure\(token_cap=\.\.\.\)"):
-        d = configure(None, batch_budget=6)
-    assert d == configure(None, token_cap=6) and server_defaults().token_cap == 6
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=r"give configure\(token_cap=\.\.\.\) only"):
-        configure(None, None, 5, batch_budget=6)
-
-
-def test_the_deprecated_environment_variable_is_read_when_the_new_one_is_unset(monkeypatch):
-    monkeypatch.setenv(C.ENV_BATCH_BUDGET, "5")
-    with pytest.warns(DeprecationWarning, match=C.ENV_TOKEN_CAP):
-        assert server_defaults().token_cap == 5
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=f"{C.ENV_BATCH_BUDGET} must be an integer"):
-        monkeypatch.setenv(C.ENV_BATCH_BUDGET, "many")
-        server_defaults()
-    monkeypatch.setenv(C.ENV_TOKEN_CAP, "7")
-    assert server_defaults().token_cap == 7  # the new name wins
-    configure(None, token_cap=3)
-    assert C.ENV_BATCH_BUDGET not in os.environ  # configure clears the old name: it never shadows a new setting
-
-
-def test_server_defaults_batch_budget_attribute_warns_and_reads_the_token_cap():
-    d = ServerDefaults(token_cap=4)
-    with pytest.warns(DeprecationWarning, match=r"ServerDefaults\.token_cap"):
-        assert d.batch_budget == 4
+def test_a_bad_token_cap_names_the_flag_or_the_variable_and_the_range(monkeypatch):
     with pytest.raises(ValueError, match=r"--treespec-token-cap must be an integer in \[1, 1024\]"):
         ServerDefaults(token_cap=0)
+    monkeypatch.setenv(C.ENV_TOKEN_CAP, "many")
+    with pytest.raises(ValueError, match=r"TREESPEC_TOKEN_CAP must be an integer in \[1, 1024\], got 'many'"):
+        server_defaults()
+
+
+def test_the_names_removed_in_0_2_are_refused_not_read(monkeypatch):
+    """``configure(batch_budget=)`` and ``TREESPEC_BATCH_BUDGET`` are gone (CHANGELOG): the keyword is a TypeError
+    and the old variable no longer sets a cap."""
+    with pytest.raises(TypeError, match="batch_budget"):
+        configure(None, batch_budget=6)
+    monkeypatch.setenv("TREESPEC_BATCH_BUDGET", "5")
+    assert server_defaults().token_cap is None
+
+
+def test_policy_modules_are_imported_and_a_missing_one_names_the_variable(monkeypatch):
+    monkeypatch.setenv(C.ENV_POLICY_MODULES, " json , treespec_sglang.policies.talon ")
+    assert import_policy_modules() == ["json", "treespec_sglang.policies.talon"]
+    monkeypatch.setenv(C.ENV_POLICY_MODULES, "treespec_sglang.no_such_policies")
+    with pytest.raises(ImportError, match="TREESPEC_POLICY_MODULES: cannot import 'treespec_sglang.no_such_policies'"):
+        import_policy_modules()
+    monkeypatch.delenv(C.ENV_POLICY_MODULES)
+    assert import_policy_modules() == []

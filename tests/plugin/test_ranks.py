@@ -16,7 +16,7 @@ from treespec_sglang.plugin.request import request_params
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for k in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP", "TREESPEC_BATCH_BUDGET", "TREESPEC_CLASSIFIERS",
+    for k in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP", "TREESPEC_CLASSIFIERS",
               R.ENV_PERTURB, R.ENV_PERTURB_VERIFY, R.ENV_DIGESTS):
         monkeypatch.delenv(k, raising=False)
 

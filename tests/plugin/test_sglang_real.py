@@ -167,7 +167,7 @@ def test_token_cap_flag_is_added_validated_and_exported(loaded, monkeypatch):
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    for var in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP", "TREESPEC_BATCH_BUDGET"):
+    for var in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP"):
         monkeypatch.setenv(var, "")
     _from_cli_args(None, ServerArgs, parser.parse_args(["--model-path", "dummy", "--treespec-token-cap", "4"]))
     assert os.environ["TREESPEC_TOKEN_CAP"] == "4" and server_defaults().token_cap == 4
@@ -182,26 +182,6 @@ def test_token_cap_flag_is_added_validated_and_exported(loaded, monkeypatch):
         bad.verify(1000)
 
 
-def test_deprecated_batch_budget_flag_warns_and_sets_the_token_cap(loaded, monkeypatch):
-    """--treespec-batch-budget (the old name) still parses: a DeprecationWarning naming --treespec-token-cap,
-    the same value exported; both flags at once are refused."""
-    import argparse
-
-    from sglang.srt.server_args import ServerArgs
-
-    from treespec_sglang.plugin import server_defaults
-    from treespec_sglang.plugin.hooks import _from_cli_args
-
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    for var in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP", "TREESPEC_BATCH_BUDGET"):
-        monkeypatch.setenv(var, "")
-    with pytest.warns(DeprecationWarning, match="--treespec-token-cap"):
-        _from_cli_args(None, ServerArgs, parser.parse_args(["--model-path", "d", "--treespec-batch-budget", "5"]))
-    assert os.environ["TREESPEC_TOKEN_CAP"] == "5" and server_defaults().token_cap == 5
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="give --treespec-token-cap only"):
-        _from_cli_args(None, ServerArgs, parser.parse_args(["--model-path", "d", "--treespec-batch-budget", "5",
-                                                            "--treespec-token-cap", "6"]))
 
 
 def test_organize_hook_keeps_sglang_selection_and_the_policies_run_on_the_stashed_pool(loaded):

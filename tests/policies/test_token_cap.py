@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.helpers import closed_subsets, oracle_node_values, random_batch
-from treespec_sglang.policies.token_cap import allocate_batch, best_total, node_values
+from treespec_sglang.policies.token_cap import allocate_batch, best_total, node_values, split_batch_option
 from treespec_sglang.tree import DraftTree
 from treespec_sglang.utils import count_host_syncs
 
@@ -152,27 +152,12 @@ def test_best_total_maximises_expected_tokens_per_second(rng, curve):
         assert rate(got)[1] == int(allocate_batch(tree, n_max, cap, floor, weight).sum())
 
 
-def test_the_deprecated_batch_budget_key_warns_and_means_token_cap():
-    """``{"batch_budget": false}`` (the old request key) still opts out, with a warning naming "token_cap"."""
-    from treespec_sglang.policies.token_cap import split_batch_option
+def test_the_request_key_removed_in_0_2_is_refused_with_the_allowed_keys():
+    """``{"batch_budget": false}`` (renamed ``token_cap`` in 0.1, removed in 0.2) is an unknown parameter."""
+    from treespec_sglang.policies import parse_spec
 
-    spec = {"policy": "talon", "budget": 8}
-    with pytest.warns(DeprecationWarning, match="'token_cap'"):
-        old = split_batch_option(dict(spec, batch_budget=False))
-    assert old == split_batch_option(dict(spec, token_cap=False)) == (spec, False)
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="batch_budget must be true"):
-        split_batch_option(dict(spec, batch_budget=3))
-    with pytest.raises(ValueError, match="give token_cap only"):
-        split_batch_option(dict(spec, batch_budget=False, token_cap=False))
+    spec, share = split_batch_option({"policy": "talon", "budget": 8, "batch_budget": False})
+    assert share is True and "batch_budget" in spec
+    with pytest.raises(ValueError, match=r"talon: unknown parameter\(s\) \['batch_budget'\]; allowed: \["):
+        parse_spec(spec)
 
-
-def test_the_deprecated_module_name_warns_and_re_exports(monkeypatch):
-    import importlib
-    import sys
-
-    from treespec_sglang.policies import token_cap
-
-    monkeypatch.delitem(sys.modules, "treespec_sglang.policies.batch_budget", raising=False)
-    with pytest.warns(DeprecationWarning, match=r"treespec_sglang\.policies\.token_cap"):
-        old = importlib.import_module("treespec_sglang.policies.batch_budget")
-    assert all(getattr(old, n) is getattr(token_cap, n) for n in old.__all__)

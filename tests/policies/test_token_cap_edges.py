@@ -77,9 +77,6 @@ def test_a_request_without_the_key_shares_the_token_cap():
     assert split_batch_option(dict(spec, token_cap=True)) == (spec, True)
 
 
-def test_the_deprecated_key_warning_names_the_old_key():
-    with pytest.warns(DeprecationWarning, match="the policy key 'batch_budget' is deprecated: use 'token_cap'"):
-        split_batch_option({"policy": "talon", "batch_budget": True})
 
 
 # best_total on STAR (one root, children .8 / .4 / .2): T = 1 + the j best children, expected tokens

@@ -20,7 +20,6 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from ..policies.calibration import DepthCalibration
-from ..utils.deprecation import UNSET, renamed_arg
 from ..verify import sample
 from ..models.packing import PackedLinear, pack_linears_, resolve_pack
 from .dtypes import explain_dtype, resolve_dtype
@@ -174,7 +173,7 @@ class SpecEngine:
     def generate(self, prompts, *, max_new_tokens: int, policy=None, temperature: float = 0.0, top_k: int = -1,
                  top_p: float = 1.0, seed: Optional[int] = None, chat: bool = True,
                  progress=None, token_cap: Optional[Union[int, str]] = None,
-                 calibrate: bool = False, draft_prune: float = 0.5, verify_budget=UNSET) -> List[GenerationResult]:
+                 calibrate: bool = False, draft_prune: float = 0.5) -> List[GenerationResult]:
         """Generate for a batch of prompts; ``policy`` is one dict, a list (one per prompt), or None.
 
         ``prompts``: a list of texts / token-id lists (a single text is one prompt). A request whose
@@ -198,10 +197,7 @@ class SpecEngine:
         probability is at least ``draft_prune`` x the round's marginal value (the last round's tokens per ms
         x the line's ms per verified token: a node below it is not worth verifying, nor is anything under
         it), and the draft runs on those nodes only; 0 drafts every policy's whole tree.
-        ``verify_budget``: the deprecated name of ``token_cap`` (a ``DeprecationWarning``; same meaning).
         """
-        token_cap = renamed_arg(token_cap, verify_budget, "generate(verify_budget=...)", "generate(token_cap=...)",
-                                stacklevel=5)  # past inference_mode's wrapper
         o = GenerateOptions(max_new_tokens, temperature, top_k, top_p, seed, chat, token_cap, calibrate,
                             draft_prune)  # validated before any compute
         a = admit(self, prompts, policy, o)

@@ -10,10 +10,7 @@ inherit. With neither set, the plugin changes nothing.
 token cap: the treespec requests of a round verify ``B`` tokens each *on average* (roots included), spent
 where the draft's path probabilities are highest across them
 (:func:`~treespec_sglang.plugin.pool.share_token_cap`). A request opts out with
-``{"token_cap": false}`` in its ``custom_params["treespec"]``: its own policy tree is kept whole. The old
-names (``--treespec-batch-budget``, ``configure(..., batch_budget=B)``, ``TREESPEC_BATCH_BUDGET``,
-``ServerDefaults.batch_budget``, the request key ``"batch_budget"``) still work and warn
-(``DeprecationWarning``).
+``{"token_cap": false}`` in its ``custom_params["treespec"]``: its own policy tree is kept whole.
 
 ``--treespec-classifier NAME=PATH`` (repeatable; ``configure(..., classifiers={NAME: PATH})``,
 ``TREESPEC_CLASSIFIERS``) registers C2T classifiers that requests pick by name
@@ -29,16 +26,14 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..policies import parse_spec
-from ..utils.deprecation import UNSET, renamed_arg, warn_renamed
 from .classifiers import ENV_CLASSIFIERS, load_registry, parse_classifier_flags, resolve_request_classifier
 
-__all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_TOKEN_CAP", "ENV_BATCH_BUDGET", "ENV_POLICY_MODULES", "ServerDefaults",
+__all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_TOKEN_CAP", "ENV_POLICY_MODULES", "ServerDefaults",
            "configure", "server_defaults", "draft_algorithm_mismatch", "import_policy_modules"]
 
 ENV_POLICY = "TREESPEC_POLICY"
 ENV_CONFIG = "TREESPEC_CONFIG"
 ENV_TOKEN_CAP = "TREESPEC_TOKEN_CAP"
-ENV_BATCH_BUDGET = "TREESPEC_BATCH_BUDGET"  # the deprecated name of ENV_TOKEN_CAP, read when it is unset
 ENV_POLICY_MODULES = "TREESPEC_POLICY_MODULES"  # the operator's own policy modules, imported in every process
 MAX_TOKEN_CAP = 1024
 
@@ -65,12 +60,6 @@ class ServerDefaults:
         parse_spec(resolve_request_classifier(self.spec))  # raises ValueError naming the field and its range
 
     @property
-    def batch_budget(self) -> Optional[int]:
-        """Deprecated name of :attr:`token_cap`."""
-        warn_renamed("ServerDefaults.batch_budget", "ServerDefaults.token_cap", stacklevel=2)
-        return self.token_cap
-
-    @property
     def active(self) -> bool:
         return self.policy is not None
 
@@ -80,11 +69,9 @@ class ServerDefaults:
 
 
 def configure(policy: Optional[str] = None, config: Optional[dict] = None,
-              token_cap: Optional[int] = None, classifiers: Optional[dict] = None, *,
-              batch_budget=UNSET) -> ServerDefaults:
+              token_cap: Optional[int] = None, classifiers: Optional[dict] = None) -> ServerDefaults:
     """Set (or with ``policy=None`` clear) the server-wide default; call before ``sgl.Engine``.
-    ``token_cap``: the batch's token cap, in mean verified tokens per request (None: off); ``batch_budget`` is
-    its deprecated name.
+    ``token_cap``: the batch's token cap, in mean verified tokens per request (None: off).
     ``classifiers``: ``{name: path}`` of C2T classifiers requests may pick by name (``default``, the
     shipped one, is always there; files are checked and loaded here); ``{}`` clears them, None keeps them.
 
@@ -102,7 +89,6 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None,
             os.environ[ENV_CLASSIFIERS] = json.dumps(files)
         else:
             os.environ.pop(ENV_CLASSIFIERS, None)
-    token_cap = renamed_arg(token_cap, batch_budget, "configure(batch_budget=...)", "configure(token_cap=...)")
     d = ServerDefaults(policy, dict(config or {}), token_cap)
     if d.policy is None:
         os.environ.pop(ENV_POLICY, None)
@@ -110,7 +96,6 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None,
     else:
         os.environ[ENV_POLICY] = d.policy
         os.environ[ENV_CONFIG] = json.dumps(d.config)
-    os.environ.pop(ENV_BATCH_BUDGET, None)  # the deprecated name: never left to shadow a cleared cap
     if d.token_cap is None:
         os.environ.pop(ENV_TOKEN_CAP, None)
     else:
@@ -122,17 +107,13 @@ def server_defaults() -> ServerDefaults:
     """Read the defaults from the environment (validated; errors name the variable).
 
     Called on every draft step: each distinct (policy, config) pair is parsed and validated once."""
-    cap, env = os.environ.get(ENV_TOKEN_CAP) or None, ENV_TOKEN_CAP
-    if cap is None and os.environ.get(ENV_BATCH_BUDGET):
-        cap, env = os.environ[ENV_BATCH_BUDGET], ENV_BATCH_BUDGET
-    return _parse_defaults(os.environ.get(ENV_POLICY) or None, os.environ.get(ENV_CONFIG) or "{}", cap, env)
+    return _parse_defaults(os.environ.get(ENV_POLICY) or None, os.environ.get(ENV_CONFIG) or "{}",
+                           os.environ.get(ENV_TOKEN_CAP) or None)
 
 
 @functools.lru_cache(maxsize=8)
-def _parse_defaults(policy: Optional[str], raw: str, cap: Optional[str] = None,
-                    env: str = ENV_TOKEN_CAP) -> ServerDefaults:
-    if env != ENV_TOKEN_CAP:  # once per distinct setting (cached), not every draft step
-        warn_renamed(env, ENV_TOKEN_CAP, stacklevel=4)
+def _parse_defaults(policy: Optional[str], raw: str, cap: Optional[str] = None) -> ServerDefaults:
+    env = ENV_TOKEN_CAP
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as e:

@@ -16,7 +16,6 @@ from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .ranks import check_settings_agree, shard_hot_head, verify_group
 from .request import ERROR_KEY, flag_invalid_items, request_params, unsupported_reason, validate_custom_params
-from ..utils.deprecation import UNSET, renamed_arg
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
@@ -35,8 +34,6 @@ def _add_cli_args(result, parser, *args, **kwargs):
                    help="the batch's token cap: the treespec requests of a round verify this many tokens "
                         "each on average (roots included), spent where the draft's path probabilities are highest; "
                         'a request opts out with {"token_cap": false} in custom_params["treespec"]')
-    g.add_argument("--treespec-batch-budget", type=int, default=None,
-                   help="deprecated name of --treespec-token-cap")
     g.add_argument("--treespec-classifier", action="append", default=None, metavar="NAME=PATH",
                    help="register a C2T classifier file under NAME (repeatable); requests pick one with "
                         '{"classifier": "NAME"} and never name a file; "default" (the shipped one) is always there')
@@ -46,9 +43,7 @@ def _add_cli_args(result, parser, *args, **kwargs):
 def _from_cli_args(result, cls, args, *a, **k):
     policy = getattr(args, "treespec_policy", None)
     raw = getattr(args, "treespec_config", None)
-    old = getattr(args, "treespec_batch_budget", None)
-    token_cap = renamed_arg(getattr(args, "treespec_token_cap", None), UNSET if old is None else old,
-                            "--treespec-batch-budget", "--treespec-token-cap", stacklevel=3)
+    token_cap = getattr(args, "treespec_token_cap", None)
     classifiers = parse_classifier_flags(getattr(args, "treespec_classifier", None))
     if policy is None and raw is None and token_cap is None and not classifiers:
         return result

@@ -26,15 +26,12 @@ from typing import Optional, Union
 import torch
 
 from ..tree import DraftTree
-from ..utils.deprecation import warn_renamed
 
-__all__ = ["node_values", "allocate_batch", "best_total", "select_best", "split_batch_option", "CAP_KEY",
-           "LEGACY_CAP_KEY"]
+__all__ = ["node_values", "allocate_batch", "best_total", "select_best", "split_batch_option", "CAP_KEY"]
 
 # a request's policy dict may carry {"token_cap": false}: it keeps its own whole tree (its nodes count
 # against the token cap but are never trimmed); true / absent: it shares the token cap
 CAP_KEY = "token_cap"
-LEGACY_CAP_KEY = "batch_budget"  # the deprecated spelling of CAP_KEY
 
 Num = Union[int, torch.Tensor]
 
@@ -42,23 +39,16 @@ Num = Union[int, torch.Tensor]
 def split_batch_option(spec):
     """``(policy spec without the cap key, whether the request shares the batch's token cap)``.
 
-    The deprecated key ``"batch_budget"`` still works (a ``DeprecationWarning`` names ``"token_cap"``).
-
     >>> split_batch_option({"policy": "talon", "budget": 8, "token_cap": False})
     ({'policy': 'talon', 'budget': 8}, False)
     """
-    if not isinstance(spec, dict) or (CAP_KEY not in spec and LEGACY_CAP_KEY not in spec):
+    if not isinstance(spec, dict) or CAP_KEY not in spec:
         return spec, True
-    if CAP_KEY in spec and LEGACY_CAP_KEY in spec:
-        raise ValueError(f"{LEGACY_CAP_KEY} is the deprecated spelling of {CAP_KEY}: give {CAP_KEY} only")
-    key = CAP_KEY if CAP_KEY in spec else LEGACY_CAP_KEY
-    if key == LEGACY_CAP_KEY:
-        warn_renamed(f"the policy key {LEGACY_CAP_KEY!r}", repr(CAP_KEY))
-    share = spec[key]
+    share = spec[CAP_KEY]
     if not isinstance(share, bool):
-        raise ValueError(f"{key} must be true (share the batch's token cap) or false (keep the "
+        raise ValueError(f"{CAP_KEY} must be true (share the batch's token cap) or false (keep the "
                          f"policy's whole tree), got {share!r}")
-    return {k: v for k, v in spec.items() if k != key}, share
+    return {k: v for k, v in spec.items() if k != CAP_KEY}, share
 
 
 def node_values(tree: DraftTree, weight: Optional[torch.Tensor] = None) -> torch.Tensor:

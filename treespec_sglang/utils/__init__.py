@@ -1,6 +1,5 @@
-"""Small shared helpers (host-sync accounting, deprecated-name warnings)."""
+"""Small shared helpers (host-sync accounting, CUDA-graph capture)."""
 
-from .deprecation import warn_renamed
 from .syncs import SyncCounter, count_host_syncs
 
-__all__ = ["SyncCounter", "count_host_syncs", "warn_renamed"]
+__all__ = ["SyncCounter", "count_host_syncs"]
