@@ -56,7 +56,7 @@ def linear_rows(target):
 
 
 def main() -> int:
-    from treespec_sglang.cli.runs import draft_dir_of, label, parse_policies, pick_budgets, run_policy
+    from treespec_sglang.engine.runs import draft_dir_of, label, parse_policies, pick_budgets, run_policy
     from treespec_sglang.data import humaneval, mtbench
     from treespec_sglang.engine import SpecEngine
     from treespec_sglang.engine.cost import _cpu_name

@@ -26,7 +26,7 @@ import time
 
 
 def policy_at(name: str, budget: int) -> dict:
-    from treespec_sglang.cli.runs import PRESETS
+    from treespec_sglang.engine.runs import PRESETS
 
     d = dict(PRESETS[name])
     if name == "chain":

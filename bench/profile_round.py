@@ -102,7 +102,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write the rows here")
     a = ap.parse_args(argv)
-    from treespec_sglang.cli.runs import PRESETS
+    from treespec_sglang.engine.runs import PRESETS
     from treespec_sglang.data import humaneval, mtbench
     from treespec_sglang.engine import SpecEngine
 

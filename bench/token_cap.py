@@ -114,7 +114,7 @@ def main():
     a = ap.parse_args()
     import torch
 
-    from treespec_sglang.cli.runs import PolicyRun, verdict
+    from treespec_sglang.engine.runs import PolicyRun, verdict
     from treespec_sglang.engine import SpecEngine
 
     torch.set_num_threads(2)

@@ -98,7 +98,7 @@ def test_debug_shows_the_traceback():
 def test_a_failed_cell_says_why_in_the_table():
     from types import SimpleNamespace
 
-    from treespec_sglang.cli.runs import PolicyRun, failed_requests, format_table
+    from treespec_sglang.engine.runs import PolicyRun, failed_requests, format_table
 
     ok = SimpleNamespace(token_ids=[1, 2], error=None, stats=SimpleNamespace(accepted=[1], draft_forwards=2,
                                                                            tree_sizes=[3]))
@@ -115,7 +115,7 @@ def test_plan_vs_measured_rows_and_the_plain_sentences():
     says so plainly when no plan expected to beat plain decoding and when no run did."""
     from types import SimpleNamespace
 
-    from treespec_sglang.cli.runs import PolicyRun, plan_vs_measured
+    from treespec_sglang.engine.runs import PolicyRun, plan_vs_measured
     from treespec_sglang.engine.cost import BudgetChoice
 
     def run(spec, seconds, accepted, decode=None):
@@ -144,7 +144,7 @@ def test_run_policy_times_decode_rounds_apart_from_each_batchs_prefill(monkeypat
     time starts at each batch's first call."""
     from types import SimpleNamespace
 
-    import treespec_sglang.cli.runs as R
+    import treespec_sglang.engine.runs as R
 
     clock = [0.0]
     monkeypatch.setattr(R, "time", SimpleNamespace(perf_counter=lambda: clock[0]))

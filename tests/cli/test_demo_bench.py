@@ -19,9 +19,9 @@ def test_bench_writes_jsonl_and_plots(tmp_path, monkeypatch):
     make_tiny_llama(tiny, vocab=64, hidden=32, layers=1)
     monkeypatch.setitem(P.PROMPT_SETS, "humaneval", lambda: P.PromptSet("humaneval", ["h0", "h1"], ["x", "y"]))
     # the tiny model has no tokenizer: encode every prompt to fixed token ids
-    from treespec_sglang.engine import SpecEngine
+    from treespec_sglang.engine.calls import ModelCalls
 
-    monkeypatch.setattr(SpecEngine, "_encode_one", lambda self, i, p, chat=True: [3, 4, 5])
+    monkeypatch.setattr(ModelCalls, "encode_one", lambda self, i, p, chat=True: [3, 4, 5])
     out = tmp_path / "out"
     rc = main(["bench", "--target", str(tiny), "--draft", "random", "--prompts", "humaneval",
                "--policies", "eagle2,chain", "--max-new-tokens", "6", "--batch-size", "2", "--out", str(out)])

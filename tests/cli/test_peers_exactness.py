@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from tests.models.tiny import make_tiny_llama
-from treespec_sglang.cli.runs import PolicyRun, verdict
+from treespec_sglang.engine.runs import PolicyRun, verdict
 from treespec_sglang.engine import SpecEngine
-from treespec_sglang.cli.exactness import TIE_BOUND, compare_outputs, divergence_margin, first_divergence
+from treespec_sglang.engine.exactness import TIE_BOUND, compare_outputs, divergence_margin, first_divergence
 from treespec_sglang.engine.kv_cache import prefill
 
 pytest.importorskip("transformers")
@@ -45,7 +45,7 @@ def test_margin_is_the_target_logit_gap_at_the_first_divergence(tiny):
     ref = e.generate([prompt], max_new_tokens=4)[0].token_ids
     with torch.no_grad():
         _, _, h, _ = prefill(e.target, [prompt + ref[:2]], 5)
-    logits = e._logits(h[0, -1])
+    logits = e.calls.logits(h[0, -1])
     second = int(logits.topk(2).indices[1])
     other = ref[:2] + [second, 0]
     m = divergence_margin(e, prompt, ref, other)
@@ -73,7 +73,7 @@ def test_verdict_strict_in_float32_tolerant_of_bf16_near_ties(tiny):
     ref16 = e16.generate([prompt], max_new_tokens=4)[0].token_ids
     with torch.no_grad():
         _, _, h, _ = prefill(e16.target, [prompt + ref16[:1]], 4)
-    logits = e16._logits(h[0, -1])
+    logits = e16.calls.logits(h[0, -1])
     order = logits.argsort(descending=True).tolist()
     near = next(t for t in order[1:] if float(logits[ref16[1]] - logits[t]) <= TIE_BOUND) \
         if float(logits[order[0]] - logits[order[1]]) <= TIE_BOUND else None

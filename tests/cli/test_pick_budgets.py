@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import treespec_sglang.engine.overhead as O
-from treespec_sglang.cli.runs import pick_budgets
+from treespec_sglang.engine.runs import pick_budgets
 from treespec_sglang.engine.cost import CostCurve
 from treespec_sglang.engine.overhead import Overheads
 

@@ -104,7 +104,7 @@ def sample_law(spec_engine):
         def next_logprobs(seqs):
             cache, inp, hidden, lens = prefill(spec_engine.target, seqs, max(len(s) for s in seqs) + 1)
             last = torch.gather(hidden, 1, (lens - 1)[:, None, None].expand(len(seqs), 1, hidden.shape[-1]))[:, 0]
-            return torch.log_softmax(spec_engine._logits(last).double(), -1)
+            return torch.log_softmax(spec_engine.calls.logits(last).double(), -1)
 
         p1 = next_logprobs([ids])[0].exp()
         top1 = torch.topk(p1, 24).indices.tolist()

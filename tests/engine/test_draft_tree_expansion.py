@@ -26,14 +26,14 @@ def test_expansion_equals_branch_chain(tmp_path, spec, prune):
     e = SpecEngine.from_pretrained(str(tmp_path), draft=None, seed=5, dtype="float32")
     ids = [[3, 7, 1, 9, 4], [5, 2]]
     with torch.no_grad():
-        cache, inp, hidden, lens, logits = e._prefill(ids, 40)
+        cache, inp, hidden, lens, logits = e.calls.prefill(ids, 40)
         dcfg = e.draft.config
         dcache = KVCache(1, 2, dcfg.num_key_value_heads, 41, dcfg.head_dim, torch.float32, "cpu")
         root = logits.argmax(-1)
         toks = torch.cat([inp[:, 1:], torch.zeros_like(inp[:, :1])], dim=1)
         toks.scatter_(1, (lens - 1)[:, None], root[:, None])
-        f_root, root_lp = e._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
-        exp = TreeExpander(e, dcache, lens, f_root, max(len(x) for x in ids), ragged=prune)
+        f_root, root_lp = e.calls.draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
+        exp = TreeExpander(e.calls, dcache, lens, f_root, max(len(x) for x in ids), ragged=prune)
         seen = []
 
         class Recording:

@@ -103,3 +103,38 @@ def test_plan_round_keeps_the_best_nodes_under_the_calibration(seed, total):
     got = sum(values[b][i] for b, k in enumerate(kept) for i in k[1:])
     assert got == pytest.approx(best, abs=1e-6)
 
+
+
+def test_the_token_cap_plan_scales_a_fixed_cap_and_feeds_an_auto_one_its_rounds():
+    """A fixed T shrinks with the running requests (ceil(T * running / bs)); "auto" asks its round-cost line for
+    each round's AutoTokenCap and reports every finished round to it; None is no cap."""
+    from treespec_sglang.engine.token_cap import AutoTokenCap, TokenCapPlan
+
+    fixed = TokenCapPlan(10, bs=4, max_nodes=8)
+    assert [fixed.cap(r) for r in (4, 3, 1)] == [10, 8, 3]
+    assert TokenCapPlan(None, bs=4, max_nodes=8).cap(2) is None
+    with pytest.raises(ValueError, match="needs a round-cost line"):
+        TokenCapPlan("auto", bs=4, max_nodes=8)
+
+    class Line:  # a RoundCost stand-in that records what the plan asks and reports
+        seen = []
+
+        def costs(self, t_max):
+            self.seen.append(("costs", t_max))
+            return torch.arange(t_max + 1, dtype=torch.float32)
+
+        def probe(self):
+            return 1.25
+
+        def marginal_value(self):
+            return 0.4
+
+        def observe(self, verified, ms, running, committed, steps):
+            self.seen.append(("observe", verified, ms, running, committed, steps))
+
+    auto = TokenCapPlan("auto", bs=4, max_nodes=8, cost=Line(), prune=0.5)
+    cap = auto.cap(3)
+    assert isinstance(cap, AutoTokenCap) and cap.probe == 1.25 and cap.min_prob == pytest.approx(0.2)
+    assert cap.ms.shape == (25,)  # 3 running x 8 nodes + 1
+    auto.observe(17, 42.0, 3, 9, 4)
+    assert Line.seen == [("costs", 24), ("observe", 17, 42.0, 3, 9, 4)]

@@ -38,11 +38,11 @@ def test_draft_logprobs_are_the_target_head_rows(aligned_engine):
     h = torch.randn(3, e.target.config.hidden_size)
     e.set_token_map(TOKEN_MAP)
     try:
-        got = e._draft_logprobs(h)
+        got = e.calls.draft_logprobs(h)
     finally:
         e.set_token_map(None)
     torch.testing.assert_close(got, torch.log_softmax(e.target.lm_head(h)[:, TOKEN_MAP], -1))
-    torch.testing.assert_close(e._draft_logprobs(h), torch.log_softmax(e.target.lm_head(h), -1))
+    torch.testing.assert_close(e.calls.draft_logprobs(h), torch.log_softmax(e.target.lm_head(h), -1))
 
 
 @pytest.mark.parametrize("bad", [[1, 1, 2], [0, 64], [-1, 3], [[1, 2]]])

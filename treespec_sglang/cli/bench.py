@@ -8,8 +8,9 @@ import json
 import os
 import sys
 
-from .runs import (add_dtype, draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets, PACK,
-                   run_policy, set_threads, verdict)
+from ..engine.runs import (draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets,
+                           run_policy, verdict)
+from .runs import PACK, add_dtype, set_threads
 
 __all__ = ["add_parser", "write_outputs"]
 

@@ -57,7 +57,7 @@ def _paths(a):
         model = demo_target()
     draft = a.draft
     if draft in ("demo", "demo-eagle3"):
-        from .runs import draft_dir_of
+        from ..engine.runs import draft_dir_of
 
         draft = draft_dir_of(draft)
     tmap = a.token_map

@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from .runs import (add_dtype, draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets, PACK,
-                   plan_vs_measured, run_policy, set_threads, verdict)
+from ..engine.runs import (draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets,
+                           plan_vs_measured, run_policy, verdict)
+from .runs import PACK, add_dtype, set_threads
 
 __all__ = ["add_parser"]
 

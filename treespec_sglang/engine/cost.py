@@ -118,7 +118,7 @@ def _measure(engine, sizes, widths, prefix: int, repeats: int, bs: int = 1) -> C
     def verify(n):
         p = _positions(prefix, n, bs, dev)  # [bs, n]
         mask = torch.ones(n, prefix + n, dtype=torch.bool, device=dev).tril(prefix)[None].expand(bs, -1, -1)
-        return lambda: engine._logits(engine.target(ids[:, prefix:prefix + n], p, cache.stores(p, prefix + n), mask))
+        return lambda: engine.calls.logits(engine.target(ids[:, prefix:prefix + n], p, cache.stores(p, prefix + n), mask))
 
     dcache = KVCache(1, bs, dcfg.num_key_value_heads, prefix + 1 + max(widths), dcfg.head_dim, engine.dtype, dev)
 
@@ -126,7 +126,7 @@ def _measure(engine, sizes, widths, prefix: int, repeats: int, bs: int = 1) -> C
         p = _positions(prefix, w, bs, dev)  # [bs, w]
         mask = torch.ones(w, prefix + w, dtype=torch.bool, device=dev)[None].expand(bs, -1, -1)
         feats = torch.zeros(bs, w, dcfg.hidden_size, dtype=engine.dtype, device=dev)
-        return lambda: engine._draft_logprobs(engine.draft(ids[:, :w], feats, p, dcache.stores(p, prefix + w)[0], mask))
+        return lambda: engine.calls.draft_logprobs(engine.draft(ids[:, :w], feats, p, dcache.stores(p, prefix + w)[0], mask))
 
     return CostCurve(tuple(sizes), tuple(_median_ms(verify(n), repeats) for n in sizes),
                      tuple(widths), tuple(_median_ms(draft(w), repeats) for w in widths), bs)

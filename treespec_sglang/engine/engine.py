@@ -23,13 +23,14 @@ from ..policies.calibration import DepthCalibration
 from ..verify import sample
 from ..models.packing import PackedLinear, pack_linears_, resolve_pack
 from .dtypes import explain_dtype, resolve_dtype
-from .kv_cache import KVCache, prefill
+from .calls import ModelCalls
+from .kv_cache import KVCache
 from .round import Batch, RoundOptions, commit, draft, plan, record, verify
 from .loading import load_models
 from .memory import check_fits, estimate_generate_bytes
 from .options import GenerateOptions
 from .requests import GenerationResult, RequestStats, admit
-from .token_cap import AutoTokenCap
+from .token_cap import TokenCapPlan
 
 __all__ = ["SpecEngine", "GenerationResult", "RequestStats"]
 
@@ -40,10 +41,12 @@ class SpecEngine:
     def __init__(self, target, draft, tokenizer=None, device="cpu", dtype=torch.float32,
                  token_map: Optional[torch.Tensor] = None, fuse: bool = True, dtype_note: Optional[str] = None,
                  pack: Optional[bool] = None):
-        self.target = target.to(device=device, dtype=dtype).eval()
+        target = target.to(device=device, dtype=dtype).eval()
         if fuse:  # the engine only runs the target forward: fused q/k/v and gate/up matmuls
-            self.target.fuse_()
-        self.draft = draft.to(device=device, dtype=dtype).eval().attach(self.target.model.embed_tokens)
+            target.fuse_()
+        draft = draft.to(device=device, dtype=dtype).eval().attach(target.model.embed_tokens)
+        # the model calls every stage takes (ModelCalls); the draft head and token map are set by set_token_map
+        self.calls = ModelCalls(target, draft, target.lm_head, None, tokenizer, torch.device(device), dtype)
         self._connect_features(target, self.draft)  # the target returns the states the draft reads
         # oneDNN-prepacked linears where the kernel passes its probe (bf16: bit-identical; float32:
         # batch-invariant, ~1.5-2.5x faster small-M linears on AVX2): ``models/packing.py``. Inference
@@ -54,7 +57,6 @@ class SpecEngine:
         if self.packed:
             pack_linears_(self.target)
             pack_linears_(self.draft)
-        self.tokenizer = tokenizer
         # optional ``observer(tree, parent_entropy, result)`` called after each verify (C2T data)
         self.observer = None
         self.calibration = None  # the last generate(calibrate=True) call's DepthCalibration
@@ -71,6 +73,38 @@ class SpecEngine:
             self.eos.add(int(tokenizer.eos_token_id))
         self.set_token_map(token_map)
 
+    @property
+    def token_map(self) -> Optional[torch.Tensor]:
+        """``[vocab_d]`` target id of each draft id, or None (:attr:`calls`)."""
+        return self.calls.token_map
+
+    @property
+    def target(self):
+        """The target model (:attr:`calls`)."""
+        return self.calls.target
+
+    @target.setter
+    def target(self, model) -> None:
+        self.calls.target = model
+
+    @property
+    def draft(self):
+        """The draft head (:attr:`calls`)."""
+        return self.calls.draft
+
+    @draft.setter
+    def draft(self, model) -> None:
+        self.calls.draft = model
+
+    @property
+    def tokenizer(self):
+        """The target's tokenizer, or None (token ids only) (:attr:`calls`)."""
+        return self.calls.tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tok) -> None:
+        self.calls.tokenizer = tok
+
     def set_token_map(self, token_map: Optional[torch.Tensor]) -> None:
         """Restrict the draft to a reduced vocabulary (FR-Spec; SGLang's ``--speculative-token-map``).
 
@@ -83,22 +117,20 @@ class SpecEngine:
             if token_map is not None and not torch.equal(torch.as_tensor(token_map).to(hot), hot):
                 raise ValueError("token_map: an EAGLE-3 head carries its own draft vocabulary (d2t); "
                                  "pass no token map, or exactly the head's")
-            self.token_map, self._draft_head = hot, self.draft.logits
+            self.calls.token_map, self.calls.draft_head = hot, self.draft.logits
             return
         w = self.target.lm_head.weight
         if token_map is None:
-            self.token_map = None
-            self._draft_head = self.target.lm_head
+            self.calls.token_map, self.calls.draft_head = None, self.target.lm_head
             return
         tm = torch.as_tensor(token_map).to(device=self.device, dtype=torch.int64)
         V = self.target.config.vocab_size
         if tm.dim() != 1 or tm.numel() < 1 or int(tm.min()) < 0 or int(tm.max()) >= V or tm.unique().numel() != tm.numel():
             raise ValueError(f"token_map must be a 1-D list of distinct target ids in [0, {V - 1}], "
                              f"got shape {tuple(tm.shape)}")
-        self.token_map = tm
         head = torch.nn.Linear(w.shape[1], tm.numel(), bias=False, device=self.device, dtype=w.dtype)
         head.weight = torch.nn.Parameter(w.detach()[tm].contiguous(), requires_grad=False)
-        self._draft_head = PackedLinear(head) if self.packed else head
+        self.calls.token_map, self.calls.draft_head = tm, (PackedLinear(head) if self.packed else head)
 
     @property
     def draft_vocab(self) -> int:
@@ -146,27 +178,8 @@ class SpecEngine:
     # ------------------------------------------------------------------ prompts
     def encode(self, prompts: Sequence[Union[str, Sequence[int]]], chat: bool = True) -> List[List[int]]:
         """Token ids of each prompt (text through the chat template unless ``chat=False``); raises
-        ``ValueError`` naming the first bad prompt."""
-        return [self._encode_one(i, p, chat) for i, p in enumerate(prompts)]
-
-    def _encode_one(self, i: int, p: Union[str, Sequence[int]], chat: bool) -> List[int]:
-        if isinstance(p, str):
-            if self.tokenizer is None:
-                raise ValueError(f"prompt {i} is text but this model has no tokenizer: pass token ids")
-            if chat and getattr(self.tokenizer, "chat_template", None):
-                ids = self.tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                                         add_generation_prompt=True, tokenize=True)
-                ids = ids["input_ids"] if not isinstance(ids, list) else ids
-            else:
-                ids = self.tokenizer(p)["input_ids"]
-            if not ids:
-                raise ValueError(f"prompt {i} is empty (0 tokens)")
-            return [int(x) for x in ids]
-        ids = [int(x) for x in p]
-        if not ids or min(ids) < 0 or max(ids) >= self.target.config.vocab_size:
-            raise ValueError(f"prompt {i}: token ids must be non-empty and in [0, "
-                             f"{self.target.config.vocab_size - 1}]")
-        return ids
+        ``ValueError`` naming the first bad prompt (:meth:`ModelCalls.encode`)."""
+        return self.calls.encode(prompts, chat)
 
     # ------------------------------------------------------------------ public API
     @torch.inference_mode()
@@ -232,26 +245,6 @@ class SpecEngine:
         return a.results
 
     # ------------------------------------------------------------------ shared pieces
-    def _prefill(self, ids: List[List[int]], max_len: int):
-        cache, inp, hidden, lens = prefill(self.target, ids, max_len)
-        last = torch.gather(hidden, 1, (lens - 1)[:, None, None].expand(len(ids), 1, hidden.shape[-1]))[:, 0]
-        return cache, inp, hidden, lens, self._logits(last)
-
-    def _logits(self, h):
-        # h [..., hidden] or [..., hidden * 4] (EAGLE-3: final-norm states first) -> [..., vocab] float32
-        return self.target.lm_head(h[..., :self.target.config.hidden_size]).float()
-
-    def _draft_logprobs(self, h):
-        """``[..., hidden]`` draft features -> ``[..., vocab_d]`` draft log-probs (over draft ids)."""
-        return torch.log_softmax(self._draft_head(h).float(), dim=-1)
-
-    def _target_ids(self, tokens: torch.Tensor, is_root: torch.Tensor) -> torch.Tensor:
-        """Draft ids -> target ids for non-root nodes (the root is already a target id); -1 stays."""
-        if self.token_map is None:
-            return tokens
-        keep = is_root | (tokens < 0)
-        return torch.where(keep, tokens, self.token_map[torch.where(keep, 0, tokens)])
-
     @staticmethod
     def _finish(outs, new_tokens, eos, max_new):
         """Append each row's new tokens up to EOS / the length limit -> (done flags, tokens appended)."""
@@ -278,7 +271,7 @@ class SpecEngine:
     def _plain(self, ids, params, stats, max_new, sampling, gen, progress):
         bs = len(ids)
         max_len = max(len(x) for x in ids) + max_new + 1
-        cache, _, _, lens, logits = self._prefill(ids, max_len)
+        cache, _, _, lens, logits = self.calls.prefill(ids, max_len)
         lens_h = [len(x) for x in ids]  # host copy of lens: no sync to size the attention
         outs: List[List[int]] = [[] for _ in range(bs)]
         running = list(range(bs))  # original index of each active row
@@ -301,7 +294,7 @@ class SpecEngine:
             h = self.target(tok[:, None], pos, cache.stores(pos, kv), mask)
             lens = lens + 1
             lens_h = [x + 1 for x in lens_h]
-            tok = sample(self._logits(h[:, 0]), generator=gen, **sampling)
+            tok = sample(self.calls.logits(h[:, 0]), generator=gen, **sampling)
             for r in running:
                 stats[r].rounds += 1
 
@@ -310,17 +303,17 @@ class SpecEngine:
                      shares=None, prune: float = 0.0):
         bs, dev = len(ids), self.device
         shares = [True] * bs if shares is None else shares
-        cost = self._round_cost() if token_cap == "auto" else None  # "auto": learned from this call's rounds
         max_nodes = max(p.max_nodes for p in params)
+        caps = TokenCapPlan(token_cap, bs, max_nodes, self._round_cost() if token_cap == "auto" else None, prune)
         max_len = max(len(x) for x in ids) + max_new + max_nodes + 2
-        cache, inp, hidden, lens, logits = self._prefill(ids, max_len)
+        cache, inp, hidden, lens, logits = self.calls.prefill(ids, max_len)
         dcfg = self.draft.config
         dcache = KVCache(1, bs, dcfg.num_key_value_heads, max_len + 1, dcfg.head_dim, self.dtype, dev)
         root = sample(logits, generator=gen, **sampling)  # [bs]
         # draft prefill: pairs (h_{p-1}, x_p) for p = 1..P_b, with x_{P_b} = root
         toks = torch.cat([inp[:, 1:], torch.zeros_like(inp[:, :1])], dim=1)
         toks.scatter_(1, (lens - 1)[:, None], root[:, None])
-        f_root, root_lp = self._draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
+        f_root, root_lp = self.calls.draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
         b = Batch(cache, dcache, root, lens, f_root, root_lp, [len(x) for x in ids])
         outs: List[List[int]] = [[] for _ in range(bs)]
         running = list(range(bs))
@@ -335,30 +328,25 @@ class SpecEngine:
                 b.select(keep, dev)
                 running = [running[i] for i in keep]
             t0 = time.perf_counter()
-            if cost is not None:  # a probing round scales the chosen T (the slope fit needs a spread of T)
-                this = AutoTokenCap(cost.costs(len(running) * max_nodes), cost.probe(),
-                                  min(prune * cost.marginal_value(), 1.0))
-            else:
-                this = None if token_cap is None else -(-token_cap * len(running) // bs)
             drafted = stats[running[0]].draft_forwards  # every running request counts the round's draft forwards
-            opts = RoundOptions(sampling, gen, this, calibration, [shares[r] for r in running])
+            opts = RoundOptions(sampling, gen, caps.cap(len(running)), calibration, [shares[r] for r in running],
+                                self.observer)
             pending = self._round(b, [params[r] for r in running], [stats[r] for r in running], opts)
-            if cost is not None:  # the round ended with its host read: its wall time is complete
-                cost.observe(sum(stats[r].tree_sizes[-1] for r in running), 1e3 * (time.perf_counter() - t0), len(running),
-                             committed=sum(len(p) for p in pending), steps=stats[running[0]].draft_forwards - drafted)
+            caps.observe(sum(stats[r].tree_sizes[-1] for r in running), 1e3 * (time.perf_counter() - t0), len(running),
+                         sum(len(p) for p in pending), stats[running[0]].draft_forwards - drafted)
 
     def _round(self, b: Batch, params, stats, opts: RoundOptions) -> List[List[int]]:
         """One draft -> plan -> verify -> commit -> record round (:mod:`.round`); moves ``b`` to the next
         round and returns each request's committed tokens. The only syncs are grow_tree's per-step check
         and record's one transfer."""
-        tree, expand, recorder = draft(self, b, params, opts)
-        tree, rows = plan(self, tree, opts)
-        hidden, result = verify(self, b, tree, rows, opts)
+        tree, expand, recorder = draft(self.calls, b, params, opts)
+        tree, rows = plan(self.calls, tree, opts)
+        hidden, result = verify(self.calls, b, tree, rows, opts)
         if opts.calibration is not None:
             opts.calibration.update(tree, result.path)
         if recorder is not None:
-            self.observer(tree, recorder.parent_entropy(tree), result)
-        em = commit(self, b, tree, result, hidden)
+            opts.observer(tree, recorder.parent_entropy(tree), result)
+        em = commit(self.calls, b, tree, result, hidden)
         return record(b, stats, em, result, tree, expand)
 
     def measured_cost_curve(self, bs: int = 1):
@@ -388,13 +376,3 @@ class SpecEngine:
 
         return RoundCost.from_curve(self.measured_cost_curve()[0])
 
-    def _draft_extend(self, dcache, tokens, feats, start, count, kv: int):
-        """Feed ``count[b]`` committed pairs starting at position ``start[b]``; return the last
-        pair's draft feature ``[bs, hidden]`` and its log-probs ``[bs, vocab]`` (the next root's)."""
-        bs, m = tokens.shape
-        pos = start[:, None] + torch.arange(m, device=self.device)  # kv (host) >= max(start) + m
-        col = torch.arange(kv, device=self.device)[None, None, :]
-        mask = (col >= 1) & (col <= pos[:, :, None])
-        out = self.draft(tokens, feats[..., self.draft.feature_columns].to(self.dtype), pos, dcache.stores(pos, kv)[0], mask)
-        last = torch.gather(out, 1, (count - 1)[:, None, None].expand(bs, 1, out.shape[-1]))[:, 0]
-        return last, self._draft_logprobs(last)

@@ -25,9 +25,10 @@ class TreeExpander:
     ancestors, kept in a per-round buffer indexed by working-tree node.
     """
 
-    def __init__(self, engine, dcache: KVCache, lens: torch.Tensor, f_root: torch.Tensor, lmax: int,
+    def __init__(self, models, dcache: KVCache, lens: torch.Tensor, f_root: torch.Tensor, lmax: int,
                  ragged: bool = False):
-        self.e, self.dcache, self.lens, self.f_root, self.lmax = engine, dcache, lens, f_root, lmax
+        # models: the engine's ModelCalls (the draft, its head, the token map)
+        self.m, self.dcache, self.lens, self.f_root, self.lmax = models, dcache, lens, f_root, lmax
         self.calls = 0
         self.C = None
         # ragged: grow_tree (draft pruning) hands over the live count; the draft's linears and LM head then
@@ -38,9 +39,9 @@ class TreeExpander:
         bs, H = self.f_root.shape
         _, _, h, _, hd = self.dcache.k.shape
         self.C = C
-        self.tk = torch.zeros(bs, h, C, hd, dtype=self.e.dtype, device=self.e.device)
+        self.tk = torch.zeros(bs, h, C, hd, dtype=self.m.dtype, device=self.m.device)
         self.tv = torch.zeros_like(self.tk)
-        self.feat = torch.zeros(bs, C, H, dtype=self.e.dtype, device=self.e.device)
+        self.feat = torch.zeros(bs, C, H, dtype=self.m.dtype, device=self.m.device)
         self.feat[:, 0] = self.f_root
 
     def __call__(self, tree: DraftTree, frontier: torch.Tensor, n_live: Optional[int] = None) -> torch.Tensor:
@@ -52,7 +53,7 @@ class TreeExpander:
         bs, W = frontier.shape
         fr = frontier.clamp(min=0)
         par = torch.gather(tree.parents, 1, fr)
-        tok = self.e._target_ids(torch.gather(tree.tokens, 1, fr), par < 0).clamp(min=0)
+        tok = self.m.to_target_ids(torch.gather(tree.tokens, 1, fr), par < 0).clamp(min=0)
         par = par.clamp(min=0)
         pfeat = torch.gather(self.feat, 1, par[:, :, None].expand(bs, W, self.feat.shape[-1]))
         pos = self.lens[:, None] + torch.gather(tree.depth, 1, fr).clamp(min=0)
@@ -74,11 +75,11 @@ class TreeExpander:
 
         if n_live is not None and n_live < bs * W:
             return self._ragged(tok, pfeat, pos, store, mask, frontier, n_live)
-        out = self.e.draft(tok, pfeat, pos, store, mask)  # [bs, width, hidden]
+        out = self.m.draft(tok, pfeat, pos, store, mask)  # [bs, width, hidden]
         valid = (frontier >= 0)[:, :, None]
         cur_feat = torch.gather(self.feat, 1, fr[:, :, None].expand_as(out))
         self.feat.scatter_(1, fr[:, :, None].expand_as(out), torch.where(valid, out, cur_feat))
-        return self.e._draft_logprobs(out)
+        return self.m.draft_logprobs(out)
 
     def _ragged(self, tok, pfeat, pos, store, mask, frontier, n_live: int) -> torch.Tensor:
         """The draft on the ``n_live`` live frontier entries only; their features go to their nodes and
@@ -89,10 +90,10 @@ class TreeExpander:
         bs, W = frontier.shape
         flat = frontier.reshape(-1)  # [bs * width]
         rows = kept_rows(frontier >= 0, n_live)  # [T]
-        out = self.e.draft(tok, pfeat, pos, store, mask, rows=rows)  # [T, hidden]
+        out = self.m.draft(tok, pfeat, pos, store, mask, rows=rows)  # [T, hidden]
         slot = torch.div(rows, W, rounding_mode="floor") * self.C + flat.index_select(0, rows)  # [T]
         self.feat.view(bs * self.C, -1).index_copy_(0, slot, out)
-        return to_grid(self.e._draft_logprobs(out), rows, bs, W, fill=float("-inf"))  # [bs, width, vocab]
+        return to_grid(self.m.draft_logprobs(out), rows, bs, W, fill=float("-inf"))  # [bs, width, vocab]
 
 
 class EntropyRecorder:

@@ -63,14 +63,14 @@ class Admitted:
 
 
 def admit(engine, prompts, policy, o: GenerateOptions) -> Admitted:
-    """Encode each prompt (``engine._encode_one``) and parse each policy dict; a bad one refuses its request."""
+    """Encode each prompt (``engine.calls.encode_one``) and parse each policy dict; a bad one refuses its request."""
     if isinstance(prompts, str):
         prompts = [prompts]  # one text prompt, not one prompt per character
     ids, bad_prompt = [], {}
     ctx = getattr(engine.target.config, "max_position_embeddings", None)
     for i, p in enumerate(prompts):
         try:
-            one = engine._encode_one(i, p, o.chat)
+            one = engine.calls.encode_one(i, p, o.chat)
             if ctx and len(one) + o.max_new_tokens > ctx:
                 raise ValueError(f"prompt {i} has {len(one)} tokens; with max_new_tokens {o.max_new_tokens} "
                                  f"that is {len(one) + o.max_new_tokens} > the model's context {ctx} "

@@ -1,7 +1,7 @@
 """One speculative round as five stages over one :class:`Batch`: draft -> plan -> verify -> commit -> record.
 
 ``SpecEngine._round`` calls them in that order (gpt-fast's ``speculative_decode`` shape); each stage can be read
-alone. Positions follow :mod:`treespec_sglang.engine.engine`: request b's root sits at slot ``lens[b]``, a tree
+alone, and takes the engine's model calls (:class:`~treespec_sglang.engine.calls.ModelCalls`), not the engine. Positions follow :mod:`treespec_sglang.engine.engine`: request b's root sits at slot ``lens[b]``, a tree
 node of depth d at ``lens[b] + d``.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 
@@ -18,6 +18,7 @@ from ..policies import grow_tree
 from ..policies.calibration import DepthCalibration
 from ..tree import DraftTree, dense_mask, to_grid
 from ..verify import emitted_tokens, verify_tree, walk_greedy
+from .calls import ModelCalls
 from .token_cap import AutoTokenCap, plan_round
 from .expander import EntropyRecorder, TreeExpander
 from .kv_cache import KVCache
@@ -55,9 +56,10 @@ class RoundOptions:
     token_cap: Optional[Union[int, AutoTokenCap]] = None  # tokens the batch verifies (None: every whole tree)
     calibration: Optional[DepthCalibration] = None
     shares: Optional[List[bool]] = None  # per request: its tree joins the token cap
+    observer: Optional[Callable] = None  # observer(tree, parent_entropy, result) after the verify (C2T data)
 
 
-def draft(e, b: Batch, params, opts: RoundOptions) -> Tuple[DraftTree, TreeExpander, Optional[EntropyRecorder]]:
+def draft(m: ModelCalls, b: Batch, params, opts: RoundOptions) -> Tuple[DraftTree, TreeExpander, Optional[EntropyRecorder]]:
     """Grow every request's tree with its own policy (one draft forward per step for the batch).
 
     With an ``"auto"`` token cap that prunes, a sharing request's frontier nodes below the marginal value are
@@ -65,33 +67,33 @@ def draft(e, b: Batch, params, opts: RoundOptions) -> Tuple[DraftTree, TreeExpan
     bs = b.root.shape[0]
     min_lp = None  # [bs]
     if isinstance(opts.token_cap, AutoTokenCap) and opts.token_cap.min_prob > 0:
-        share = torch.tensor([True] * bs if opts.shares is None else opts.shares, device=e.device)
+        share = torch.tensor([True] * bs if opts.shares is None else opts.shares, device=m.device)
         min_lp = torch.where(share, math.log(opts.token_cap.min_prob), float("-inf"))
-    expand = TreeExpander(e, b.dcache, b.lens, b.f_root, max(b.lens_host), ragged=min_lp is not None)
-    recorder = EntropyRecorder(expand, b.root_lp) if e.observer is not None else None
+    expand = TreeExpander(m, b.dcache, b.lens, b.f_root, max(b.lens_host), ragged=min_lp is not None)
+    recorder = EntropyRecorder(expand, b.root_lp) if opts.observer is not None else None
     tree = grow_tree(params, b.root, b.root_lp, recorder or expand, validate=False,  # log_softmax inputs
                      min_logprob=min_lp)
     return tree, expand, recorder
 
 
-def plan(e, tree: DraftTree, opts: RoundOptions) -> Tuple[DraftTree, Optional[torch.Tensor]]:
+def plan(m: ModelCalls, tree: DraftTree, opts: RoundOptions) -> Tuple[DraftTree, Optional[torch.Tensor]]:
     """Keep the best nodes under the token cap (``rows``: ``[T]`` flat rows of the kept nodes, for a ragged
     verify; None without a cap) and map draft ids to target ids (a reduced draft vocabulary)."""
     rows = None
     if opts.token_cap is not None:
         tree, rows = plan_round(tree, opts.token_cap, opts.calibration, opts.shares)
-    if e.token_map is not None:
-        tree = dataclasses.replace(tree, tokens=e._target_ids(tree.tokens, (tree.parents < 0)))
+    if m.token_map is not None:
+        tree = dataclasses.replace(tree, tokens=m.to_target_ids(tree.tokens, (tree.parents < 0)))
     return tree, rows
 
 
-def verify(e, b: Batch, tree: DraftTree, rows: Optional[torch.Tensor], opts: RoundOptions):
+def verify(m: ModelCalls, b: Batch, tree: DraftTree, rows: Optional[torch.Tensor], opts: RoundOptions):
     """One target forward over every tree (tree attention on the per-request cache), then the accepted path.
 
     -> (target states ``[bs, n_nodes, hidden]`` (EAGLE-3: ``[.., 4 * hidden]``), ``VerifyResult``). With ``rows``
     the target runs on the kept nodes only and the states go back to the grid (padding rows zero: never on an
     accepted path)."""
-    bs, n, dev = b.root.shape[0], tree.n_nodes, e.device
+    bs, n, dev = b.root.shape[0], tree.n_nodes, m.device
     slots = b.lens[:, None] + torch.arange(n, device=dev)
     kv = max(b.lens_host) + n
     col = torch.arange(kv, device=dev)[None, None, :]
@@ -102,10 +104,10 @@ def verify(e, b: Batch, tree: DraftTree, rows: Optional[torch.Tensor], opts: Rou
     positions = b.lens[:, None] + tree.depth.clamp(min=0)
     stores = b.cache.stores(slots, kv)
     if rows is None:
-        hidden = e.target(tree.tokens.clamp(min=0), positions, stores, mask)
-        return hidden, verify_tree(tree, e._logits(hidden), generator=opts.generator, validate=False, **opts.sampling)
-    flat = e.target(tree.tokens.clamp(min=0), positions, stores, mask, rows=rows)  # [T, hidden]
-    lf = e._logits(flat)  # [T, vocab]
+        hidden = m.target(tree.tokens.clamp(min=0), positions, stores, mask)
+        return hidden, verify_tree(tree, m.logits(hidden), generator=opts.generator, validate=False, **opts.sampling)
+    flat = m.target(tree.tokens.clamp(min=0), positions, stores, mask, rows=rows)  # [T, hidden]
+    lf = m.logits(flat)  # [T, vocab]
     hidden = to_grid(flat, rows, bs, n)  # padding rows zero
     temp = opts.sampling["temperature"]
     if not isinstance(temp, torch.Tensor) and temp == 0:
@@ -115,7 +117,7 @@ def verify(e, b: Batch, tree: DraftTree, rows: Optional[torch.Tensor], opts: Rou
                                **opts.sampling)
 
 
-def commit(e, b: Batch, tree: DraftTree, result, hidden: torch.Tensor) -> torch.Tensor:
+def commit(m: ModelCalls, b: Batch, tree: DraftTree, result, hidden: torch.Tensor) -> torch.Tensor:
     """Keep the accepted path's KV at consecutive slots after the prefix, feed the draft the committed pairs
     with the target's real states (EAGLE's draft extend) and move ``b`` to the next round.
 
@@ -123,15 +125,15 @@ def commit(e, b: Batch, tree: DraftTree, result, hidden: torch.Tensor) -> torch.
     Example: lens 10, path [0, 2, 5] (root, then nodes 2 and 5) -> slots 10, 12, 15 move to 10, 11, 12."""
     em = emitted_tokens(tree, result)  # [bs, depth + 1]
     bs, D1 = result.path.shape
-    j = torch.arange(D1, device=e.device)
+    j = torch.arange(D1, device=m.device)
     dst = b.lens[:, None] + j
     src = torch.where(result.path >= 0, b.lens[:, None] + result.path, dst)
     b.cache.compact(src, dst)
     # draft extend: (h_root, a_1), ..., (h_{a_k}, bonus)
     feats = torch.gather(hidden, 1, result.path.clamp(min=0)[:, :, None].expand(bs, D1, hidden.shape[-1]))
     n_acc = result.num_accepted
-    b.f_root, b.root_lp = e._draft_extend(b.dcache, em.clamp(min=0), feats, b.lens + 1, n_acc + 1,
-                                          kv=max(b.lens_host) + 1 + D1)
+    b.f_root, b.root_lp = m.draft_extend(b.dcache, em.clamp(min=0), feats, b.lens + 1, n_acc + 1,
+                                         kv=max(b.lens_host) + 1 + D1)
     b.root, b.lens = result.bonus, b.lens + 1 + n_acc
     return em
 

@@ -20,7 +20,7 @@ from ..policies.token_cap import allocate_batch, best_total
 from ..policies.calibration import DepthCalibration
 from ..tree import DraftTree, compact, kept_rows
 
-__all__ = ["AutoTokenCap", "plan_round"]
+__all__ = ["AutoTokenCap", "TokenCapPlan", "plan_round"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,34 @@ class AutoTokenCap:
             raise ValueError(f"AutoTokenCap.probe must be > 0, got {self.probe!r}")
         if not 0.0 <= self.min_prob <= 1.0:
             raise ValueError(f"AutoTokenCap.min_prob must be in [0, 1], got {self.min_prob!r}")
+
+
+class TokenCapPlan:
+    """The batch's token cap round by round, so the decode loop only asks and reports.
+
+    ``token_cap`` None: every request verifies its whole tree; an int T: ``ceil(T * running / bs)`` as requests
+    finish; ``"auto"`` (with ``cost``, a :class:`~treespec_sglang.engine.round_cost.RoundCost`): each round an
+    :class:`AutoTokenCap` from the line fitted on the rounds so far (a probing round scales the chosen T, since the
+    slope fit needs a spread of T; ``prune`` x the marginal value is the draft-pruning threshold), and
+    :meth:`observe` feeds the fit each finished round.
+    """
+
+    def __init__(self, token_cap: Union[None, int, str], bs: int, max_nodes: int, cost=None, prune: float = 0.0):
+        if token_cap == "auto" and cost is None:
+            raise ValueError('token_cap="auto" needs a round-cost line (cost=)')
+        self.token_cap, self.bs, self.max_nodes, self.cost, self.prune = token_cap, bs, max_nodes, cost, prune
+
+    def cap(self, running: int) -> Union[None, int, AutoTokenCap]:
+        """This round's token cap for ``running`` requests."""
+        if self.token_cap == "auto":
+            c = self.cost
+            return AutoTokenCap(c.costs(running * self.max_nodes), c.probe(), min(self.prune * c.marginal_value(), 1.0))
+        return None if self.token_cap is None else -(-self.token_cap * running // self.bs)
+
+    def observe(self, verified: int, ms: float, running: int, committed: int, steps: int) -> None:
+        """A finished round (its host read done, so its wall time is complete): ``verified`` tokens in ``ms``."""
+        if self.cost is not None:
+            self.cost.observe(verified, ms, running, committed=committed, steps=steps)
 
 
 def plan_round(tree: DraftTree, token_cap: Union[int, AutoTokenCap], calibration: Optional[DepthCalibration] = None,

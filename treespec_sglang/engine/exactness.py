@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..engine.kv_cache import prefill
+from .kv_cache import prefill
 
 __all__ = ["TIE_BOUND", "first_divergence", "divergence_margin", "compare_outputs"]
 
@@ -43,7 +43,7 @@ def divergence_margin(engine, prompt: Sequence[int], ref: Sequence[int], other: 
         return None
     seq = list(prompt) + list(ref[:i])
     _, _, hidden, _ = prefill(engine.target, [seq], len(seq))
-    logits = engine._logits(hidden[0, -1])  # [vocab] float32
+    logits = engine.calls.logits(hidden[0, -1])  # [vocab] float32
     return float((logits[ref[i]] - logits[other[i]]).abs())
 
 
