@@ -21,7 +21,8 @@ def test_docstring_examples(name):
 
 
 def test_code_cites_papers_not_tracker_numbers():
-    """A reader of the code has no tracker: no 'issue 13' in the package or the benches."""
+    """A reader of the code has no tracker and no workplace folder: no 'issue 13' and no ``shared/notes`` path in
+    the package, the benches or CI's dependency list."""
     import pathlib
     import re
 
@@ -30,6 +31,10 @@ def test_code_cites_papers_not_tracker_numbers():
     hits = [f"{f.name}:{i + 1}" for f in files for i, line in enumerate(f.read_text().splitlines())
             if re.search(r"\bissue\s*#?\d+", line, re.IGNORECASE)]
     assert not hits, hits
+    outside = [f"{f.name}:{i + 1}" for f in files + [root.parent / ".ci" / "sglang-cpu.txt"]
+               for i, line in enumerate(f.read_text().splitlines())
+               if re.search(r"(\.\./)?shared/(notes|gpu_sglang|papers)", line)]
+    assert not outside, outside  # a reader has the repository, not the workplace's shared folder
 
 
 REPO = __import__("pathlib").Path(__file__).resolve().parent.parent

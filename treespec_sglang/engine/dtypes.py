@@ -1,7 +1,7 @@
 """The compute dtype: bfloat16 where the hardware runs it fast, float32 otherwise.
 
 On this project's CPUs (Xeon with AVX512-BF16 / AMX) a bf16 linear at M=16 costs about what M=1
-costs, while float32 grows with M (``shared/notes/measurements.md``), so bf16 is what makes a
+costs, while float32 grows with M (the cost curves in ``docs/results.md``), so bf16 is what makes a
 tree verify cheap. ``"auto"`` picks it when the CPU has AMX or AVX512-BF16 (or on a CUDA device
 that supports bf16) and float32 otherwise: on an AVX2-only CPU bf16 is emulated and slower than
 float32 past one token per forward. An explicit ``"bfloat16"`` is honoured on every CPU (emulated

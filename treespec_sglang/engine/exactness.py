@@ -2,7 +2,7 @@
 
 In float32 our speculative greedy output equals plain greedy token for token. In bf16 a tree
 forward (many query tokens) and a one-token forward round differently, so the target's argmax can
-flip where its top two logits are within bf16 rounding (``shared/notes/measurements.md``: max
+flip where its top two logits are within bf16 rounding (measured on the demo target: max
 logit difference 0.875 between the two paths, disagreements at margins below 0.5). The check this
 module implements: at the first position where two greedy outputs of the same prompt differ, the
 target's logits for the two tokens (one prefill forward over the common prefix) must be within

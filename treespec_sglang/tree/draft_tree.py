@@ -1,6 +1,6 @@
 """The batched, padded draft tree shared by policies, verification, attention and the engine.
 
-Conventions (see ``shared/notes/algorithms.md``):
+Conventions:
 
 * node 0 is the root: the last committed token (SGLang's "bonus" token);
 * parents precede children, ``parents[:, 0] == -1``;

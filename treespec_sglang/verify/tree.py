@@ -1,6 +1,6 @@
 """Lossless verification of a batch of draft trees against the target (greedy and sampling).
 
-The walk (``shared/notes/algorithms.md``; EAGLE-2 / SGLang "target-only"): at node u with
+The walk (EAGLE-2 / SGLang "target-only"): at node u with
 processed target distribution p_u, visit u's children in index order and accept child c with
 probability p(c) / (mass not yet rejected); a rejected child's mass is zeroed. With one coin
 r ~ U[0,1) per visited node this is: accept the first child c_j with r < p(c_1) + ... + p(c_j)

@@ -5,7 +5,7 @@ SGLang 0.5.23's ``eagle_utils.eagle_sample`` takes its sampling branch only wher
 CPU they are ``None`` and ``_verify_uses_greedy`` forces the greedy walk, so T > 0 requests come back
 greedy-verified (not the target distribution). These torch versions, with the plugin's
 ``_verify_uses_greedy`` replacement, give CPU requests at T > 0 the exact sibling walk of
-:func:`treespec_sglang.verify.walk_tree` (SGLang's "target-only" rule, ``shared/notes/algorithms.md``).
+:func:`treespec_sglang.verify.walk_tree` (SGLang's "target-only" rule, :mod:`treespec_sglang.verify.tree`).
 No sglang import.
 """
 
