@@ -99,7 +99,7 @@ def sample_law(spec_engine):
 
     ids = spec_engine.encode([SAMPLE_PROMPT])[0]
     with torch.inference_mode():
-        from treespec_sglang.engine.engine import prefill
+        from treespec_sglang.engine.kv_cache import prefill
 
         def next_logprobs(seqs):
             cache, inp, hidden, lens = prefill(spec_engine.target, seqs, max(len(s) for s in seqs) + 1)
