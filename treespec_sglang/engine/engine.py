@@ -35,6 +35,17 @@ from .token_cap import TokenCapPlan
 __all__ = ["SpecEngine", "GenerationResult", "RequestStats"]
 
 
+def _in_calls(name: str, doc: str, settable: bool = True) -> property:
+    """An engine attribute that lives in its :class:`ModelCalls` (one copy: the stages read the same object)."""
+    def get(self):
+        return getattr(self.calls, name)
+
+    def put(self, value) -> None:
+        setattr(self.calls, name, value)
+
+    return property(get, put if settable else None, doc=doc)
+
+
 class SpecEngine:
     """Reference engine. Build with :meth:`from_pretrained`; run with :meth:`generate`."""
 
@@ -73,37 +84,12 @@ class SpecEngine:
             self.eos.add(int(tokenizer.eos_token_id))
         self.set_token_map(token_map)
 
-    @property
-    def token_map(self) -> Optional[torch.Tensor]:
-        """``[vocab_d]`` target id of each draft id, or None (:attr:`calls`)."""
-        return self.calls.token_map
-
-    @property
-    def target(self):
-        """The target model (:attr:`calls`)."""
-        return self.calls.target
-
-    @target.setter
-    def target(self, model) -> None:
-        self.calls.target = model
-
-    @property
-    def draft(self):
-        """The draft head (:attr:`calls`)."""
-        return self.calls.draft
-
-    @draft.setter
-    def draft(self, model) -> None:
-        self.calls.draft = model
-
-    @property
-    def tokenizer(self):
-        """The target's tokenizer, or None (token ids only) (:attr:`calls`)."""
-        return self.calls.tokenizer
-
-    @tokenizer.setter
-    def tokenizer(self, tok) -> None:
-        self.calls.tokenizer = tok
+    # the models, the tokenizer and the draft vocabulary live in ``calls`` (the object the stages take)
+    token_map = _in_calls("token_map", "``[vocab_d]`` target id of each draft id, or None (set with "
+                          ":meth:`set_token_map`)", settable=False)
+    target = _in_calls("target", "The target model.")
+    draft = _in_calls("draft", "The draft head.")
+    tokenizer = _in_calls("tokenizer", "The target's tokenizer, or None (token ids only).")
 
     def set_token_map(self, token_map: Optional[torch.Tensor]) -> None:
         """Restrict the draft to a reduced vocabulary (FR-Spec; SGLang's ``--speculative-token-map``).

@@ -65,6 +65,9 @@ def _eagle_round(original, self, batch, *args, **kwargs):
 
 
 def _draft(original, self, batch, *args, **kwargs):
+    if current() is None:  # a draft outside forward_batch_generation: a round of its own (module docstring of .round)
+        with opened(getattr(batch, "reqs", None)):
+            return _draft(original, self, batch, *args, **kwargs)
     _PENDING.flush()
     defaults = server_defaults()
     reqs = getattr(batch, "reqs", None) or []
@@ -81,9 +84,6 @@ def _draft(original, self, batch, *args, **kwargs):
         if step.chain is None:
             return original(self, batch, *args, **kwargs)
     r = current()
-    if r is None:  # a draft outside forward_batch_generation: a round of its own (module docstring of .round)
-        with opened(reqs):
-            return _draft(original, self, batch, *args, **kwargs)
     r.step, r.drafting = step, True
     try:
         out = original(self, batch, *args, **kwargs)

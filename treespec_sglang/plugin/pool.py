@@ -33,7 +33,7 @@ import torch
 
 from ..policies.classifier import c2t_features, load_classifier
 from ..policies.params import PolicyParams
-from ..policies.registry import REGISTRY, registration_of
+from ..policies.registry import REGISTRY, pool_rule_of, registration_of
 from ..policies.token_cap import select_best
 from .pool_rules import arange, level_policies_keep, parent_entropy, salf_keep, salf_pops, static
 
@@ -71,17 +71,15 @@ _RULE_ROWS: Dict[PolicyParams, dict] = {}  # params -> its pool rule's row, comp
 def _rule_row(p: PolicyParams) -> dict:
     """The pool rule's entries for ``p`` (``registration_of(p).pool_rule.row``), cached per parameter set."""
     row = _RULE_ROWS.get(p)
-    if row is None:
-        rule = registration_of(p).pool_rule
-        if rule is None:  # refused on arrival (plugin.request); a request built by hand fails here, not mid-round
-            raise ValueError(f"{registration_of(p).name}: the SGLang plugin has no pool rule for this policy")
-        if len(_RULE_ROWS) > 4096:
-            _RULE_ROWS.clear()
-        row = _RULE_ROWS[p] = dict(rule.row(p))
+    if row is None:  # no rule: refused on arrival (plugin.request); a request built by hand fails here, not mid-round
+        row = dict(pool_rule_of(p).row(p))
         unknown = sorted(set(row) - set(COLUMNS))
-        if unknown:
+        if unknown:  # checked before caching: every later row of these parameters fails the same way
             raise ValueError(f"{registration_of(p).name}: pool_rule.row gave unknown columns {unknown}; "
                              f"allowed: {list(COLUMNS[1:-1])}")
+        if len(_RULE_ROWS) > 4096:
+            _RULE_ROWS.clear()
+        _RULE_ROWS[p] = row
     return row
 
 
@@ -237,8 +235,7 @@ def _stages(params) -> Dict[str, set]:
         if p is None:
             out.setdefault("native", set()).add("native")
         else:
-            reg = registration_of(p)
-            out.setdefault(reg.pool_rule.stage if reg.pool_rule is not None else "none-rule", set()).add(reg.name)
+            out.setdefault(pool_rule_of(p).stage, set()).add(registration_of(p).name)
     return out
 
 

@@ -36,6 +36,7 @@ rank 0's at every node (without :func:`agree_verify` that rank would accept othe
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -168,10 +169,6 @@ def _faulty(env: str, group) -> bool:
     return bool(want) and group is not None and int(getattr(group, "rank_in_group", 0)) == int(want)
 
 
-_VERIFY_ARGS = ("predicts", "accept_index", "accept_token_num", "candidates", "retrieve_index", "retrieve_next_token",
-                "retrieve_next_sibling", "target_predict", "topk")
-
-
 def agree_verify(original, *args, **kwargs):
     """``eagle_utils.verify_tree_greedy_func`` AROUND: SGLang's greedy tree verify, then rank 0's outcome on every
     rank of the verify group (one int64 broadcast; alone: SGLang's call untouched).
@@ -182,10 +179,11 @@ def agree_verify(original, *args, **kwargs):
     group = verify_group()
     if _group_size(group) <= 1:
         return original(*args, **kwargs)
-    a = dict(zip(_VERIFY_ARGS, args), **kwargs)
     if _faulty(ENV_PERTURB_VERIFY, group):  # test-only: this rank's target argmaxes split from rank 0's
-        a["target_predict"] = a["target_predict"].flip(-1).contiguous()
-    own = original(**a)
+        bound = inspect.signature(original).bind(*args, **kwargs)
+        bound.arguments["target_predict"] = bound.arguments["target_predict"].flip(-1).contiguous()
+        args, kwargs = bound.args, bound.kwargs
+    own = original(*args, **kwargs)
     agreed = agree(own, group)
     record_digest(own, agreed, group, "verify-")
     return tuple(agreed)
@@ -194,8 +192,6 @@ def agree_verify(original, *args, **kwargs):
 # ---------------------------------------------------------------------------- SGLang set-up hooks
 def cpu_parallel_group(original, *args, **kwargs):
     """``init_model_parallel_group`` AROUND: a gloo (CPU) group gets no PyNccl communicator."""
-    import inspect
-
     bound = inspect.signature(original).bind(*args, **kwargs)
     if bound.arguments.get("backend") == "gloo":
         bound.arguments["use_pynccl"] = False

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..policies import PolicyParams, parse_spec
-from ..policies.registry import REGISTRY, registration_of
+from ..policies.registry import pool_rule_of, registration_of
 from ..policies.token_cap import split_batch_option
 from .classifiers import resolve_request_classifier
 from .config import ServerDefaults
@@ -40,11 +40,7 @@ def _parse(raw) -> PolicyParams:
     (never a path: :mod:`.classifiers`). Raises ``ValueError`` naming the field and its range, or the policy
     when the plugin has no pool rule for it (registered for the engine only)."""
     p = parse_spec(resolve_request_classifier(split_batch_option(raw)[0]))
-    reg = registration_of(p)
-    if reg.pool_rule is None:
-        servable = sorted(n for n, r in REGISTRY.items() if r.pool_rule is not None)
-        raise ValueError(f"policy {reg.name!r} has no SGLang pool rule (registered without pool_rule), so a server "
-                         f"cannot draft it; policies a server can draft: {servable}")
+    pool_rule_of(p)  # a policy registered for the engine only: refused here, with the ones a server can draft
     return p
 
 

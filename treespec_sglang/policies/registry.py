@@ -31,8 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .base import TreePolicy
     from .params import PolicyParams
 
-__all__ = ["PoolRule", "Registration", "register_policy", "registration", "registration_of", "REGISTRY", "POLICIES",
-           "STAGES"]
+__all__ = ["PoolRule", "Registration", "register_policy", "registration", "registration_of", "pool_rule_of",
+           "REGISTRY", "POLICIES", "STAGES"]
 
 # The plugin's vectorised stages (plugin/pool.py): "rank" keeps the row's "top" best pool nodes in SGLang's
 # own ranking, "talon" / "c2t" / "chain" the level-wise rules, "salf" the best-first search; "custom" calls
@@ -119,10 +119,19 @@ def registration(name: str) -> Registration:
 
 
 def registration_of(params: "PolicyParams") -> Registration:
-    """The registration whose parameter class ``params`` is an instance of (exact class first, then a base)."""
+    """The registration whose parameter class is exactly ``type(params)`` (each policy has its own)."""
     name = _BY_PARAMS.get(type(params))
-    if name is None:
-        name = next((n for cls, n in _BY_PARAMS.items() if isinstance(params, cls)), None)
     if name is None:
         raise ValueError(f"{type(params).__name__} is no registered policy's parameter class")
     return REGISTRY[name]
+
+
+def pool_rule_of(params: "PolicyParams") -> PoolRule:
+    """The SGLang pool rule of ``params``' policy; ``ValueError`` naming the policy and the ones a server can
+    draft when it was registered without one (for the engine only)."""
+    reg = registration_of(params)
+    if reg.pool_rule is None:
+        servable = sorted(n for n, r in REGISTRY.items() if r.pool_rule is not None)
+        raise ValueError(f"policy {reg.name!r} has no SGLang pool rule (registered without pool_rule), so a server "
+                         f"cannot draft it; policies a server can draft: {servable}")
+    return reg.pool_rule

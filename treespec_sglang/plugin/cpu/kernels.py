@@ -227,8 +227,7 @@ def _check_build_tree(parent_list, selected_index, verified_seq_len, tree_mask, 
     check(op, 0 <= mode <= 2, f"tree_mask_mode must be 0 (FULL_MASK), 1 (QLEN_ONLY) or 2 (QLEN_ONLY_BITPACKING), "
                               f"got {mode}")
     bs, width, dev = Size("batch_size"), Size("parent_width"), Device("cpu")
-    width_stride = -1 if parent_list.dim() == 2 and parent_list.shape[1] == 0 else \
-        (parent_list.shape[1] if parent_list.dim() == 2 else -1)
+    width_stride = parent_list.shape[1] if parent_list.dim() == 2 and parent_list.shape[1] > 0 else -1
     Matcher(op, [bs, width]).strides([width_stride, 1]).dtype(torch.int64).device(dev).verify(parent_list, "parent_list")
     check(op, depth == 1 or width.unwrap() == topk * (depth - 1) + 1,
           f"parent_list has {width.unwrap()} columns, expected topk * (depth - 1) + 1 = {topk * (depth - 1) + 1}")
@@ -253,10 +252,10 @@ def _check_build_tree(parent_list, selected_index, verified_seq_len, tree_mask, 
 
 
 def _check_verify_greedy(op, predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
-                         retrive_next_sibling, **per_node) -> Size:
+                         retrive_next_sibling, **per_node) -> tuple:
     """The entry checks of SGLang's greedy / sampling tree verify (``tree.cuh`` ``verify_tree_greedy``,
     ``sampling.cuh``): ``[bs, N]`` int64 tree tensors (``per_node``: more of them), int32 outputs, all
-    contiguous on one device. Returns the batch size symbol."""
+    contiguous on one device. Returns the bound ``(batch_size, draft_tokens)`` symbols."""
     bs, n, steps, dev = Size("batch_size"), Size("draft_tokens"), Size("spec_tokens"), Device("cpu")
     m = Matcher(op, [bs, n]).dtype(torch.int64).device(dev).verify(candidates, "candidates") \
         .verify(retrive_index, "retrive_index").verify(retrive_next_token, "retrive_next_token") \
@@ -267,7 +266,7 @@ def _check_verify_greedy(op, predicts, accept_index, accept_token_num, candidate
     Matcher(op, [bs]).dtype(torch.int32).device(dev).verify(accept_token_num, "accept_token_num")
     Matcher(op, [bs.unwrap() * n.unwrap()]).dtype(torch.int32).device(dev).verify(predicts, "predicts")
     check(op, n.unwrap() > 0 and steps.unwrap() > 0, "draft_tokens and spec_tokens must be > 0")
-    return bs
+    return bs, n
 
 
 def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_len, tree_mask, positions,

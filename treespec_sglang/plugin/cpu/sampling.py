@@ -47,10 +47,9 @@ def _check_sampling(predicts, accept_index, accept_token_num, candidates, retriv
     CPU: the greedy op's tree tensors and outputs, float32 coins ``[bs, N]`` / ``[bs]``, float32 contiguous
     ``[bs, N, vocab]`` target and draft probabilities, thresholds in [0, 1]."""
     op = "tree_speculative_sampling_target_only"
-    bs = _check_verify_greedy(op, predicts, accept_index, accept_token_num, candidates, retrive_index,
-                              retrive_next_token, retrive_next_sibling)
-    n, vocab, dev = Size("draft_tokens"), Size("vocab_size"), Device("cpu")
-    n.value = candidates.shape[1]
+    bs, n = _check_verify_greedy(op, predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                 retrive_next_token, retrive_next_sibling)
+    vocab, dev = Size("vocab_size"), Device("cpu")
     Matcher(op, [bs, n]).dtype(torch.float32).device(dev).verify(uniform_samples, "uniform_samples")
     Matcher(op, [bs]).dtype(torch.float32).device(dev).verify(uniform_samples_for_final_sampling,
                                                               "uniform_samples_for_final_sampling")
