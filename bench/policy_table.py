@@ -3,18 +3,26 @@
 Each cell also keeps every prompt's own tau (``taus``): a batch runs until its slowest request is done, and a
 plan for a batch prices that tail from their spread (:mod:`treespec_sglang.engine.batch_tail`).
 
-Measured on the *validation* prompts (index % 10 == 5 of HumanEval and MT-bench,
-``treespec_sglang.training.data.split_roles``): neither the held-out every-10th test split the benchmarks
-report nor data a head trained with ``treespec train draft`` has seen (heads trained before that split existed,
-the v2 EAGLE head included, did train on them: their tables overestimate), greedy. Acceptance does not depend on the
-machine, so the table ships beside the draft (``<draft>/policy_table.json``) and ``treespec demo``
-combines it with the machine's measured cost curve to pick each policy's budget
-(:func:`treespec_sglang.engine.cost.choose_budgets`).
+Measured greedy on prompts the draft never trained on that are not the held-out test split (index % 10 == 0)
+the benchmarks report (``--prompts-from``):
+
+- ``validation`` (heads trained with ``treespec train draft``'s split, the EAGLE-3 head): HumanEval and MT-bench
+  index % 10 == 5 (``treespec_sglang.training.data.split_roles``), alternating.
+- ``unseen`` (heads trained before that split existed, the v2 EAGLE head: it trained on every HumanEval / MT-bench
+  prompt outside the test split, validation included, and on the first 500 pycode and GSM8K prompts): pycode and
+  GSM8K prompts past ``--seen``, evenly spaced, alternating code and math. pycode follows the running Python's
+  standard library, so the table records the Python version.
+
+The table records every prompt as ``set/index`` (``prompts``). Acceptance does not depend on the machine, so the
+table ships beside the draft (``<draft>/policy_table.json``) and ``treespec demo`` combines it with the machine's
+measured cost curve to pick each policy's budget (:func:`treespec_sglang.engine.cost.choose_budgets`).
 
 Usage::
 
     python bench/policy_table.py --budgets 4,6,8,12,16,24 --prompts 16 --draft demo-eagle3 \
         --out treespec_sglang/assets/smollm2-135m-eagle3
+    python bench/policy_table.py --budgets 4,6,8,12,16,24 --prompts 16 --draft demo --prompts-from unseen \
+        --out treespec_sglang/assets/smollm2-135m-eagle
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import time
 
 
@@ -36,6 +45,30 @@ def policy_at(name: str, budget: int) -> dict:
     return d
 
 
+def table_prompts(source: str, n: int, seen: int = 500) -> tuple:
+    """``(ids, prompts, about)``: ``n`` prompts as ``set/index`` ids, alternating between two prompt sets."""
+    from treespec_sglang.data.prompts import PROMPT_SETS
+    if source == "validation":
+        sets = [(name, list(range(5, len(PROMPT_SETS[name]().prompts), 10))) for name in ("humaneval", "mtbench")]
+        about = "validation prompts (HumanEval / MT-bench index % 10 == 5)"
+    elif source == "unseen":
+        half = (n + 1) // 2
+        sets = []
+        for name in ("pycode", "gsm8k"):
+            total = len(PROMPT_SETS[name]().prompts)
+            if total - seen < half:
+                raise ValueError(f"--seen {seen}: {name} has {total} prompts, fewer than {half} past it")
+            step = (total - seen) // half
+            sets.append((name, list(range(seen, seen + step * half, step))))
+        about = (f"prompts the draft never saw (pycode / GSM8K index >= {seen}, evenly spaced; pycode from the "
+                 f"Python {platform.python_version()} standard library)")
+    else:
+        raise ValueError(f"--prompts-from must be 'validation' or 'unseen', got {source!r}")
+    picked = [(name, i) for pair in zip(*[[(name, i) for i in idx] for name, idx in sets]) for name, i in pair][:n]
+    texts = {name: PROMPT_SETS[name]().prompts for name, _ in sets}
+    return [f"{name}/{i}" for name, i in picked], [texts[name][i] for name, i in picked], about
+
+
 def width_of(spec: dict) -> int:
     return int(spec.get("topk", spec.get("batch", 1))) if spec["policy"] != "chain" else 1
 
@@ -44,18 +77,19 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policies", default="eagle2,talon,salf,c2t,chain")
     ap.add_argument("--budgets", default="4,6,8,12,16,24")
-    ap.add_argument("--prompts", type=int, default=16, help="validation prompts (alternating sets)")
+    ap.add_argument("--prompts", type=int, default=16, help="prompts (alternating two sets)")
+    ap.add_argument("--prompts-from", default="validation", choices=("validation", "unseen"),
+                    help="validation: HumanEval / MT-bench index %% 10 == 5; unseen: pycode / GSM8K past --seen")
+    ap.add_argument("--seen", type=int, default=500, help="pycode / GSM8K prompts the draft trained on (unseen)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--draft", default="demo")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", required=True, help="directory to write policy_table.json into (the draft's)")
     a = ap.parse_args(argv)
-    from treespec_sglang.data import humaneval, mtbench
     from treespec_sglang.engine import SpecEngine
     from treespec_sglang.engine.cost import POLICY_TABLE
 
-    he, mt = humaneval().every(10, offset=5), mtbench().every(10, offset=5)
-    prompts = [x for pair in zip(he.prompts, mt.prompts) for x in pair][:a.prompts]
+    ids, prompts, about = table_prompts(a.prompts_from, a.prompts, a.seen)
     engine = SpecEngine.from_pretrained("smollm2-135m", draft=a.draft, dtype=a.dtype)
     table, t0 = {}, time.time()
     for name in a.policies.split(","):
@@ -75,9 +109,9 @@ def main(argv=None):
     with open(os.path.join(a.out, POLICY_TABLE), "w") as f:
         json.dump({"about": "tau / draft forwards (delta) / verified tokens (tree) per round and each prompt's own tau "
                             "(taus: what a batch plan prices its tail from), greedy, on "
-                            f"{len(prompts)} validation prompts (HumanEval / MT-bench index % 10 == 5), "
-                            f"{a.max_new_tokens} new tokens, dtype {engine.dtype}; written by bench/policy_table.py",
-                   "table": table}, f, indent=1)
+                            f"{len(prompts)} {about}, {a.max_new_tokens} new tokens, dtype {engine.dtype}; "
+                            "written by bench/policy_table.py",
+                   "prompts": ids, "table": table}, f, indent=1)
     print(f"wrote {a.out}/{POLICY_TABLE} in {time.time() - t0:.0f} s")
 
 
