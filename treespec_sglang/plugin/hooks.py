@@ -37,6 +37,7 @@ from .config import server_defaults
 from .draft_select import capturing, select_after_draft, stash_pool
 from .graph_log import register_counting
 from .pool import unlink_filler
+from .profile import profile_from_env, profiled
 from .ragged import amx_extend_metadata, amx_forward_metadata, eager_while_ragged, flashinfer_verify_args, \
     ragged_verify_forward
 from .ranks import agree_verify, cpu_parallel_group, verify_group
@@ -300,7 +301,10 @@ def register_hooks() -> None:
     """Register every hook (called by the ``sglang.srt.plugins`` entry point in each process)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    profile = profile_from_env()  # TREESPEC_PROFILE only: every body timed (:mod:`.profile`)
     for h in HOOKS_IN_ORDER:
-        HookRegistry.register(h.target, h.body, getattr(HookType, h.kind))
+        body = h.body if profile is None else profiled(profile, h.target, h.kind, h.body, _treespec_round)
+        HookRegistry.register(h.target, body, getattr(HookType, h.kind))
     counting = register_counting(HookRegistry, HookType.AFTER, _treespec_round)  # TREESPEC_GRAPH_LOG only
-    logger.info("treespec-sglang: registered %d hooks%s", len(HOOKS), " and CUDA-graph counting" if counting else "")
+    logger.info("treespec-sglang: registered %d hooks%s%s", len(HOOKS), " and CUDA-graph counting" if counting else "",
+                ", each timed (TREESPEC_PROFILE)" if profile is not None else "")

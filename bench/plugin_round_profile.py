@@ -1,0 +1,183 @@
+"""A treespec round against a native round on one SGLang engine: where every extra millisecond goes.
+
+One engine (the demo target + the shipped EAGLE draft, topk 4 / steps 3 / N 8 by default) serves the held-out
+prompts once per policy set and concurrency, greedy: native EAGLE, each policy alone, and every policy mixed with
+native requests. The plugin's round profiler (``TREESPEC_PROFILE``, :mod:`treespec_sglang.plugin.profile`)
+charges each round's time, exclusively, to SGLang's calls (``sglang:``) and the plugin's hooks (``hook:``); a
+second engine with ``TREESPEC_PROFILE_OPS=1`` counts each hook's ATen ops and host reads per round. Both are
+printed per set beside native: ms per round, the plugin's share, and the parts that differ most from native.
+
+On the CPU the engine is SGLang's CPU engine with our stand-ins (float32); with ``--device cuda`` it is an
+in-process ``sgl.Engine`` with CUDA graphs on (``--attention triton|flashinfer``), and ``--sync`` charges each
+part the device time of the work it queued (``TREESPEC_PROFILE_SYNC``).
+
+    python bench/plugin_round_profile.py --bs 1,4 --out bench/measured/<machine>/plugin_round_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+
+def policy_sets(topk: int, steps: int, n: int) -> dict:
+    one = {"eagle2": {"policy": "eagle2", "budget": n, "topk": topk, "depth": steps},
+           "talon": {"policy": "talon", "budget": n, "topk": topk, "mu": 0.03},
+           "salf": {"policy": "salf", "budget": n, "batch": min(4, n), "th": 0.1},
+           "c2t": {"policy": "c2t", "budget": n, "topk": topk, "beta": 0.5},
+           "chain": {"policy": "chain", "length": steps}}
+    sets = {"native": [None]}
+    sets.update({name: [spec] for name, spec in one.items()})
+    sets["mix"] = [None] + list(one.values())  # request i takes mix[i % 6]
+    return sets
+
+
+def delta(after: dict, before: dict) -> dict:
+    """Per round kind, ``after - before`` of two :func:`read_profile` results."""
+    out = {}
+    for kind, tot in after.items():
+        b = before.get(kind, {"rounds": 0, "round_s": 0.0, "parts": {}, "ops": {}})
+        if tot["rounds"] == b["rounds"]:
+            continue
+        out[kind] = {"rounds": tot["rounds"] - b["rounds"], "round_s": tot["round_s"] - b["round_s"]}
+        for key in ("parts", "ops"):
+            out[kind][key] = {name: [v[0] - b[key].get(name, [0, 0])[0], v[1] - b[key].get(name, [0, 0])[1]]
+                              for name, v in tot[key].items()
+                              if v[1] != b[key].get(name, [0, 0])[1]}
+    return out
+
+
+def per_round(prof: dict) -> dict:
+    """ms per round: total, SGLang's, the plugin's, and every part; ops and host reads per round per hook."""
+    n = prof["rounds"]
+    parts = {name: 1e3 * s / n for name, (s, _) in prof["parts"].items()}
+    return {"rounds": n, "ms": 1e3 * prof["round_s"] / n,
+            "sglang_ms": sum(v for k, v in parts.items() if k.startswith("sglang:")),
+            "plugin_ms": sum(v for k, v in parts.items() if k.startswith("hook:")), "parts": parts,
+            "ops": {name: [o / n, r / n] for name, (o, r) in prof.get("ops", {}).items()}}
+
+
+def start(a, env: dict):
+    """An engine whose processes profile into ``env["TREESPEC_PROFILE"]``: ``generate(ids, params) -> outputs``."""
+    from treespec_sglang.engine.loading import demo_draft_dir
+    from treespec_sglang.models.demo import demo_target
+    from treespec_sglang.plugin.cpu.host import EngineHost, cpu_engine_kwargs, eagle_kwargs
+
+    spec = eagle_kwargs(demo_draft_dir(), a.topk, a.steps, a.num_draft_tokens)
+    if a.device == "cpu":
+        host = EngineHost("profile", cpu_engine_kwargs(demo_target(), **spec), tempfile.mkdtemp(), env=env)
+        return lambda ids, sp: host.generate(input_ids=ids, sampling_params=sp), host.close
+    os.environ.update(env)  # inherited by the scheduler processes
+    import sglang as sgl
+    llm = sgl.Engine(model_path=demo_target(), dtype=a.dtype, attention_backend=a.attention,
+                     sampling_backend="flashinfer" if a.attention == "flashinfer" else "pytorch",
+                     mem_fraction_static=0.35, cuda_graph_max_bs_decode=max(64, max(a.bs)), random_seed=0,
+                     log_level="warning", disable_prefill_cuda_graph=True, **spec)
+    return lambda ids, sp: llm.generate(input_ids=ids, sampling_params=sp), llm.shutdown
+
+
+def run_sets(a, prompt_ids, ops: bool) -> dict:
+    """``{bs: {set: {kind: per_round(...)}}}`` from one engine (``ops``: the op-counting engine)."""
+    from treespec_sglang.plugin.profile import read_profile
+
+    d = tempfile.mkdtemp()
+    env = {"TREESPEC_PROFILE": d, "TREESPEC_PROFILE_OPS": "1" if ops else "0",
+           "TREESPEC_PROFILE_SYNC": "1" if a.sync else "0"}
+    generate, stop = start(a, env)
+    out = {}
+    try:
+        sets = policy_sets(a.topk, a.steps, a.num_draft_tokens)
+        generate(prompt_ids[:1], [{"max_new_tokens": 8, "temperature": 0.0}])  # warm-up, not measured
+        for bs in a.bs:
+            for name, specs in sets.items():
+                sp = []
+                for i in range(len(prompt_ids)):
+                    spec = specs[i % len(specs)]
+                    sp.append({"max_new_tokens": a.max_new_tokens, "temperature": 0.0,
+                               **({"custom_params": {"treespec": spec}} if spec else {})})
+                before, t = read_profile(d), time.time()
+                for i in range(0, len(prompt_ids), bs):  # bs requests at a time: the concurrency
+                    generate(prompt_ids[i:i + bs], sp[i:i + bs])
+                got = delta(read_profile(d), before)
+                out.setdefault(bs, {})[name] = {kind: per_round(p) for kind, p in got.items()}
+                out[bs][name]["seconds"] = time.time() - t
+                row = out[bs][name]
+                kinds = ", ".join(f"{k}: {r['rounds']} rounds {r['ms']:.2f} ms (plugin {r['plugin_ms']:.2f})"
+                                  for k, r in row.items() if k != "seconds")
+                print(f"{'ops ' if ops else ''}bs {bs} {name}: {kinds}", flush=True)
+    finally:
+        stop()
+    return out
+
+
+def report(timed: dict, counted: dict) -> str:
+    """A markdown table per concurrency: each set's ms per round beside native's, and its largest extras."""
+    lines = []
+    for bs, sets in timed.items():
+        nat = sets["native"]["native"]
+        lines += [f"\nbs {bs}: native {nat['ms']:.2f} ms per round (SGLang {nat['sglang_ms']:.2f}, "
+                  f"plugin hooks {nat['plugin_ms']:.3f})", "",
+                  "| set | ms per round | vs native | plugin ms | plugin ops / host reads per round | "
+                  "largest extras over native (ms) |", "|---|---|---|---|---|---|"]
+        for name, row in sets.items():
+            if name == "native":
+                continue
+            r = row.get("ts")
+            if r is None:
+                continue
+            extra = {k: v - nat["parts"].get(k, 0.0) for k, v in r["parts"].items()}
+            top = sorted(extra.items(), key=lambda kv: -abs(kv[1]))[:4]
+            ops = counted.get(bs, {}).get(name, {}).get("ts", {}).get("ops", {})
+            o, rd = sum(v[0] for v in ops.values()), sum(v[1] for v in ops.values())
+            lines.append(f"| {name} | {r['ms']:.2f} | {r['ms'] - nat['ms']:+.2f} | {r['plugin_ms']:.2f} | "
+                         f"{o:.0f} / {rd:.1f} | " + ", ".join(f"{k} {v:+.2f}" for k, v in top) + " |")
+    return "\n".join(lines)
+
+
+def machine(device: str) -> str:
+    """The CPU (model name, bf16 feature, cores) or the GPU the figures were measured on."""
+    import torch
+    from treespec_sglang.engine.cost import _cpu_name
+    from treespec_sglang.engine.dtypes import cpu_bf16
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"{_cpu_name()} ({cpu_bf16()[1]}), {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--attention", default="triton", help="CUDA: SGLang's attention backend (triton, flashinfer)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--sync", action="store_true", help="CUDA: charge each part its device time")
+    ap.add_argument("--bs", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
+    ap.add_argument("--prompts", type=int, default=8, help="held-out prompts (alternating HumanEval / MT-bench)")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--num-draft-tokens", type=int, default=8)
+    ap.add_argument("--no-ops", action="store_true", help="skip the op-counting engine")
+    ap.add_argument("--out", default=None, help="JSON file for the figures")
+    a = ap.parse_args(argv)
+    from treespec_sglang.data.prompts import humaneval, mtbench
+    from treespec_sglang.engine import SpecEngine
+
+    he, mt = humaneval().every(10), mtbench().every(10)
+    prompts = [x for pair in zip(he.prompts, mt.prompts) for x in pair][:a.prompts]
+    prompt_ids = SpecEngine.from_pretrained("smollm2-135m", draft=None).encode(prompts)
+    timed = run_sets(a, prompt_ids, ops=False)
+    counted = {} if a.no_ops else run_sets(a, prompt_ids, ops=True)
+    table = report(timed, counted)
+    print(table)
+    if a.out:
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump({"machine": machine(a.device), "args": vars(a), "timed": timed,
+                       "counted": counted, "table": table}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The round profiler (``TREESPEC_PROFILE``): exclusive parts that add up to the round, round kinds, op counts
+that leave SGLang's calls out, and the per-process files summed."""
+
+import json
+
+import pytest
+import torch
+
+from treespec_sglang.plugin import profile as P
+
+
+class Ticks:
+    """A clock that advances only when told (``advance``), so every expected time is exact."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def advance(self, dt):
+        self.t += dt
+
+
+def make_round(profile, clock, treespec: bool):
+    """A fake round: the round hook (AROUND on ``P.ROUND``) around SGLang's round, which calls an AROUND-hooked
+    SGLang function (the draft) and an AFTER hook; each piece advances the clock by a known amount."""
+    def draft_sglang(x):
+        clock.advance(7)  # SGLang's draft
+        return x + 1
+
+    def draft_hook(original, x):
+        clock.advance(2)  # the plugin's part of the draft hook
+        return original(x)
+
+    def after_hook(result, x):
+        clock.advance(1)
+        return result
+
+    draft = P.profiled(profile, "sglang.srt.x.Worker.draft", "AROUND", draft_hook, lambda: treespec)
+    after = P.profiled(profile, "sglang.srt.x.after", "AFTER", after_hook, lambda: treespec)
+
+    def round_sglang(x):
+        clock.advance(10)  # the rest of SGLang's round
+        y = draft(draft_sglang, x)
+        return after(y, x)
+
+    def round_hook(original, x):
+        clock.advance(3)
+        return original(x)
+
+    return lambda x: P.profiled(profile, P.ROUND, "AROUND", round_hook, lambda: treespec)(round_sglang, x)
+
+
+@pytest.mark.parametrize("treespec", [True, False])
+def test_parts_are_exclusive_and_add_up_to_the_round(treespec):
+    clock = Ticks()
+    prof = P.Profile(None, clock=clock)
+    run = make_round(prof, clock, treespec)
+    assert run(1) == 2 and run(5) == 6
+    kind = "ts" if treespec else "native"
+    tot = prof.totals[kind]
+    assert set(prof.totals) == {kind} and tot["rounds"] == 2 and tot["round_s"] == 2 * 23
+    parts = {k: v for k, v in tot["parts"].items()}
+    assert parts == {"hook:round_hook": [6, 2], "sglang:EAGLEWorkerV2.forward_batch_generation": [20, 2],
+                     "hook:draft_hook": [4, 2], "sglang:Worker.draft": [14, 2], "hook:after_hook": [2, 2]}
+    assert sum(s for s, _ in parts.values()) == tot["round_s"]
+
+
+def test_hooks_between_rounds_go_to_the_next_round():
+    clock = Ticks()
+    prof = P.Profile(None, clock=clock)
+    arrival = P.profiled(prof, "sglang.srt.x.arrive", "AFTER", lambda r: clock.advance(4), lambda: False)
+    arrival(None)
+    make_round(prof, clock, True)(0)
+    assert prof.totals["ts"]["parts"]["hook:<lambda>"] == [4, 1] and not prof.pending
+
+
+def test_ops_are_counted_in_hooks_only():
+    prof = P.Profile(None, count=True)
+    x = torch.arange(6.0)
+
+    def sglang_fn(t):
+        return (t * 2).sum() + t.max()  # 3 ops, SGLang's: not the plugin's
+
+    def hook(original, t):
+        y = (t + 1).exp()  # 2 ops
+        _ = y.sum().item()  # 2 ops, one host read
+        return original(t)
+
+    wrapped = P.profiled(prof, "sglang.srt.x.f", "AROUND", hook, lambda: True)
+    wrapped(sglang_fn, x)
+    assert dict(prof.pending_ops) == {"hook:hook": [4, 1]}
+    prof.end_round("ts", 0.0)
+    assert prof.totals["ts"]["ops"] == {"hook:hook": [4, 1]}
+
+
+def test_files_per_process_are_summed(tmp_path):
+    prof = P.Profile(str(tmp_path), clock=Ticks())
+    prof.pending["hook:a"] = [0.5, 1]
+    prof.end_round("ts", 1.0)
+    written = json.loads(next(tmp_path.glob("profile-*.json")).read_text())
+    assert written["ts"]["parts"] == {"hook:a": [0.5, 1]}
+    (tmp_path / "profile-1.json").write_text(json.dumps(
+        {"ts": {"rounds": 2, "round_s": 3.0, "parts": {"hook:a": [1.0, 2], "hook:b": [2.0, 2]}, "ops": {}},
+         "native": {"rounds": 1, "round_s": 0.5, "parts": {}, "ops": {}}}))
+    got = P.read_profile(str(tmp_path))
+    assert got["ts"]["rounds"] == 3 and got["ts"]["round_s"] == 4.0
+    assert got["ts"]["parts"] == {"hook:a": [1.5, 3], "hook:b": [2.0, 2]} and got["native"]["rounds"] == 1
+
+
+@pytest.mark.parametrize("env,expect", [({}, None), ({"TREESPEC_PROFILE": "d"}, (False, False)),
+                                        ({"TREESPEC_PROFILE": "d", "TREESPEC_PROFILE_OPS": "1",
+                                          "TREESPEC_PROFILE_SYNC": "1"}, (True, True)),
+                                        ({"TREESPEC_PROFILE": "d", "TREESPEC_PROFILE_OPS": "0"}, (False, False))])
+def test_profile_from_env(monkeypatch, tmp_path, env, expect):
+    for k in (P.ENV_PROFILE, P.ENV_PROFILE_OPS, P.ENV_PROFILE_SYNC):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, str(tmp_path / v) if k == P.ENV_PROFILE else v)
+    prof = P.profile_from_env()
+    if expect is None:
+        assert prof is None
+    else:
+        assert (prof.count, prof.sync) == expect and (tmp_path / "d").is_dir()
+
+
+@pytest.mark.parametrize("profiling", [False, True])
+def test_register_hooks_times_every_body_only_when_asked(monkeypatch, tmp_path, profiling):
+    import sys
+    import types
+
+    from treespec_sglang.plugin import hooks
+
+    got = []
+    fake = types.ModuleType("sglang.srt.plugins.hook_registry")
+    fake.HookType = types.SimpleNamespace(BEFORE="BEFORE", AFTER="AFTER", AROUND="AROUND")
+    fake.HookRegistry = types.SimpleNamespace(register=lambda target, body, kind: got.append((target, body, kind)))
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", fake)
+    monkeypatch.delenv("TREESPEC_GRAPH_LOG", raising=False)
+    if profiling:
+        monkeypatch.setenv(P.ENV_PROFILE, str(tmp_path))
+    else:
+        monkeypatch.delenv(P.ENV_PROFILE, raising=False)
+    hooks.register_hooks()
+    assert [(t, k) for t, _, k in got] == [(h.target, h.kind) for h in hooks.HOOKS_IN_ORDER]
+    for (_, body, _), h in zip(got, hooks.HOOKS_IN_ORDER):
+        assert (body is not h.body and body.__wrapped__ is h.body) if profiling else body is h.body
