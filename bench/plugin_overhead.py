@@ -5,10 +5,14 @@ token / parent lists for topk k and S steps), the steady-state call of ``select_
 call, the same requests) is counted with a TorchDispatchMode: ATen ops, host reads (``.item()``,
 ``bool(t)``, ``.tolist()``, data-dependent shapes) and host->device list copies; then timed (median
 of ``--repeats`` calls, microseconds of CPU time per round). On CUDA, ``--graph`` also captures the
-selection in a torch CUDA graph and compares outputs and milliseconds per round, eager vs replay.
+selection in a torch CUDA graph and compares outputs and milliseconds per round, eager vs replay, and counts
+the kernels a round launches (``launches``, torch.profiler). ``--select torch,triton`` measures the torch
+selection and the fused Triton kernel (:mod:`treespec_sglang.plugin.pool_kernels`) side by side in one run, and
+checks that they select the same trees (on the CPU the kernel runs in Triton's interpreter: its times mean nothing
+there, its op counts do).
 
     python bench/plugin_overhead.py                      # bs 1 / 16 / 64, topk 8, steps 6, N 48
-    python bench/plugin_overhead.py --device cuda --graph
+    python bench/plugin_overhead.py --device cuda --graph --select torch,triton
 
 Targets at bs 16, topk 8, steps 6, N 48: 0 host reads, 0 list copies,
 <= 300 ops for one policy, <= 900 for the four-policy mix, the same counts at bs 64.
@@ -25,7 +29,7 @@ import time
 
 import torch
 
-from treespec_sglang.plugin.pool import select_from_pool
+from treespec_sglang.plugin.pool import PoolView, select_from_pool
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.utils.syncs import count_ops
 
@@ -81,15 +85,36 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def measure(name: str, bs: int, a) -> dict:
-    lists = sglang_shaped_pool(bs, a.topk, a.steps, a.vocab, a.device, seed=bs)
-    params = batch_params(name, bs)
+def selection_call(select: str, lists, params, a):
+    """A round's selection as a no-argument call: ``torch`` (``select_from_pool``) or ``triton`` (the fused kernel
+    on the same pool lists)."""
     takes_rows = "rows" in inspect.signature(select_from_pool).parameters
     kw = {}
     if takes_rows and policy_rows is not None:
         kw["rows"] = policy_rows(params, a.device)  # what the plugin keeps per request
-    call = lambda: select_from_pool(*lists, a.N, a.topk, params, **kw)  # noqa: E731
-    call()  # the first call builds the cached rows / tables
+    if select == "torch":
+        return lambda: select_from_pool(*lists, a.N, a.topk, params, **kw)
+    from treespec_sglang.plugin.pool_kernels import select_on_pool_fused
+    return lambda: select_on_pool_fused(PoolView(*lists, a.topk), a.N, params, None, kw.get("rows"))
+
+
+def cuda_launches(call) -> int:
+    """Kernels and copies one call puts on the CUDA device (torch.profiler's device events)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
+
+
+def measure(name: str, bs: int, a, select: str = "torch") -> dict:
+    lists = sglang_shaped_pool(bs, a.topk, a.steps, a.vocab, a.device, seed=bs)
+    params = batch_params(name, bs)
+    call = selection_call(select, lists, params, a)
+    out = call()  # the first call builds the cached rows / tables
+    if select != "torch":  # the same trees as the torch selection
+        ref = selection_call("torch", lists, params, a)()
+        same = all(torch.equal(x, y) for x, y in zip(ref[1:], out[1:]))
     with count_ops() as c:
         call()
     times = []
@@ -99,10 +124,14 @@ def measure(name: str, bs: int, a) -> dict:
         call()
         _sync(a.device)
         times.append((time.perf_counter() - t0) * 1e6)
-    row = dict(set=name, bs=bs, ops=c.ops, host_reads=c.reads, list_copies=c.copies,
+    row = dict(set=name, bs=bs, select=select, ops=c.ops, host_reads=c.reads, list_copies=c.copies,
                us_per_round=round(statistics.median(times), 1))
-    if a.graph and torch.device(a.device).type == "cuda":
-        row.update(graph_vs_eager(call))
+    if select != "torch":
+        row["same_trees"] = same
+    if torch.device(a.device).type == "cuda":
+        row["launches"] = cuda_launches(call)
+        if a.graph:
+            row.update(graph_vs_eager(call))
     return row
 
 
@@ -139,6 +168,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--graph", action="store_true", help="CUDA only: also capture and replay in a CUDA graph")
+    ap.add_argument("--select", default="torch", help="comma list of torch, triton (the fused kernel)")
     ap.add_argument("--json", default=None, help="also write the rows here")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -148,9 +178,10 @@ def main(argv=None):
     rows = []
     for name in a.sets.split(","):
         for bs in (int(x) for x in a.bs.split(",")):
-            r = measure(name, bs, a)
-            rows.append(r)
-            print(" ".join(f"{k}={v}" for k, v in r.items()), flush=True)
+            for select in a.select.split(","):
+                r = measure(name, bs, a, select)
+                rows.append(r)
+                print(" ".join(f"{k}={v}" for k, v in r.items()), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

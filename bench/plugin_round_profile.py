@@ -43,10 +43,9 @@ def delta(after: dict, before: dict) -> dict:
         if tot["rounds"] == b["rounds"]:
             continue
         out[kind] = {"rounds": tot["rounds"] - b["rounds"], "round_s": tot["round_s"] - b["round_s"]}
-        for key in ("parts", "ops"):
+        for key in ("parts", "ops"):  # the entries that changed (an op count with no host read included)
             out[kind][key] = {name: [v[0] - b[key].get(name, [0, 0])[0], v[1] - b[key].get(name, [0, 0])[1]]
-                              for name, v in tot[key].items()
-                              if v[1] != b[key].get(name, [0, 0])[1]}
+                              for name, v in tot[key].items() if list(v) != list(b[key].get(name, [0, 0]))}
     return out
 
 

@@ -10,7 +10,8 @@ test, and ``launch_server`` with the OpenAI client and ``/metrics``.
 Float32. A greedy mismatch on a GPU passes only as a documented near-tie: the first differing token's two
 candidates are within ``NEAR_TIE`` of each other in the target's own logits at that position (transformers,
 float32, this GPU), and the test prints the margin. ``TREESPEC_GPU_ATTENTION=flashinfer`` runs SGLang's
-FlashInfer backend (the custom-mask verify path) instead of Triton.
+FlashInfer backend (the custom-mask verify path) instead of Triton; ``TREESPEC_SELECT=triton`` (inherited by
+the engines' processes) selects every tree with the fused Triton kernel instead of the torch selection.
 """
 
 import os

@@ -5,6 +5,7 @@ import torch
 
 from tests.helpers import PathDraft
 from tests.policies import oracles
+from treespec_sglang.plugin import draft_select, pool_kernels
 from treespec_sglang.plugin.draft_select import read_pool, select_after_draft, stash_pool
 from treespec_sglang.plugin.hooks import DraftStep
 from treespec_sglang.plugin.pool import select_from_pool
@@ -34,7 +35,18 @@ def test_the_stash_holds_what_the_draft_loop_built_and_a_padded_batch_reads_its_
         read_pool(7, 5, K, S, "cpu")
 
 
-def test_selection_after_the_draft_equals_the_selection_on_the_pool_lists():
+@pytest.mark.parametrize("mode", [None, "auto", "triton"])
+def test_selection_after_the_draft_equals_the_selection_on_the_pool_lists(monkeypatch, mode):
+    """Whichever selection ``TREESPEC_SELECT`` picks (unset: torch; auto: torch on the CPU; triton: the fused
+    kernel, here in Triton's interpreter), the trees are the torch selection's on the pool lists."""
+    if mode is None:
+        monkeypatch.delenv(draft_select.ENV_SELECT, raising=False)
+    else:
+        monkeypatch.setenv(draft_select.ENV_SELECT, mode)
+    calls = []
+    for name in ("select_on_pool", "select_on_pool_fused"):
+        fn = getattr(draft_select, name)
+        monkeypatch.setattr(draft_select, name, lambda *a, _f=fn, _n=name, **k: calls.append(_n) or _f(*a, **k))
     sl, tl, pl = pools(8, 2)
     params = [parse_spec(s) if s else None for s in SPECS]
     native = select_from_pool(sl, tl, pl, N, K, [None] * 8)[:3]
@@ -43,6 +55,40 @@ def test_selection_after_the_draft_equals_the_selection_on_the_pool_lists():
     top, toks = select_after_draft(step, None, native[1], native[2], N, S)
     ref = select_from_pool(sl, tl, pl, N, K, params, native=native)
     assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])
+    assert calls == ["select_on_pool_fused" if mode == "triton" else "select_on_pool"]
+
+
+@pytest.mark.parametrize("env,device,want", [(None, "cuda", "select_on_pool"), ("", "cuda", "select_on_pool"),
+                                             ("auto", "cpu", "select_on_pool"), (" AUTO", "cuda", "select_on_pool_fused"),
+                                             (" Torch ", "cuda", "select_on_pool"),
+                                             ("triton", "cpu", "select_on_pool_fused")])
+def test_the_selection_follows_treespec_select(monkeypatch, env, device, want):
+    if env is None:
+        monkeypatch.delenv(draft_select.ENV_SELECT, raising=False)
+    else:
+        monkeypatch.setenv(draft_select.ENV_SELECT, env)
+    assert draft_select.selection(torch.device(device)).__name__ == want
+
+
+def test_a_bad_or_unloadable_selection_is_refused_at_start(monkeypatch):
+    shape = (K, S, N)
+    monkeypatch.setenv(draft_select.ENV_SELECT, "fused")
+    with pytest.raises(ValueError, match=r"TREESPEC_SELECT must be one of \['torch', 'auto', 'triton'\], got 'fused'"):
+        draft_select.check_selection("cpu", *shape)
+    monkeypatch.setenv(draft_select.ENV_SELECT, "triton")
+    launches = []
+    fused = pool_kernels.select_on_pool_fused
+    monkeypatch.setattr(pool_kernels, "select_on_pool_fused", lambda *a, **k: launches.append(a[1]) or fused(*a, **k))
+    assert draft_select.check_selection("cpu", *shape) == "triton" and launches == [N]  # loaded and launched
+    monkeypatch.setattr(pool_kernels, "_KERNELS", {})
+    monkeypatch.setitem(__import__("sys").modules, "triton", None)  # triton not importable
+    with pytest.raises(RuntimeError, match="needs the 'triton' package"):
+        draft_select.check_selection("cpu", *shape)
+    assert draft_select.check_selection("cpu", 1, S, S + 1) == "triton"  # a chain server never selects
+    monkeypatch.setenv(draft_select.ENV_SELECT, "auto")
+    assert draft_select.check_selection("cpu", *shape) == "auto"  # torch on the CPU: triton is not needed
+    with pytest.raises(RuntimeError, match="needs the 'triton' package"):
+        draft_select.check_selection("cuda", *shape)  # the kernel on CUDA
 
 
 @pytest.mark.gpu

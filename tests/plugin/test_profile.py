@@ -146,3 +146,23 @@ def test_register_hooks_times_every_body_only_when_asked(monkeypatch, tmp_path, 
     assert [(t, k) for t, _, k in got] == [(h.target, h.kind) for h in hooks.HOOKS_IN_ORDER]
     for (_, body, _), h in zip(got, hooks.HOOKS_IN_ORDER):
         assert (body is not h.body and body.__wrapped__ is h.body) if profiling else body is h.body
+
+
+def test_sglangs_own_host_reads_inside_a_counted_hook_are_not_the_hooks():
+    prof = P.Profile(None, count=True)
+    x = torch.arange(4.0)
+
+    def sglang_round(t):
+        _ = t.tolist()  # SGLang's own host reads
+        _ = (t * 2).numpy()
+        return nested(lambda u: u, t)
+
+    def nested_hook(original, t):
+        _ = (t + 1).tolist()  # the nested hook's: 1 op, 1 read
+        return original(t)
+
+    nested = P.profiled(prof, "sglang.srt.x.g", "AROUND", nested_hook, lambda: True)
+    outer = P.profiled(prof, P.ROUND, "AROUND", lambda original, t: original(t), lambda: True)
+    outer(sglang_round, x)
+    assert prof.totals["ts"]["ops"] == {"hook:<lambda>": [0, 0], "hook:nested_hook": [1, 1]}
+    assert torch.Tensor.tolist is P._ORIGINAL_READS["tolist"]  # every patch undone

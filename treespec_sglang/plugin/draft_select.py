@@ -11,20 +11,31 @@ cloned at the boundary as SGLang does for ``draft_probs``), runs every request's
 place of SGLang's ``top_scores_index`` / ``draft_tokens``. One code path on the CPU (eager) and the GPU
 (replay).
 
+The selection itself is the torch implementation (:func:`~.pool.select_on_pool`) or the same selection as one
+fused Triton launch (:func:`~.pool_kernels.select_on_pool_fused`), per ``TREESPEC_SELECT``
+(:func:`selection_mode`): ``torch`` (the default until the kernel has been run and timed on a GPU), ``auto``
+(the kernel on CUDA, torch elsewhere) or ``triton``.
+
 Example: a graph captured for 8 rows replays a batch of 5 (SGLang pads to its bucket): the stash of
 shape (8, P, W) holds 8 rows after the replay and the selection reads its first 5.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+import os
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
 from .pool import PoolView, policy_rows, select_on_pool, share_token_cap, COLUMNS
+from .pool_kernels import select_on_pool_fused, warm_up
 from .ranks import agree, perturbed, record_digest, verify_group
 
-__all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing"]
+__all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing", "ENV_SELECT", "selection_mode",
+           "selection", "check_selection"]
+
+ENV_SELECT = "TREESPEC_SELECT"
+SELECT_MODES = ("torch", "auto", "triton")
 
 # (rows, P, W, device) -> (scores [rows, P] float32, tokens [rows, P] int64, parent_list [rows, W] int64)
 _STASH: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -33,6 +44,42 @@ _STASH: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 def capturing(t: torch.Tensor) -> bool:
     """Whether ``t``'s device stream is being captured into a CUDA graph (never on the CPU)."""
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def selection_mode() -> str:
+    """``TREESPEC_SELECT`` (the operator's environment): ``torch`` (unset), ``auto`` or ``triton``.
+
+    Raises
+    ------
+    ValueError
+        Naming the variable and the allowed values.
+    """
+    raw = os.environ.get(ENV_SELECT, "")
+    mode = raw.strip().lower() or "torch"
+    if mode not in SELECT_MODES:
+        raise ValueError(f"{ENV_SELECT} must be one of {list(SELECT_MODES)}, got {raw!r}")
+    return mode
+
+
+def selection(device) -> Callable:
+    """The selection for a pool on ``device``: :func:`~.pool.select_on_pool` (``torch``; ``auto`` off CUDA) or
+    :func:`~.pool_kernels.select_on_pool_fused` (``auto`` on CUDA; ``triton`` anywhere, in Triton's interpreter
+    on the CPU: slow, for tests). Both return the same trees (the kernel's docstring says where float32 order
+    may differ)."""
+    mode = selection_mode()
+    if mode == "torch" or (mode == "auto" and torch.device(device).type != "cuda"):
+        return select_on_pool
+    return select_on_pool_fused
+
+
+def check_selection(device, topk: int, steps: int, num_draft_tokens: int) -> str:
+    """At server start (every scheduler process): the mode is valid and, when it takes the kernel, the kernel
+    loads and compiles for the server's pool (:func:`~.pool_kernels.warm_up`); returns the mode. Raises
+    ValueError / RuntimeError (or triton's compile error) with the reason instead of failing a first round."""
+    mode = selection_mode()
+    if selection(device) is select_on_pool_fused and topk > 1:  # chain servers (topk 1) never select
+        warm_up(device, topk, steps, num_draft_tokens)
+    return mode
 
 
 def stash_pool(score_list, token_list, parents_list) -> tuple:
@@ -108,8 +155,8 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
     scores = perturbed([scores], group)[0]  # a no-op unless a test asks for a faulty rank
     pool = PoolView.from_flat(scores, tokens, parent_list, step.topk)
     rows_t = policy_rows(step.params, native_top.device, step.shares)  # cached per request: no list copy
-    _, top, tokens, keep = select_on_pool(pool, num_draft_tokens, step.params, (None, native_top, native_tokens),
-                                          rows_t)
+    _, top, tokens, keep = selection(native_top.device)(pool, num_draft_tokens, step.params,
+                                                        (None, native_top, native_tokens), rows_t)
     if step.token_cap is not None and any(step.shares):  # the token cap for the sharing requests
         keep = share_token_cap(pool.scores, top, keep, rows_t[:, COLUMNS.index("shares")] > 0, step.token_cap)
     # every rank that verifies this batch takes rank 0's tree (one int64 broadcast; alone: a no-op)

@@ -2,7 +2,7 @@
 
 What an operator needs to check a running server: the plugin and SGLang versions, the server default
 policy, the batch's token cap, the registered classifiers with their content hashes, the ragged-verify
-setting, the per-round stats cap and the policies a request may pick.
+setting, the selection (``TREESPEC_SELECT``), the per-round stats cap and the policies a request may pick.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def server_info() -> dict:
     from . import SGLANG_VERSION
     from .classifiers import classifier_digests
     from .config import server_defaults
+    from .draft_select import ENV_SELECT
     from .ragged import ENV_RAGGED
     from .stats import max_rounds
 
@@ -34,6 +35,7 @@ def server_info() -> dict:
         "default_policy": d.spec,
         "policies": sorted(POLICIES),
         "ragged_verify": os.environ.get(ENV_RAGGED, "auto").strip().lower() or "auto",
+        "selection": os.environ.get(ENV_SELECT, "torch").strip().lower() or "torch",
         "sglang": SGLANG_VERSION,
         "stats_max_rounds": max_rounds(),
         "token_cap": d.token_cap,

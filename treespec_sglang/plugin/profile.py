@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import glob
 import json
+import logging
 import os
 import time
 from collections import defaultdict
@@ -40,6 +41,18 @@ ENV_PROFILE = "TREESPEC_PROFILE"
 ENV_PROFILE_OPS = "TREESPEC_PROFILE_OPS"
 ENV_PROFILE_SYNC = "TREESPEC_PROFILE_SYNC"
 ROUND = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
+_READS = ("tolist", "numpy")  # what count_ops patches on torch.Tensor to see host reads (they bypass dispatch)
+
+
+logger = logging.getLogger("treespec_sglang.plugin")
+
+
+def _original_reads() -> dict:
+    import torch
+    return {name: getattr(torch.Tensor, name) for name in _READS}
+
+
+_ORIGINAL_READS = _original_reads()  # before any count_ops patched them
 
 
 def _short(target: str) -> str:
@@ -72,7 +85,9 @@ class Profile:
     def _now(self) -> float:
         if self.sync:
             import torch
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            # never inside a CUDA graph capture (a sync there is illegal): SGLang captures some hooked calls
+            if torch.cuda.is_available() and torch.cuda.is_initialized() \
+                    and not torch.cuda.is_current_stream_capturing():
                 torch.cuda.synchronize()
         return self.clock()
 
@@ -82,6 +97,7 @@ class Profile:
         def run(*args, **kwargs):
             t0 = self._now()
             self.stack.append(0.0)
+            c = None
             try:
                 if ops and self.count:
                     from ..utils.syncs import count_ops
@@ -89,28 +105,43 @@ class Profile:
                         return fn(*args, **kwargs)
                 return fn(*args, **kwargs)
             finally:
-                dt = self._now() - t0
                 inner = self.stack.pop()
+                try:
+                    end = self._now()
+                except Exception as e:  # a failing device sync: host time; the next device op raises it again
+                    logger.warning("treespec profile: device sync failed after %s: %s", name, e)
+                    end = self.clock()
+                dt = end - t0
                 part = self.pending[name]
                 part[0] += dt - inner
                 part[1] += 1
                 if self.stack:
                     self.stack[-1] += dt
-                if ops and self.count:
+                if c is not None:
                     self.pending_ops[name][0] += c.ops
                     self.pending_ops[name][1] += c.reads
         return run
 
     def uncounted(self, fn: Callable) -> Callable:
-        """``fn`` run with no op counter active (SGLang's own call inside a counted AROUND hook)."""
+        """``fn`` run with no op counter active (SGLang's own call inside a counted AROUND hook): the dispatch
+        modes are set aside and ``Tensor.tolist`` / ``numpy`` are the originals again, so SGLang's own host
+        reads are not the hook's (hooks nested inside count their own, as usual)."""
         if not self.count:
             return fn
 
         @functools.wraps(fn)
         def run(*args, **kwargs):
+            import torch
             from torch.utils._python_dispatch import _disable_current_modes
-            with _disable_current_modes():
-                return fn(*args, **kwargs)
+            patched = {name: getattr(torch.Tensor, name) for name in _READS}
+            try:
+                for name in _READS:
+                    setattr(torch.Tensor, name, _ORIGINAL_READS[name])
+                with _disable_current_modes():
+                    return fn(*args, **kwargs)
+            finally:
+                for name, f in patched.items():
+                    setattr(torch.Tensor, name, f)
         return run
 
     def end_round(self, kind: str, seconds: float) -> dict:
@@ -130,9 +161,12 @@ class Profile:
         self.pending_ops.clear()
         if self.out_dir:
             path = os.path.join(self.out_dir, f"profile-{os.getpid()}.json")
-            with open(path + ".tmp", "w") as f:
-                json.dump(self.totals, f)
-            os.replace(path + ".tmp", path)
+            try:
+                with open(path + ".tmp", "w") as f:
+                    json.dump(self.totals, f)
+                os.replace(path + ".tmp", path)
+            except OSError as e:  # a profile must never take the server down: say so once per failure
+                logger.warning("treespec profile: cannot write %s: %s", path, e)
         return self.totals
 
 

@@ -101,9 +101,10 @@ def agree(tensors: Sequence[torch.Tensor], group=None) -> List[torch.Tensor]:
 def settings_digest() -> str:
     """sha256 of what decides a request's policy on this rank: the server defaults, the registered policies in
     registration order (the row table's kind ids) with their pool stages, the classifier registry (name ->
-    file hash) and the stats cap."""
+    file hash), the stats cap and the selection (``TREESPEC_SELECT``)."""
     from .classifiers import classifier_digests
     from .config import server_defaults
+    from .draft_select import selection_mode
     from .stats import max_rounds
 
     from ..policies.registry import REGISTRY
@@ -111,7 +112,8 @@ def settings_digest() -> str:
     d = server_defaults()
     policies = [[n, r.pool_rule.stage if r.pool_rule else None] for n, r in REGISTRY.items()]  # order: kind ids
     blob = json.dumps({"policy": d.policy, "config": d.config, "token_cap": d.token_cap, "policies": policies,
-                       "classifiers": classifier_digests(), "max_rounds": max_rounds()}, sort_keys=True)
+                       "classifiers": classifier_digests(), "max_rounds": max_rounds(),
+                       "selection": selection_mode()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

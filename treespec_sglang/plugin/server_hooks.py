@@ -11,6 +11,7 @@ import logging
 from typing import Dict
 
 from .config import ServerDefaults, configure, draft_algorithm_mismatch, server_defaults
+from .draft_select import check_selection
 from .classifiers import parse_classifier_flags
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
@@ -77,6 +78,9 @@ def _draft_head(original, self, *args, **kwargs):
             raise ValueError(f"treespec: {reason}")
     # the spec worker is built on every rank after the groups: settings must agree before any round
     check_settings_agree(verify_group())
+    if runner is not None and getattr(self, "topk", None) is not None:  # TREESPEC_SELECT valid, its kernel built
+        check_selection(getattr(runner, "device", "cpu"), int(self.topk), int(self.speculative_num_steps),
+                        int(self.speculative_num_draft_tokens))
     if getattr(self, "topk", None) is not None:
         _DRAFT_TOPK["topk"] = int(self.topk)
     return shard_hot_head(original, self, *args, **kwargs)

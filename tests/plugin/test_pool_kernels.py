@@ -1,0 +1,389 @@
+"""The fused Triton pool selection against the torch one (``select_on_pool``, the oracle), output by output.
+
+CPU tensors run the kernel in Triton's interpreter: ``pool_kernels.kernels`` loads the kernel source once per
+mode with the mode set for that load only, so these tests need no ``TRITON_INTERPRET`` in the environment and
+are unaffected by which test imported triton (or the module) first. With CUDA the mixed batches also run compiled.
+
+Every output is compared bit for bit, with one documented exception: the C2T confidence, which the kernel
+evaluates itself (``exp`` in the features, the top-k entropy's sum, the 3 -> hidden -> 1 MLP's sums, the
+sigmoid) in a float32 order of its own. It is compared to torch's directly within ``CONF_TOL`` (observed: at
+most 1.2e-7, one ulp), and the selection is checked twice: exactly against ``select_on_pool`` fed the kernel's
+own confidences (every case, ties included: neither implementation reproduces exact confidence ties, since MKL
+and numpy sum identical rows in different orders), and exactly against plain ``select_on_pool`` on cases
+whose C2T decisions are asserted clear: every confidence more than ``CONF_TOL`` from beta, and the confidences
+C2T ranks in each level in the same order in both implementations (confidences of the lowest-probability
+siblings can sit one ulp apart, and are never ranked).
+SALF's popped mass (``exp(val)`` summed over D) may round differently too; the cases' th values are not
+within float32 error of any mass they reach (dyadic masses in the tie pools; continuous masses elsewhere).
+"""
+
+import importlib
+import random
+import sys
+from dataclasses import dataclass
+from unittest import mock
+
+import pytest
+import torch
+
+from treespec_sglang.plugin import pool as pool_module
+from treespec_sglang.plugin.pool import COLUMNS, PoolView, policy_rows, select_on_pool
+from treespec_sglang.plugin.pool_rules import level_slices, parent_entropy
+from treespec_sglang.policies import parse_spec, registry
+from treespec_sglang.policies.classifier import C2TClassifier, c2t_features
+
+pytest.importorskip("triton")
+from treespec_sglang.plugin.pool_kernels import kernels, select_on_pool_fused  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's
+CONF_TOL = 1e-5  # |kernel - torch| confidence bound; decisions closer than this to a threshold are float order
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+SHAPES = [(2, 3, 6), (4, 3, 8), (4, 5, 16), (8, 4, 32)]  # (topk k, steps S, N)
+
+
+def _classifier(hidden, seed):
+    g = torch.Generator().manual_seed(seed)
+    m = C2TClassifier(hidden=hidden).eval()
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.copy_(torch.randn(prm.shape, generator=g))
+    return m
+
+
+OTHER = _classifier(8, 1)
+THIRD = _classifier(16, 2)
+
+
+def make_pool(k, S, bs, seed, kind="random", device="cpu"):
+    """An SGLang-shaped pool: each node's children hold its score times a top-k conditional distribution, the
+    beam expands each level's k best. ``kind``: "random" (softmax over 16 tokens), "ties" (conditionals from
+    {1/2, 1/4, 1/8, 1/16}: equal scores across siblings and levels, exact in float32) or "invalid" (random, with
+    zero-probability children and some scores made negative, -inf or NaN)."""
+    g = torch.Generator().manual_seed(seed)
+    P = k + (S - 1) * k * k
+    scores, plists = torch.zeros(bs, P), []
+
+    def cond():
+        if kind == "ties":
+            return sorted((2.0 ** -int(torch.randint(1, 5, (1,), generator=g)) for _ in range(k)), reverse=True)
+        p = torch.softmax(torch.randn(16, generator=g) * float(torch.rand(1, generator=g) * 4 + 0.5), 0).topk(k).values
+        if kind == "invalid":
+            p = torch.where(torch.rand(k, generator=g) < 0.2, 0.0, p)
+        return p.tolist()
+
+    for b in range(bs):
+        sc, plist = [0.0] * P, [-1] + list(range(k))
+        sc[:k] = cond()
+        for d in range(2, S + 1):
+            for j in range(k):
+                grp = 1 + (d - 2) * k + j
+                sc[grp * k:grp * k + k] = [sc[plist[grp]] * c for c in cond()]
+            if d < S:
+                start = k + (d - 2) * k * k
+                lvl = torch.tensor(sc[start:start + k * k])
+                plist += (start + torch.sort(lvl, descending=True, stable=True).indices[:k]).tolist()
+        scores[b] = torch.tensor(sc)
+        plists.append(plist)
+    if kind == "invalid":
+        pick = torch.rand(bs, P, generator=g)
+        scores = torch.where(pick < 0.05, -scores, scores)
+        scores = torch.where((pick > 0.05) & (pick < 0.08), float("-inf"), scores)
+        scores = torch.where((pick > 0.08) & (pick < 0.1), float("nan"), scores)
+    tokens = torch.randint(0, 32000, (bs, P), generator=g)
+    return PoolView.from_flat(scores.to(device), tokens.to(device), torch.tensor(plists, device=device), k)
+
+
+def random_spec(stage, rng, k, S, N):
+    """A random request of ``stage`` (its parameters over and under the pool's limits)."""
+    if stage == "native":
+        return None
+    b = rng.randint(1, N + 6)
+    if stage == "none":
+        return {"policy": "none"}
+    if stage == "eagle2":
+        return {"policy": "eagle2", "budget": b}
+    if stage == "talon":
+        return {"policy": "talon", "budget": b, "topk": rng.randint(1, k + 2), "mu": rng.choice([0, .01, .05, .2, 1])}
+    if stage == "c2t":
+        return {"policy": "c2t", "budget": b, "topk": rng.randint(1, k + 2), "beta": rng.choice([0.0, .3, .45, .6, .8]),
+                "max_depth": rng.randint(1, S + 1), "classifier": rng.choice([None, OTHER, THIRD])}
+    if stage == "chain":
+        beta = rng.choice([None, .4, .6])
+        return {"policy": "chain", "length": rng.randint(0, S + 2), "beta": beta,
+                "classifier": None if beta is None else rng.choice([None, OTHER])}
+    return {"policy": "salf", "budget": b, "batch": rng.randint(1, min(b, 64)),
+            "th": rng.choice([0.0, .02, .05, .1, .3, .6]), "max_depth": rng.choice([None, rng.randint(1, S)])}
+
+
+STAGES = ["native", "none", "eagle2", "talon", "c2t", "chain", "salf"]
+
+
+def torch_conf(pool, params, rows):
+    """``[bs, P]`` the confidences ``select_on_pool`` computes (C2T Eq. 6-8), None when the batch has none."""
+    ids = sorted({pool_module._clf_id(pool_module._rule_row(p)["clf"]) for p in params
+                  if p is not None and "clf" in pool_module._rule_row(p)})
+    if not ids:
+        return None
+    bs, P = pool.scores.shape
+    feats = c2t_features(pool.val, parent_entropy(pool.val - pool.parent_val, pool.k), pool.level.expand(bs, P))
+    return pool_module._Classifiers(ids, rows[:, COLUMNS.index("clf")], pool.scores.device)(feats)
+
+
+def conf_decisions_clear(pool, params, conf, kconf, ref):
+    """No c2t / early-stopping chain decision within float order: every confidence of the row further than
+    CONF_TOL from beta, and in c2t rows the confidences C2T ranks (each level's ``passed`` candidates, from the
+    tree torch kept: App. A Alg. 1 stage 1 and the first pruning) in the same order in both implementations."""
+    for b, p in enumerate(params):
+        row = {} if p is None else pool_module._rule_row(p)
+        if row.get("beta") is None or row["beta"] < 0:
+            continue
+        if ((conf[b] - row["beta"]).abs() <= CONF_TOL).any():
+            return False
+        if p.__class__.__name__ != "C2TParams":
+            continue
+        kept = torch.zeros(pool.scores.shape[1], dtype=torch.bool, device=conf.device)
+        kept[ref[1][b][ref[3][b, 1:]]] = True
+        for d, a, e in level_slices(pool.k, pool.scores.shape[1]):
+            cand = pool.valid[b, a:e] & (True if d == 1 else kept[pool.parent[b, a:e]])
+            order = torch.sort(torch.where(cand, pool.val[b, a:e], float("-inf")), descending=True, stable=True)
+            first = torch.zeros_like(cand).scatter(0, order.indices[:p.topk], True)
+            passed = cand & first & (conf[b, a:e] >= p.beta) & (p.max_depth >= d)
+            c, kc = conf[b, a:e][passed], kconf[b, a:e][passed]
+            if not torch.equal((c[:, None] - c[None, :]).sign(), (kc[:, None] - kc[None, :]).sign()):
+                return False
+    return True
+
+
+def run_both(pool, N, params, native=None, rows=None, margins=True):
+    """The fused selection against ``select_on_pool``: exactly when torch is given the kernel's confidences,
+    and exactly against plain torch when ``margins``, where every C2T decision is asserted clear."""
+    rows = policy_rows(params, pool.scores.device) if rows is None else rows
+    conf = torch_conf(pool, params, rows)
+    kconf = conf.clone() if conf is not None else torch.empty(pool.scores.shape, device=pool.scores.device)
+    got = select_on_pool_fused(pool, N, params, native, rows, conf_out=kconf)
+    bs = pool.scores.shape[0]
+    assert got[0] is pool.parent_list
+    assert got[1].dtype == torch.int64 and got[1].shape == (bs, N - 1) and got[1].is_contiguous()
+    assert got[2].dtype == pool.tokens.dtype and got[2].shape == (bs, N - 1) and got[3].dtype == torch.bool
+    if conf is not None:
+        assert torch.allclose(kconf, conf, rtol=0, atol=CONF_TOL, equal_nan=True), (kconf - conf).abs().max()
+    with mock.patch.object(pool_module._Classifiers, "__call__", lambda self, feats: kconf):
+        same_conf = select_on_pool(pool, N, params, native, rows)
+    for name, a, b in zip(("top_scores_index", "draft_tokens", "node_keep"), same_conf[1:], got[1:]):
+        assert torch.equal(a, b), (name, (a != b).nonzero()[:4].tolist())
+    if margins:
+        ref = select_on_pool(pool, N, params, native, rows)
+        assert conf is None or conf_decisions_clear(pool, params, conf, kconf, ref), "a C2T decision is not clear"
+        for name, a, b in zip(("top_scores_index", "draft_tokens", "node_keep"), ref[1:], got[1:]):
+            assert torch.equal(a, b), (name, (a != b).nonzero()[:4].tolist())
+    return got
+
+
+def native_of(pool, N):
+    return select_on_pool(pool, N, [None] * pool.scores.shape[0])[:3]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("given", [False, True], ids=["native=None", "native"])
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("k,S,N", SHAPES)
+def test_mixed_batches_equal_the_torch_selection(k, S, N, seed, given, device):
+    """Every stage in one batch (native rows included), random parameters, two pools per shape."""
+    rng = random.Random(1000 * k + 100 * S + seed)
+    stages = STAGES + rng.choices(STAGES, k=3)
+    rng.shuffle(stages)
+    pool = make_pool(k, S, len(stages), seed=rng.randint(0, 10 ** 6), device=device)
+    params = [None if s is None else parse_spec(s) for s in (random_spec(st, rng, k, S, N) for st in stages)]
+    run_both(pool, N, params, native_of(pool, N) if given else None)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("k,S,N", [SHAPES[1], SHAPES[3]])
+def test_each_stage_alone(k, S, N, stage):
+    rng = random.Random(100 * STAGES.index(stage) + 10 * k + S)
+    pool = make_pool(k, S, 6, seed=k + S + len(stage))
+    params = [None if s is None else parse_spec(s) for s in (random_spec(stage, rng, k, S, N) for _ in range(6))]
+    run_both(pool, N, params, native_of(pool, N) if stage == "native" else None)
+
+
+@pytest.mark.parametrize("kind", ["ties", "invalid"])
+@pytest.mark.parametrize("k,S,N", SHAPES)
+def test_ties_and_invalid_children(k, S, N, kind):
+    """Equal scores across siblings and levels (ties go to the lower flat index everywhere), and zero, negative,
+    -inf and NaN scores (never a policy's candidate; NaN first in SGLang's descending ranking, as torch.sort)."""
+    rng = random.Random(7 * k + S)
+    pool = make_pool(k, S, 14, seed=3 * k + S, kind=kind)
+    params = [None if s is None else parse_spec(s) for s in
+              (random_spec(STAGES[i % len(STAGES)], rng, k, S, N) for i in range(14))]
+    run_both(pool, N, params, native_of(pool, N) if kind == "invalid" else None, margins=kind == "invalid")
+
+
+EDGE_SPECS = [  # (k, S, N, specs)
+    (4, 3, 8, [{"policy": "talon", "budget": 1}, {"policy": "c2t", "budget": 1}, {"policy": "salf", "budget": 1},
+               {"policy": "eagle2", "budget": 1}, {"policy": "chain", "length": 0}]),
+    (4, 3, 8, [{"policy": "talon", "budget": 50, "topk": 9}, {"policy": "c2t", "budget": 50, "topk": 9, "beta": .3},
+               {"policy": "salf", "budget": 50, "th": 0.3}, {"policy": "eagle2", "budget": 50}]),
+    (4, 5, 16, [{"policy": "salf", "budget": 16, "batch": 1, "th": 0.02}, {"policy": "salf", "budget": 9, "th": 0.01},
+                {"policy": "salf", "budget": 12, "batch": 3, "th": 0.0}, {"policy": "salf", "budget": 7, "th": 0.0,
+                                                                          "max_depth": 2}]),
+    (4, 5, 16, [{"policy": "chain", "length": 1}, {"policy": "chain", "length": 1, "beta": 0.5},
+                {"policy": "c2t", "budget": 12, "topk": 4, "beta": 0.3, "max_depth": 2},
+                {"policy": "c2t", "budget": 12, "topk": 2, "beta": 0.3, "max_depth": 1}]),
+    (8, 4, 32, [{"policy": "c2t", "budget": 20, "topk": 6, "beta": 0.3, "classifier": c} for c in (None, OTHER, THIRD)]
+     + [{"policy": "chain", "length": 4, "beta": 0.5, "classifier": OTHER}, {"policy": "talon", "budget": 20}]),
+]
+
+
+@pytest.mark.parametrize("k,S,N,specs", EDGE_SPECS, ids=["budget1", "budget>N", "salf", "chain1-c2t-depth", "clfs"])
+def test_edge_parameters(k, S, N, specs):
+    """Budget 1 and budgets over N, SALF with many pops (small th) and th 0 (with a depth limit), chains of one
+    token with and without the early stop, C2T with max_depth < S, three classifiers in one batch."""
+    pool = make_pool(k, S, len(specs), seed=k * S)
+    run_both(pool, N, [parse_spec(s) for s in specs])
+
+
+def test_salf_mass_equal_to_th_and_rows_given_apart_from_params():
+    """SALF continues at a popped mass exactly th (1.0, exact in float32), and the row table's values decide
+    when ``rows`` is given (``params`` only name the rules): a talon row of budget 4 in the table."""
+    scores = torch.tensor([[1.0, 0.0, 0.5, 0.25, 0.0, 0.0]] * 2)
+    pool = PoolView.from_flat(scores, torch.arange(12).view(2, 6), torch.tensor([[-1, 0, 1]] * 2), 2)
+    got = run_both(pool, 4, [parse_spec({"policy": "salf", "budget": 4, "batch": 1, "th": t}) for t in (1.0, 0.9)])
+    assert got[1].tolist() == [[0, 2, 3]] * 2 and got[3].tolist() == [[True, True, True, False]] * 2
+    pool = make_pool(4, 3, 3, seed=5)
+    talon = parse_spec({"policy": "talon", "budget": 20, "topk": 4, "mu": 0.01})
+    small = parse_spec({"policy": "talon", "budget": 4, "topk": 4, "mu": 0.01})
+    got = run_both(pool, 8, [None, talon, None], native_of(pool, 8), policy_rows([None, small, None], "cpu"))
+    assert int(got[3][1].sum()) == 4
+
+
+@dataclass(frozen=True)
+class _AboveMeanParams(registry.REGISTRY["eagle2"].Params):
+    pass
+
+
+def _above_mean_keep(pool, rows, n_eff):
+    """The root's children above their mean path value (ancestor-closed: level 1 only)."""
+    k = pool.k
+    first = pool.val[:, :k]
+    mean = torch.where(pool.valid[:, :k], first, 0.0).sum(-1, keepdim=True) / k
+    return torch.cat([pool.valid[:, :k] & (first > mean), torch.zeros_like(pool.valid[:, k:])], 1)
+
+
+@pytest.fixture
+def custom_policy():
+    """A policy with a "custom" pool rule, registered for one test, then removed (the registry is process-wide)."""
+    before = dict(registry.REGISTRY)
+    base = registry.REGISTRY["eagle2"].engine
+    cls = type("AboveMeanPolicy", (base,), {"name": "fused-above-mean", "Params": _AboveMeanParams,
+                                            "pool_rule": registry.PoolRule(row=lambda p: {}, stage="custom",
+                                                                           keep=_above_mean_keep)})
+    registry.register_policy(cls)
+    yield
+    for name in set(registry.REGISTRY) - set(before):
+        registry.POLICIES.pop(name)
+        registry._BY_PARAMS.pop(registry.REGISTRY.pop(name).Params)
+
+
+def test_custom_rows_take_their_registered_keep(custom_policy):
+    pool = make_pool(4, 3, 5, seed=9)
+    mine = parse_spec({"policy": "fused-above-mean", "budget": 5})
+    params = [mine, parse_spec({"policy": "talon", "budget": 8}), None, mine,
+              parse_spec({"policy": "salf", "budget": 6, "th": 0.1})]
+    got = run_both(pool, 8, params, native_of(pool, 8))
+    extra = torch.zeros(5, pool.scores.shape[1], dtype=torch.bool)
+    extra[:, 5] = True  # an explicit extra_keep is OR'ed in too: flat 5 (a level-2 node) kept in every row
+    more = select_on_pool_fused(pool, 8, params, extra_keep=extra)
+    at = more[1] == 5
+    assert at.any(-1).all() and more[3][:, 1:][at].all() and not torch.equal(more[3], got[3])
+
+
+@pytest.mark.parametrize("k,S", [(2, 3), (8, 4)])
+def test_kernel_confidences_match_the_torch_classifier(k, S):
+    """The in-kernel C2T confidence (C2T Eq. 6-8) against torch's, both classifiers, every pool node."""
+    pool = make_pool(k, S, 4, seed=11)
+    params = [parse_spec({"policy": "c2t", "budget": 9, "beta": 0.5, "classifier": c}) for c in (None, OTHER)] * 2
+    rows = policy_rows(params, "cpu")
+    kconf = torch.full(pool.scores.shape, float("nan"))
+    select_on_pool_fused(pool, 8, params, conf_out=kconf)
+    assert (kconf - torch_conf(pool, params, rows)).abs().max() <= CONF_TOL
+
+
+def test_steady_state_reads_nothing_back_and_its_op_count_does_not_grow_with_the_batch():
+    """Rows and tables built (second call): no host read, no host->device list copy, the same ATen ops at bs 7
+    and 21 (on the CPU these include the interpreter's own argument plumbing; on CUDA it is one launch)."""
+    from treespec_sglang.utils.syncs import count_ops
+
+    counts = []
+    for bs in (7, 21):
+        rng = random.Random(3)
+        pool = make_pool(4, 3, bs, seed=1)
+        params = [None if s is None else parse_spec(s) for s in
+                  (random_spec(STAGES[i % len(STAGES)], rng, 4, 3, 8) for i in range(bs))]
+        rows, native = policy_rows(params, "cpu"), native_of(pool, 8)
+        first = select_on_pool_fused(pool, 8, params, native, rows)
+        with count_ops() as c:
+            again = select_on_pool_fused(pool, 8, params, native, rows)
+        assert (c.reads, c.copies) == (0, 0), c.names
+        assert all(torch.equal(x, y) for x, y in zip(first[1:], again[1:]))
+        counts.append(c.ops)
+    assert counts[0] == counts[1], counts
+
+
+def test_kernels_load_per_mode_whatever_triton_was_imported_as():
+    import triton
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    before = triton.knobs.runtime.interpret
+    assert isinstance(kernels(True).pool_select_kernel, InterpretedFunction)
+    if _compiled_triton():
+        assert isinstance(kernels(False).pool_select_kernel, JITFunction)
+    else:  # TRITON_INTERPRET=1 when triton was imported: its own library is interpreted, no compiled kernel here
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+            kernels(False)
+    assert kernels(True) is kernels(True) and triton.knobs.runtime.interpret == before
+
+
+def _compiled_triton():
+    from triton.language.standard import _sum_combine
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(_sum_combine, JITFunction)
+
+
+def test_the_kernel_compiles_for_an_h100():
+    """The compiled path (not run without a GPU): the kernel source compiles to sm_90 machine code."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    pytest.importorskip("triton.backends.nvidia")
+    if not _compiled_triton():
+        pytest.skip("triton was imported with TRITON_INTERPRET=1: nothing compiles in this process")
+    sig = {n: t for n, t in zip(
+        ("scores_ptr", "val_ptr", "parent_ptr", "tokens_ptr", "rows_ptr", "stage_ptr", "clf_ids_ptr", "clf_w_ptr",
+         "native_ptr", "extra_ptr", "top_ptr", "tok_ptr", "keep_ptr", "conf_ptr", "work_ptr", "workf_ptr",
+         "n_kinds", "n_clf", "flags", "pops", "b_max", "kth"),
+        ("*fp32", "*fp32", "*i64", "*i64", "*fp32", "*i32", "*fp32", "*fp32", "*i64", "*i1", "*i64", "*i64", "*i1",
+         "*fp32", "*i32", "*fp32") + ("i32",) * 6)}
+    const = dict(F=len(COLUMNS), K=8, S=4, P=200, N=32, BLOCK_P=256, BLOCK_W=64, BLOCK_K=8, BLOCK_N=32, HB=64,
+                 CHUNK=32, WRITE_CONF=False)
+    sig.update({c: "constexpr" for c in const})
+    src = ASTSource(kernels(False).pool_select_kernel, signature=sig, constexprs=const)
+    assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+
+
+def test_without_triton_the_module_imports_and_the_call_names_what_is_missing(monkeypatch):
+    import treespec_sglang.plugin as package
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
+    for name in ("pool_kernels", "pool_kernels_triton"):  # fresh imports; afterwards the originals (or nothing)
+        monkeypatch.setitem(sys.modules, f"{package.__name__}.{name}", None)
+        del sys.modules[f"{package.__name__}.{name}"]
+        monkeypatch.setattr(package, name, getattr(package, name, None), raising=False)
+    mod = importlib.import_module("treespec_sglang.plugin.pool_kernels")
+    src = importlib.import_module("treespec_sglang.plugin.pool_kernels_triton")
+    assert src.IMPORT_ERROR is not None and callable(src.pool_select_kernel)
+    pool = make_pool(2, 3, 1, seed=0)
+    with pytest.raises(RuntimeError, match="needs the 'triton' package"):
+        mod.select_on_pool_fused(pool, 6, [None])
