@@ -164,4 +164,5 @@ def test_server_info_reports_the_plugin(server, classifier_file):
     assert set(info["classifiers"]) == {"default", "fast"}
     assert info["default_policy"] is None and info["token_cap"] is None
     assert info["ragged_verify"] == "auto" and info["stats_max_rounds"] == 4096 and info["selection"] == "torch"
+    assert info["chain_stop_graph"] is False
     assert "none" in info["policies"] and "talon" in info["policies"]

@@ -3,6 +3,7 @@
 
 import os
 
+import pytest
 import torch
 
 from tests.helpers import GlooGroup, run_ranks
@@ -83,9 +84,12 @@ def test_chain_mode_hooks_cut_each_row(monkeypatch):
     def model_forward(self, fb):
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits[fb]))
 
-    def body(self, batch):
+    def loop(self, fb):  # SGLang's draft_forward: one draft runner forward per loop step
         for i in range(S - 1):
             hooks._runner_forward(model_forward, None, i)
+
+    def body(self, batch):
+        hooks._draft_loop(loop, worker, None)
         chain = DraftTree.from_lists([list(range(N))] * 4, [[-1] + list(range(N - 1))] * 4)
         r = sglang_retrive(chain)
         return hooks._verify_input(SimpleNamespace(retrieve_next_token=r.retrive_next_token.clone(),
@@ -109,3 +113,77 @@ def test_chain_mode_hooks_cut_each_row(monkeypatch):
     assert reqs[2].customized_info is None
     # outside a draft step the model-forward hook is a pass-through
     assert hooks._runner_forward(model_forward, None, 0).logits_output.next_token_logits is logits[0]
+
+
+def test_the_stash_decides_as_the_steps_observed_one_by_one():
+    """What the draft loop records (eagerly, or a replayed graph for a padded batch of 6) gives the lengths of
+    the stopper that saw each step's logits as they came."""
+    from treespec_sglang.plugin.chain_stop import record_step
+
+    params = [parse_spec(p) if p else None for p in PARAMS]
+    logits = step_logits(3)
+    seen = ChainStopper(params, S, "cpu")
+    for lg in logits:
+        seen.observe(lg)
+    for rows in (4, 6):
+        for i, lg in enumerate(logits):
+            pad = torch.randn(rows - 4, V, generator=torch.Generator().manual_seed(i)) * 9  # a replay's padding rows
+            record_step(torch.cat([lg, pad]), i, S)
+        st = ChainStopper(params, S, "cpu")
+        st.observe_stash(rows if rows > 4 else None)
+        assert torch.equal(st.length, seen.length) and torch.equal(st.logp, seen.logp), rows
+    assert seen.length.tolist() != [S] * 4
+    with pytest.raises(RuntimeError, match="no chain draft loop of shape \\(5, 5\\) recorded its steps"):
+        ChainStopper(params, S, "cpu").observe_stash(5)
+
+
+@pytest.mark.parametrize("raw,on", [(None, False), ("", False), ("0", False), ("off", False), ("1", True),
+                                    (" True ", True), ("yes", True), ("2", None)])
+def test_chain_stop_graph_setting(monkeypatch, raw, on):
+    from treespec_sglang.plugin.chain_stop import ENV_CHAIN_GRAPH, chain_graph_enabled
+
+    if raw is None:
+        monkeypatch.delenv(ENV_CHAIN_GRAPH, raising=False)
+    else:
+        monkeypatch.setenv(ENV_CHAIN_GRAPH, raw)
+    if on is None:
+        with pytest.raises(ValueError, match="TREESPEC_CHAIN_STOP_GRAPH must be one of 1 / 0"):
+            chain_graph_enabled()
+    else:
+        assert chain_graph_enabled() is on
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_c2t_chain_round_replays_the_draft_graph_only_when_it_records_the_steps(monkeypatch, graph):
+    """prepare_for_draft's hook: without TREESPEC_CHAIN_STOP_GRAPH a C2T chain round drafts eagerly (its loop
+    records the steps as it runs); with it the replay stands and the round remembers the runner (padded rows)."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin.round import DraftStep, opened
+
+    monkeypatch.setenv("TREESPEC_CHAIN_STOP_GRAPH", "1" if graph else "0")
+    params = [parse_spec(p) if p else None for p in PARAMS]
+    runner = SimpleNamespace(bs=8)
+    with opened() as r:
+        r.step, r.drafting = DraftStep(params, 1), True
+        r.step.chain = ChainStopper(params, S, "cpu")
+        fb, can_run, plan = hooks._prepare_for_draft(("fb", True, "plan"), None, None, None, runner)
+        assert (fb, plan) == ("fb", "plan") and can_run is graph
+        assert r.step.runner is (runner if graph else None)
+
+
+def test_the_loop_records_only_for_a_c2t_chain_round(monkeypatch):
+    """Outside a C2T chain round (native, or a tree server) and outside a graph capture, the draft loop is
+    SGLang's own: no statistics are computed."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin.chain_stop import recording_loop
+
+    monkeypatch.setenv("TREESPEC_CHAIN_STOP_GRAPH", "1")  # on the CPU nothing is ever captured
+    seen = []
+    loop = lambda self, fb: seen.append(recording_loop())  # noqa: E731
+    hooks._draft_loop(loop, SimpleNamespace(topk=1, speculative_num_steps=S), None)
+    hooks._draft_loop(loop, SimpleNamespace(topk=4, speculative_num_steps=S), None)
+    assert seen == [None, None]

@@ -138,7 +138,8 @@ def test_a_rank_with_other_settings_stops_with_a_message(tmp_path):
 
 def test_the_settings_digest_follows_every_input(monkeypatch):
     base = R.settings_digest()
-    for var, value in (("TREESPEC_POLICY", "talon"), ("TREESPEC_TOKEN_CAP", "7"), ("TREESPEC_SELECT", "triton")):
+    for var, value in (("TREESPEC_POLICY", "talon"), ("TREESPEC_TOKEN_CAP", "7"), ("TREESPEC_SELECT", "triton"),
+                       ("TREESPEC_CHAIN_STOP_GRAPH", "1")):
         monkeypatch.setenv(var, value)
         assert R.settings_digest() != base
         monkeypatch.delenv(var)

@@ -11,11 +11,24 @@ logits differ in the last bit.
 
 The depth-1 token comes from the draft-extend step whose distribution the loop does not see,
 so it is always kept; depths 2..S are scored.
+
+What the stop reads of each draft step is two numbers per row, its top log-prob and the entropy of its top-1000
+(:func:`record_step`), written into a *stash* (one pair of ``[rows, S-1]`` buffers per shape) by the hook on the
+draft runner's forward inside SGLang's draft loop. The stop is decided after the loop from the stash
+(:meth:`ChainStopper.observe_stash`), so the same code serves an eager draft and a replay of SGLang's draft CUDA
+graph: with ``TREESPEC_CHAIN_STOP_GRAPH=1`` the loop records the two numbers while its graph is captured, every
+replay writes them, and C2T chain rounds replay the graph instead of drafting eagerly. That costs every chain
+round of the server a log-softmax and a top-1000 per step, native rounds included, so it is off by default
+(then a C2T chain round drafts eagerly, recording the same numbers) until it has been timed on a GPU.
 """
 
 from __future__ import annotations
 
-from typing import List
+import contextlib
+import contextvars
+import os
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -24,7 +37,67 @@ from ..policies.classifier import c2t_features, entropy_topm
 from ..policies.params import ChainParams, NoneParams
 from .ranks import agree
 
-__all__ = ["ChainStopper"]
+__all__ = ["ChainStopper", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH", "ChainLoop", "chain_loop",
+           "recording_loop"]
+
+ENV_CHAIN_GRAPH = "TREESPEC_CHAIN_STOP_GRAPH"
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+# (rows, S - 1, device) -> (top log-prob [rows, S-1], top-m entropy [rows, S-1]) float32
+_STASH: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def chain_graph_enabled() -> bool:
+    """``TREESPEC_CHAIN_STOP_GRAPH`` (the operator's environment): 1 records the stop's step statistics inside
+    SGLang's draft CUDA graph, so C2T chain rounds replay it; unset / 0: those rounds draft eagerly.
+
+    Raises ValueError naming the variable and the allowed values."""
+    raw = os.environ.get(ENV_CHAIN_GRAPH, "")
+    v = raw.strip().lower()
+    if v not in _ON + _OFF:
+        raise ValueError(f"{ENV_CHAIN_GRAPH} must be one of 1 / 0 (or true / false, on / off), got {raw!r}")
+    return v in _ON
+
+
+@dataclass
+class ChainLoop:
+    """A chain draft loop that records the stop's statistics: ``steps`` S, ``i`` the next loop step (0..S-2)."""
+
+    steps: int
+    i: int = 0
+
+
+_LOOP: contextvars.ContextVar = contextvars.ContextVar("treespec_chain_loop", default=None)
+
+
+@contextlib.contextmanager
+def chain_loop(steps: int) -> Iterator[ChainLoop]:
+    """Mark the enclosed draft loop (``EagleDraftWorker.draft_forward``) as recording its steps."""
+    token = _LOOP.set(ChainLoop(steps))
+    try:
+        yield _LOOP.get()
+    finally:
+        _LOOP.reset(token)
+
+
+def recording_loop() -> Optional[ChainLoop]:
+    """The chain draft loop recording its steps in this thread, or None."""
+    return _LOOP.get()
+
+
+def record_step(logits: torch.Tensor, i: int, num_steps: int) -> None:
+    """Draft step ``i``'s statistics into the stash (eager, or recorded into a graph being captured).
+
+    ``logits`` ``[rows, vocab]``: the draft's logits of loop step i (they produce the chain token at depth i + 2);
+    ``num_steps``: S. Writes column i of the ``(rows, S-1)`` buffers in place (allocated once per shape and never
+    freed, so a captured graph's writes land where :meth:`ChainStopper.observe_stash` reads)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    key = (lp.shape[0], num_steps - 1, str(lp.device))
+    bufs = _STASH.get(key)
+    if bufs is None:
+        bufs = _STASH[key] = (torch.zeros(key[0], key[1], device=lp.device),
+                              torch.zeros(key[0], key[1], device=lp.device))
+    bufs[0][:, i].copy_(lp.max(dim=-1).values)
+    bufs[1][:, i].copy_(entropy_topm(lp))
 
 
 class ChainStopper:
@@ -39,6 +112,7 @@ class ChainStopper:
     def __init__(self, params: List, num_steps: int, device):
         stops = [isinstance(p, ChainParams) and p.beta is not None for p in params]
         bs = len(params)
+        self.num_steps = num_steps
         self.device = torch.device(device)
         beta = [p.beta if isinstance(p, ChainParams) and p.beta is not None else 0.0 for p in params]
         self.beta = torch.tensor(beta, dtype=torch.float32, device=self.device)  # 0 = never stops
@@ -57,14 +131,33 @@ class ChainStopper:
 
     def observe(self, logits: torch.Tensor) -> None:
         """Draft logits ``[bs, vocab]`` of one loop step: they produce the chain token at depth+1."""
-        self.depth += 1
         lp = torch.log_softmax(logits.float(), dim=-1)
-        top = lp.max(dim=-1).values
+        self.advance(lp.max(dim=-1).values, entropy_topm(lp))
+
+    def advance(self, top: torch.Tensor, entropy: torch.Tensor) -> None:
+        """One loop step from its statistics: ``top`` ``[bs]`` the step's top log-prob, ``entropy`` ``[bs]`` the
+        entropy of its top-1000 (C2T Eq. 6-8 features: joint probability so far, entropy, depth)."""
+        self.depth += 1
         self.logp = self.logp + top
-        feats = c2t_features(self.logp, entropy_topm(lp), torch.full_like(self.length, self.depth))  # [bs, 3]
+        feats = c2t_features(self.logp, entropy, torch.full_like(self.length, self.depth))  # [bs, 3]
         score = classifier_scores(feats[:, None], self.classifiers)[:, 0]
         self.alive = self.alive & (score >= self.beta) & (self.depth <= self.max_len)
         self.length = self.length + self.alive.long()
+
+    def observe_stash(self, rows: Optional[int] = None) -> None:
+        """Every loop step of this round from the stash (:func:`record_step`): ``rows`` the replayed graph's padded
+        batch, or None when the draft ran eagerly (this batch's own size).
+
+        Raises RuntimeError when no draft loop of that shape recorded its steps (a draft graph captured without
+        ``TREESPEC_CHAIN_STOP_GRAPH=1`` replayed for a C2T chain round)."""
+        bs, S = self.max_len.shape[0], self.num_steps
+        key = (rows or bs, S - 1, str(self.device))
+        if key not in _STASH:
+            raise RuntimeError(f"treespec: no chain draft loop of shape {key[:2]} recorded its steps; a C2T chain "
+                               f"round needs an eager draft or a draft graph captured with {ENV_CHAIN_GRAPH}=1")
+        top, ent = (t[:bs].clone() for t in _STASH[key])  # a later replay may overwrite the stash
+        for i in range(S - 1):
+            self.advance(top[:, i], ent[:, i])
 
     def keep_mask(self, n_nodes: int, group=None) -> torch.Tensor:
         """``[bs, n_nodes]`` bool: chain node i (0 = root) is kept iff i <= length (rank 0's lengths on every

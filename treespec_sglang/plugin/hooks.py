@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List
 
 from ..policies.params import NoneParams
-from .chain_stop import ChainStopper
+from .chain_stop import ChainStopper, chain_graph_enabled, chain_loop, record_step, recording_loop
 from .config import server_defaults
 from .draft_select import capturing, select_after_draft, stash_pool
 from .graph_log import register_counting
@@ -100,15 +100,32 @@ def _draft(original, self, batch, *args, **kwargs):
 
 def _prepare_for_draft(result, *args, **kwargs):
     # Tree mode keeps SGLang's draft CUDA graph: the selection runs after the draft on the pool the graph
-    # wrote (draft_select). Chain mode's C2T stop reads every step's logits, which a replay cannot show.
+    # wrote (draft_select). Chain mode's C2T stop reads each step's statistics from the stash the loop writes:
+    # a replay writes them only if its graph was captured recording them (TREESPEC_CHAIN_STOP_GRAPH=1).
     step = drafting_step()
     if step is None:
         return result
     forward_batch, can_run_graph, kv_loc_plan = result
-    if step.chain is not None:
+    if step.chain is not None and not chain_graph_enabled():
         return forward_batch, False, kv_loc_plan
     step.runner = (kwargs.get("cuda_graph_runner", args[3] if len(args) > 3 else None)) if can_run_graph else None
     return result
+
+
+def _draft_loop(original, self, forward_batch, *args, **kwargs):
+    # chain mode: the loop records each step's statistics for the C2T stop (chain_stop), eagerly in a C2T
+    # round, or while SGLang captures the loop's graph when TREESPEC_CHAIN_STOP_GRAPH=1
+    step = drafting_step()
+    if getattr(self, "topk", None) == 1 and ((step is not None and step.chain is not None)
+                                             or (_graph_capture() and chain_graph_enabled())):
+        with chain_loop(int(self.speculative_num_steps)):
+            return original(self, forward_batch, *args, **kwargs)
+    return original(self, forward_batch, *args, **kwargs)
+
+
+def _graph_capture() -> bool:
+    import torch
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _organize(original, score_list, token_list, parents_list, num_draft_token, *args, **kwargs):
@@ -134,7 +151,8 @@ def _build_verify_input(original, *args, **kwargs):
 
 def _verify_input(result, *args, **kwargs):
     step = drafting_step()
-    if step is not None and step.chain is not None:
+    if step is not None and step.chain is not None:  # the loop's steps are in the stash: cut each row's chain
+        step.chain.observe_stash(step.runner.bs if step.runner is not None else None)
         step.keep = step.chain.keep_mask(result.retrieve_next_token.shape[-1], verify_group())
     if step is None or step.keep is None:
         return result
@@ -152,11 +170,12 @@ def _runner_forward(original, self, forward_batch, *args, **kwargs):
         _record_verify_tokens(r.reqs, verified)
         return out
     out = original(self, forward_batch, *args, **kwargs)
-    step = drafting_step()
-    if step is not None and step.chain is not None:  # inside a chain draft loop: score this step
+    loop = recording_loop()
+    if loop is not None and loop.i < loop.steps - 1:  # a step of a chain draft loop that records its statistics
         logits = getattr(getattr(out, "logits_output", None), "next_token_logits", None)
         if logits is not None:
-            step.chain.observe(logits)
+            record_step(logits, loop.i, loop.steps)
+            loop.i += 1
     return out
 
 
@@ -243,7 +262,10 @@ HOOKS_IN_ORDER: List[Hook] = [
     Hook(f"{_SPEC}.eagle_worker_common.prepare_for_draft", "AFTER", _prepare_for_draft,
          ["draft_input", "req_to_token_pool", "batch", "cuda_graph_runner", "draft_model_runner", "topk",
           "num_steps", "target_translator", "num_draft_tokens"],
-         "remembers the draft graph runner; C2T chain stops draft eagerly"),
+         "remembers the draft graph runner; C2T chain stops draft eagerly unless the graph records their steps"),
+    Hook(f"{_SPEC}.eagle_worker_v2.EagleDraftWorker.draft_forward", "AROUND", _draft_loop, ["self", "forward_batch"],
+         "chain mode: the loop records each step's top log-prob and entropy for the C2T stop (eager, or into the "
+         "captured graph with ``TREESPEC_CHAIN_STOP_GRAPH=1``; :mod:`.chain_stop`)"),
     Hook(f"{_SPEC}.eagle_utils.organize_draft_results", "AROUND", _organize,
          ["score_list", "token_list", "parents_list", "num_draft_token"],
          "SGLang's own selection (kept inside its draft graph); the pool is copied into per-shape buffers "
@@ -260,7 +282,7 @@ HOOKS_IN_ORDER: List[Hook] = [
     Hook("sglang.srt.model_executor.model_runner.ModelRunner.forward", "AROUND", _runner_forward,
          ["self", "forward_batch", "skip_attn_backend_init", "pp_proxy_tensors", "reinit_attn_backend",
           "split_forward_count"],
-         "chain draft loop: feeds each step's logits to the C2T stop; target verify: runs only the round's kept "
+         "chain draft loop: records each step's statistics for the C2T stop; target verify: runs only the round's kept "
          "nodes where that pays (ragged verify, :mod:`.ragged`), and records the tokens it ran"),
     Hook("sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend.init_forward_metadata", "AFTER",
          amx_forward_metadata, ["self", "forward_batch"], "a uniform ragged verify's extend length (the plan's width)"),

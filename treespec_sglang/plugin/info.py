@@ -2,7 +2,8 @@
 
 What an operator needs to check a running server: the plugin and SGLang versions, the server default
 policy, the batch's token cap, the registered classifiers with their content hashes, the ragged-verify
-setting, the selection (``TREESPEC_SELECT``), the per-round stats cap and the policies a request may pick.
+setting, the selection (``TREESPEC_SELECT``), whether the draft graph records the chain stop's steps, the
+per-round stats cap and the policies a request may pick.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ def server_info() -> dict:
     Examples
     --------
     >>> sorted(server_info())[:3]
-    ['classifiers', 'default_policy', 'policies']
+    ['chain_stop_graph', 'classifiers', 'default_policy']
     """
     from .. import __version__
     from ..policies import POLICIES
     from . import SGLANG_VERSION
+    from .chain_stop import chain_graph_enabled
     from .classifiers import classifier_digests
     from .config import server_defaults
     from .draft_select import ENV_SELECT
@@ -31,6 +33,7 @@ def server_info() -> dict:
 
     d = server_defaults()
     return {
+        "chain_stop_graph": chain_graph_enabled(),
         "classifiers": classifier_digests(),
         "default_policy": d.spec,
         "policies": sorted(POLICIES),

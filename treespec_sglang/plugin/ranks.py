@@ -101,7 +101,10 @@ def agree(tensors: Sequence[torch.Tensor], group=None) -> List[torch.Tensor]:
 def settings_digest() -> str:
     """sha256 of what decides a request's policy on this rank: the server defaults, the registered policies in
     registration order (the row table's kind ids) with their pool stages, the classifier registry (name ->
-    file hash), the stats cap and the selection (``TREESPEC_SELECT``)."""
+    file hash), the stats cap, the selection (``TREESPEC_SELECT``) and whether the draft graph records the chain
+    stop's steps (``TREESPEC_CHAIN_STOP_GRAPH``: it changes what every rank captures). A bad value of either
+    raises here, at server start."""
+    from .chain_stop import chain_graph_enabled
     from .classifiers import classifier_digests
     from .config import server_defaults
     from .draft_select import selection_mode
@@ -113,7 +116,7 @@ def settings_digest() -> str:
     policies = [[n, r.pool_rule.stage if r.pool_rule else None] for n, r in REGISTRY.items()]  # order: kind ids
     blob = json.dumps({"policy": d.policy, "config": d.config, "token_cap": d.token_cap, "policies": policies,
                        "classifiers": classifier_digests(), "max_rounds": max_rounds(),
-                       "selection": selection_mode()}, sort_keys=True)
+                       "selection": selection_mode(), "chain_stop_graph": chain_graph_enabled()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

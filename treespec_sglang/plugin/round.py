@@ -9,7 +9,7 @@ inside it read and fill that one object, in the order a round runs:
 |---|---|---|
 | ``reqs`` | ``forward_batch_generation`` (the round's requests) | the verify-token stats |
 | ``step`` | ``EagleDraftWorker.draft``: policies, shares, token cap; the graph runner (``prepare_for_draft``); ``keep`` after the selection (``build_eagle_verify_input``) | the draft hooks, the verify forward (ragged verify from ``keep``), the graph counter |
-| ``drafting`` | ``EagleDraftWorker.draft`` (True while SGLang's draft runs) | ``ModelRunner.forward`` (the chain stop scores draft steps only) |
+| ``drafting`` | ``EagleDraftWorker.draft`` (True while SGLang's draft runs) | ``drafting_step()``: the draft loop, selection and verify-input hooks |
 | ``plan`` | the ragged verify forward | the attention hooks of that forward (``IntelAMXAttnBackend``, FlashInfer arguments, ``can_run_graph``) |
 
 Two things outlive a round on purpose and are not here: the draft-pool stash (:mod:`.draft_select`: buffers a
