@@ -187,3 +187,20 @@ def test_the_loop_records_only_for_a_c2t_chain_round(monkeypatch):
     hooks._draft_loop(loop, SimpleNamespace(topk=1, speculative_num_steps=S), None)
     hooks._draft_loop(loop, SimpleNamespace(topk=4, speculative_num_steps=S), None)
     assert seen == [None, None]
+
+
+def test_a_round_of_the_stop_reads_nothing_back_and_copies_no_list():
+    """Steady state (the requests' parameter rows and classifiers cached): building the stopper, deciding from
+    the stash and the keep mask run no host read and no host->device list copy."""
+    from treespec_sglang.plugin.chain_stop import record_step
+    from treespec_sglang.utils.syncs import count_ops
+
+    params = [parse_spec(p) if p else None for p in PARAMS]
+    for i, lg in enumerate(step_logits(5)):
+        record_step(lg, i, S)
+    ChainStopper(params, S, "cpu").observe_stash()  # first round: rows and classifiers cached
+    with count_ops() as c:
+        st = ChainStopper(params, S, "cpu")
+        st.observe_stash()
+        st.keep_mask(S + 1)
+    assert (c.reads, c.copies) == (0, 0), c.names

@@ -32,9 +32,9 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from ..policies.c2t import classifier_scores, group_classifiers
 from ..policies.classifier import c2t_features, entropy_topm
 from ..policies.params import ChainParams, NoneParams
+from .pool import COLUMNS, _Classifiers, _clf_id, _rule_row, policy_rows
 from .ranks import agree
 
 __all__ = ["ChainStopper", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH", "ChainLoop", "chain_loop",
@@ -110,20 +110,21 @@ class ChainStopper:
     """
 
     def __init__(self, params: List, num_steps: int, device):
-        stops = [isinstance(p, ChainParams) and p.beta is not None for p in params]
         bs = len(params)
         self.num_steps = num_steps
         self.device = torch.device(device)
-        beta = [p.beta if isinstance(p, ChainParams) and p.beta is not None else 0.0 for p in params]
-        self.beta = torch.tensor(beta, dtype=torch.float32, device=self.device)  # 0 = never stops
-        # a chain's own length, 0 for speculation off ({"policy": "none"}), else the captured S
-        length = [min(p.length, num_steps) if isinstance(p, ChainParams) else 0 if isinstance(p, NoneParams)
-                  else num_steps for p in params]
-        self.active = any(stops) or any(n < num_steps for n in length)
-        self.max_len = torch.tensor(length, dtype=torch.int64, device=self.device)
-        # rows without an early stop are scored by the default classifier against beta 0: never stop
-        self.classifiers = group_classifiers([p.classifier if s else None for p, s in zip(params, stops)],
-                                             self.device) if self.active else []
+        # each request's cached parameter row (:func:`.pool.policy_rows`: no host->device copy per round)
+        rows = policy_rows(params, self.device)
+        self.beta = rows[:, COLUMNS.index("beta")]  # [bs] -1 where the row has no early stop: never stops
+        # a chain's own length (budget = length + 1), 0 for speculation off, the captured S for native rows
+        self.max_len = (rows[:, COLUMNS.index("budget")] - 1).clamp(max=num_steps).long()  # [bs]
+        self.active = any((isinstance(p, ChainParams) and (p.beta is not None or p.length < num_steps))
+                          or isinstance(p, NoneParams) for p in params)
+        # every classifier of the early-stopping rows scores the batch, each row keeps its own (the default
+        # classifier scores the other rows, against beta -1)
+        ids = sorted({_clf_id(_rule_row(p)["clf"]) for p in params if p is not None and "clf" in _rule_row(p)})
+        self.classifiers = _Classifiers(ids or [_clf_id(None)], rows[:, COLUMNS.index("clf")], self.device) \
+            if self.active else None
         self.logp = torch.zeros(bs, device=self.device)  # running joint log-prob of the chain
         self.alive = torch.ones(bs, dtype=torch.bool, device=self.device)
         self.length = torch.ones(bs, dtype=torch.int64, device=self.device)  # depth 1 is always kept
@@ -140,7 +141,7 @@ class ChainStopper:
         self.depth += 1
         self.logp = self.logp + top
         feats = c2t_features(self.logp, entropy, torch.full_like(self.length, self.depth))  # [bs, 3]
-        score = classifier_scores(feats[:, None], self.classifiers)[:, 0]
+        score = self.classifiers(feats[:, None])[:, 0]
         self.alive = self.alive & (score >= self.beta) & (self.depth <= self.max_len)
         self.length = self.length + self.alive.long()
 
