@@ -2,16 +2,19 @@
 
 One engine (the demo target + the shipped EAGLE draft, topk 4 / steps 3 / N 8 by default) serves the held-out
 prompts once per policy set and concurrency, greedy: native EAGLE, each policy alone, and every policy mixed with
-native requests. The plugin's round profiler (``TREESPEC_PROFILE``, :mod:`treespec_sglang.plugin.profile`)
+native requests; per set tokens per second (completion tokens over the wall time, ``--plain``: beside a plain
+engine's) and tau (1 + SGLang's accepted drafts per verify round). The plugin's round profiler (``TREESPEC_PROFILE``, :mod:`treespec_sglang.plugin.profile`)
 charges each round's time, exclusively, to SGLang's calls (``sglang:``) and the plugin's hooks (``hook:``); a
 second engine with ``TREESPEC_PROFILE_OPS=1`` counts each hook's ATen ops and host reads per round. Both are
 printed per set beside native: ms per round, the plugin's share, and the parts that differ most from native.
 
 On the CPU the engine is SGLang's CPU engine with our stand-ins (float32); with ``--device cuda`` it is an
-in-process ``sgl.Engine`` with CUDA graphs on (``--attention triton|flashinfer``), and ``--sync`` charges each
-part the device time of the work it queued (``TREESPEC_PROFILE_SYNC``).
+in-process ``sgl.Engine`` with CUDA graphs on (``--attention triton|flashinfer``, ``--dtype``), and ``--sync``
+charges each part the device time of the work it queued (``TREESPEC_PROFILE_SYNC``). ``--select torch,triton``
+runs one engine per selection (``TREESPEC_SELECT``), side by side in one run.
 
     python bench/plugin_round_profile.py --bs 1,4 --out bench/measured/<machine>/plugin_round_profile.json
+    python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --plain --select torch,triton
 """
 
 from __future__ import annotations
@@ -59,13 +62,14 @@ def per_round(prof: dict) -> dict:
             "ops": {name: [o / n, r / n] for name, (o, r) in prof.get("ops", {}).items()}}
 
 
-def start(a, env: dict):
-    """An engine whose processes profile into ``env["TREESPEC_PROFILE"]``: ``generate(ids, params) -> outputs``."""
+def start(a, env: dict, speculative: bool = True):
+    """An engine whose processes profile into ``env["TREESPEC_PROFILE"]`` (``speculative=False``: plain decoding):
+    ``(generate(ids, params) -> outputs, stop())``."""
     from treespec_sglang.engine.loading import demo_draft_dir
     from treespec_sglang.models.demo import demo_target
     from treespec_sglang.plugin.cpu.host import EngineHost, cpu_engine_kwargs, eagle_kwargs
 
-    spec = eagle_kwargs(demo_draft_dir(), a.topk, a.steps, a.num_draft_tokens)
+    spec = eagle_kwargs(demo_draft_dir(), a.topk, a.steps, a.num_draft_tokens) if speculative else {}
     if a.device == "cpu":
         host = EngineHost("profile", cpu_engine_kwargs(demo_target(), **spec), tempfile.mkdtemp(), env=env)
         return lambda ids, sp: host.generate(input_ids=ids, sampling_params=sp), host.close
@@ -78,61 +82,88 @@ def start(a, env: dict):
     return lambda ids, sp: llm.generate(input_ids=ids, sampling_params=sp), llm.shutdown
 
 
-def run_sets(a, prompt_ids, ops: bool) -> dict:
-    """``{bs: {set: {kind: per_round(...)}}}`` from one engine (``ops``: the op-counting engine)."""
+def params_for(specs, n: int, max_new_tokens: int) -> list:
+    """Request i's sampling params: greedy, ``specs[i % len(specs)]`` as its policy (None: native)."""
+    return [{"max_new_tokens": max_new_tokens, "temperature": 0.0,
+             **({"custom_params": {"treespec": specs[i % len(specs)]}} if specs[i % len(specs)] else {})}
+            for i in range(n)]
+
+
+def serve(generate, prompt_ids, sp, bs: int) -> dict:
+    """The prompts ``bs`` at a time (the concurrency): tokens per second and tau over every request."""
+    t, outs = time.time(), []
+    for i in range(0, len(prompt_ids), bs):
+        outs += generate(prompt_ids[i:i + bs], sp[i:i + bs])
+    seconds = time.time() - t
+    meta = [o["meta_info"] for o in outs]
+    rounds = sum(m.get("spec_verify_ct", 0) for m in meta)
+    return {"seconds": seconds, "tok_s": sum(m["completion_tokens"] for m in meta) / seconds,
+            "tau": 1 + sum(m.get("spec_num_correct_drafts", 0) for m in meta) / rounds if rounds else None}
+
+
+def run_plain(a, prompt_ids) -> dict:
+    """``{bs: tokens per second}`` of plain decoding (no speculation) on the same prompts."""
+    generate, stop = start(a, {}, speculative=False)
+    try:
+        generate(prompt_ids[:1], params_for([None], 1, 8))  # warm-up
+        return {bs: serve(generate, prompt_ids, params_for([None], len(prompt_ids), a.max_new_tokens), bs)["tok_s"]
+                for bs in a.bs}
+    finally:
+        stop()
+
+
+def run_sets(a, prompt_ids, ops: bool, select: str = "torch") -> dict:
+    """``{bs: {set: {kind: per_round(...), "tok_s", "tau", "seconds"}}}`` from one engine (``ops``: the
+    op-counting engine; ``select``: its ``TREESPEC_SELECT``)."""
     from treespec_sglang.plugin.profile import read_profile
 
     d = tempfile.mkdtemp()
     env = {"TREESPEC_PROFILE": d, "TREESPEC_PROFILE_OPS": "1" if ops else "0",
-           "TREESPEC_PROFILE_SYNC": "1" if a.sync else "0"}
+           "TREESPEC_PROFILE_SYNC": "1" if a.sync else "0", "TREESPEC_SELECT": select}
     generate, stop = start(a, env)
     out = {}
     try:
         sets = policy_sets(a.topk, a.steps, a.num_draft_tokens)
-        generate(prompt_ids[:1], [{"max_new_tokens": 8, "temperature": 0.0}])  # warm-up, not measured
+        generate(prompt_ids[:1], params_for([None], 1, 8))  # warm-up, not measured
         for bs in a.bs:
             for name, specs in sets.items():
-                sp = []
-                for i in range(len(prompt_ids)):
-                    spec = specs[i % len(specs)]
-                    sp.append({"max_new_tokens": a.max_new_tokens, "temperature": 0.0,
-                               **({"custom_params": {"treespec": spec}} if spec else {})})
-                before, t = read_profile(d), time.time()
-                for i in range(0, len(prompt_ids), bs):  # bs requests at a time: the concurrency
-                    generate(prompt_ids[i:i + bs], sp[i:i + bs])
+                before = read_profile(d)
+                served = serve(generate, prompt_ids, params_for(specs, len(prompt_ids), a.max_new_tokens), bs)
                 got = delta(read_profile(d), before)
-                out.setdefault(bs, {})[name] = {kind: per_round(p) for kind, p in got.items()}
-                out[bs][name]["seconds"] = time.time() - t
-                row = out[bs][name]
+                row = out.setdefault(bs, {})[name] = {kind: per_round(p) for kind, p in got.items()}
+                row.update(served)
                 kinds = ", ".join(f"{k}: {r['rounds']} rounds {r['ms']:.2f} ms (plugin {r['plugin_ms']:.2f})"
-                                  for k, r in row.items() if k != "seconds")
-                print(f"{'ops ' if ops else ''}bs {bs} {name}: {kinds}", flush=True)
+                                  for k, r in row.items() if isinstance(r, dict))
+                print(f"{select}{' ops' if ops else ''} bs {bs} {name}: {served['tok_s']:.1f} tok/s, tau "
+                      f"{served['tau'] or 0:.2f}; {kinds}", flush=True)
     finally:
         stop()
     return out
 
 
-def report(timed: dict, counted: dict) -> str:
-    """A markdown table per concurrency: each set's ms per round beside native's, and its largest extras."""
+def report(timed: dict, counted: dict, plain: dict, select: str) -> str:
+    """A markdown table per concurrency: each set's tok/s, tau and ms per round beside native's, and its largest
+    extras over native."""
     lines = []
     for bs, sets in timed.items():
         nat = sets["native"]["native"]
-        lines += [f"\nbs {bs}: native {nat['ms']:.2f} ms per round (SGLang {nat['sglang_ms']:.2f}, "
-                  f"plugin hooks {nat['plugin_ms']:.3f})", "",
-                  "| set | ms per round | vs native | plugin ms | plugin ops / host reads per round | "
-                  "largest extras over native (ms) |", "|---|---|---|---|---|---|"]
+        base = plain.get(bs)
+        lines += [f"\n{select} selection, bs {bs}: native {sets['native']['tok_s']:.1f} tok/s, "
+                  f"{nat['ms']:.2f} ms per round (SGLang {nat['sglang_ms']:.2f}, plugin hooks {nat['plugin_ms']:.3f})"
+                  + (f"; plain {base:.1f} tok/s" if base else ""), "",
+                  "| set | tok/s | tau | ms per round | vs native | plugin ms | plugin ops / host reads per round | "
+                  "largest extras over native (ms) |", "|---|---|---|---|---|---|---|---|"]
         for name, row in sets.items():
-            if name == "native":
-                continue
             r = row.get("ts")
-            if r is None:
+            if name == "native" or r is None:
                 continue
             extra = {k: v - nat["parts"].get(k, 0.0) for k, v in r["parts"].items()}
             top = sorted(extra.items(), key=lambda kv: -abs(kv[1]))[:4]
             ops = counted.get(bs, {}).get(name, {}).get("ts", {}).get("ops", {})
             o, rd = sum(v[0] for v in ops.values()), sum(v[1] for v in ops.values())
-            lines.append(f"| {name} | {r['ms']:.2f} | {r['ms'] - nat['ms']:+.2f} | {r['plugin_ms']:.2f} | "
-                         f"{o:.0f} / {rd:.1f} | " + ", ".join(f"{k} {v:+.2f}" for k, v in top) + " |")
+            lines.append(f"| {name} | {row['tok_s']:.1f} | {row['tau'] or 0:.2f} | {r['ms']:.2f} | "
+                         f"{r['ms'] - nat['ms']:+.2f} | {r['plugin_ms']:.2f} | {o:.0f} / {rd:.1f} | "
+                         + ", ".join(f"{k} {v:+.2f}" for k, v in top) + " |")
     return "\n".join(lines)
 
 
@@ -159,6 +190,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--num-draft-tokens", type=int, default=8)
     ap.add_argument("--no-ops", action="store_true", help="skip the op-counting engine")
+    ap.add_argument("--plain", action="store_true", help="also a plain engine (no speculation): its tok/s")
+    ap.add_argument("--select", default="torch", help="comma list of TREESPEC_SELECT values, one engine each")
     ap.add_argument("--out", default=None, help="JSON file for the figures")
     a = ap.parse_args(argv)
     from treespec_sglang.data.prompts import humaneval, mtbench
@@ -167,14 +200,18 @@ def main(argv=None):
     he, mt = humaneval().every(10), mtbench().every(10)
     prompts = [x for pair in zip(he.prompts, mt.prompts) for x in pair][:a.prompts]
     prompt_ids = SpecEngine.from_pretrained("smollm2-135m", draft=None).encode(prompts)
-    timed = run_sets(a, prompt_ids, ops=False)
-    counted = {} if a.no_ops else run_sets(a, prompt_ids, ops=True)
-    table = report(timed, counted)
+    plain = run_plain(a, prompt_ids) if a.plain else {}
+    timed, counted, tables = {}, {}, []
+    for select in a.select.split(","):
+        timed[select] = run_sets(a, prompt_ids, ops=False, select=select)
+        counted[select] = {} if a.no_ops else run_sets(a, prompt_ids, ops=True, select=select)
+        tables.append(report(timed[select], counted[select], plain, select))
+    table = "\n".join(tables)
     print(table)
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:
-            json.dump({"machine": machine(a.device), "args": vars(a), "timed": timed,
+            json.dump({"machine": machine(a.device), "args": vars(a), "plain_tok_s": plain, "timed": timed,
                        "counted": counted, "table": table}, f, indent=1)
 
 
