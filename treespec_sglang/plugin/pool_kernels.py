@@ -16,7 +16,9 @@ Per round the host reads ``params`` (Python objects) only for what the torch pat
 classifiers the batch has, whether SGLang's ranking is depth-masked, and SALF's static pop bound; those are
 runtime ints of the launch (no recompile when they change), pool geometry (k, S, P, N) is compile-time.
 Nothing is read back from the device, outputs are ``torch.empty`` of fixed shapes and the tables are cached
-on the device, so the launch can be captured in a CUDA graph.
+on the device, so the launch can be captured in a CUDA graph once a first call has built the tables and compiled
+the kernel for the pool's shape (:func:`warm_up` does that at server start). The classifier's hidden size is
+compile-time too (``HB``): a classifier of another width compiles once more when a batch first uses it.
 
 Agreement: every output is bit-identical to the torch path's except where float32 evaluation order may
 legitimately differ: the C2T confidence (``exp`` of the path value, the parent's entropy with its ``exp``
@@ -167,6 +169,8 @@ def classifier_table(ids: Sequence[int], device):
             w[j, 3, :h] = m.fc1.bias.float()
             w[j, 4, :h] = m.fc2.weight.float()[0]
             w[j, 5, 0] = m.fc2.bias.float()[0]
+    if len(_CLF_TABLES) > 256:  # one entry per classifier set a batch used: bounded like pool's row cache
+        _CLF_TABLES.clear()
     hit = _CLF_TABLES[key] = (torch.tensor(list(ids), dtype=torch.float32, device=device), w, hb)
     return hit
 
@@ -211,8 +215,9 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
     Parameters
     ----------
     pool, num_draft_token, params, native, rows : as :func:`.pool.select_on_pool` (``rows`` ``[bs, F]`` float32).
-    extra_keep : optional ``[bs, P]`` bool, OR'ed into every row's keep before the padding (with the custom
-        rows' own keep, which is computed here as the torch path computes it).
+    extra_keep : optional ``[bs, P]`` bool, OR'ed into every policy row's keep before the padding (with the
+        custom rows' own keep, which is computed here as the torch path computes it); native rows take
+        ``native`` verbatim when it is given.
     conf_out : optional ``[bs, P]`` float32 contiguous, which the kernel fills with the C2T confidence of every
         pool node of the c2t / chain rows when the batch scores any (to compare with the torch classifier; its
         other entries are left as given).
