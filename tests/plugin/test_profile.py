@@ -67,6 +67,31 @@ def test_parts_are_exclusive_and_add_up_to_the_round(treespec):
     assert sum(s for s, _ in parts.values()) == tot["round_s"]
 
 
+class Mode:
+    def __init__(self, name):
+        self.name = name
+
+    def is_extend(self):
+        return self.name == "EXTEND"
+
+    def is_idle(self):
+        return self.name == "IDLE"
+
+
+@pytest.mark.parametrize("mode,extend_in_batch,kind", [("DECODE", False, "ts"), ("EXTEND", False, "prefill"),
+                                                       ("DECODE", True, "prefill"), ("IDLE", False, "idle")])
+def test_a_prefill_or_idle_call_is_not_a_decode_round(mode, extend_in_batch, kind):
+    from types import SimpleNamespace
+
+    clock = Ticks()
+    prof = P.Profile(None, clock=clock)
+    batch = SimpleNamespace(forward_mode=Mode(mode), is_extend_in_batch=extend_in_batch)
+    worker = object()
+    run = P.profiled(prof, P.ROUND, "AROUND", lambda original, self, b: original(self, b), lambda: True)
+    run(lambda self, b: clock.advance(4), worker, batch)
+    assert set(prof.totals) == {kind} and prof.totals[kind]["round_s"] == 4
+
+
 def test_hooks_between_rounds_go_to_the_next_round():
     clock = Ticks()
     prof = P.Profile(None, clock=clock)

@@ -4,8 +4,8 @@ environment, off by default; no sglang import).
 With ``TREESPEC_PROFILE=DIR`` each SGLang process registers every hook body wrapped in an exclusive timer
 (:meth:`Profile.timed`): a hook's time excludes the timed calls inside it, and an AROUND hook's ``original``
 (SGLang's own function) is timed as ``sglang:<function>``, so a round's parts add up to the round. A round is
-one ``EAGLEWorkerV2.forward_batch_generation`` call; its kind is ``"ts"`` when it carried a treespec request,
-else ``"native"``. Hooks that run between rounds (arrival, result processing, streaming) are charged to the
+one ``EAGLEWorkerV2.forward_batch_generation`` call; a decode round's kind is ``"ts"`` when it carried a treespec
+request, else ``"native"``; a call that prefills (or idles) is a ``"prefill"`` (``"idle"``) round of its own. Hooks that run between rounds (arrival, result processing, streaming) are charged to the
 round that follows them. After each round the process rewrites ``DIR/profile-<pid>.json``::
 
     {"ts": {"rounds": 120, "round_s": 3.1, "parts": {"hook:_build_verify_input": [0.21, 120], ...}}, "native": ...}
@@ -193,12 +193,25 @@ def profiled(profile: Profile, target: str, kind: str, body: Callable, is_treesp
         inner = original_seen(original) if target == ROUND else original
         if target != ROUND:
             return timed_body(profile.timed(sglang_name, profile.uncounted(inner)), *args, **kwargs)
+        stage = round_stage(args[1] if len(args) > 1 else kwargs.get("batch"))
         t0 = profile._now()
         try:
             return timed_body(profile.timed(sglang_name, profile.uncounted(inner)), *args, **kwargs)
         finally:
-            profile.end_round("ts" if seen.pop("ts", False) else "native", profile._now() - t0)
+            ts = seen.pop("ts", False)
+            profile.end_round(stage or ("ts" if ts else "native"), profile._now() - t0)
     return around
+
+
+def round_stage(batch) -> Optional[str]:
+    """``"prefill"`` / ``"idle"`` for a ``forward_batch_generation`` call that is not a decode round (its batch's
+    forward mode extends, or is idle), else None (a decode round: ``ts`` or ``native``)."""
+    mode = getattr(batch, "forward_mode", None)
+    if mode is None:
+        return None
+    if mode.is_extend() or getattr(batch, "is_extend_in_batch", False):
+        return "prefill"
+    return "idle" if mode.is_idle() else None
 
 
 def profile_from_env() -> Optional[Profile]:
