@@ -48,24 +48,25 @@ def policy_at(name: str, budget: int) -> dict:
 def table_prompts(source: str, n: int, seen: int = 500) -> tuple:
     """``(ids, prompts, about)``: ``n`` prompts as ``set/index`` ids, alternating between two prompt sets."""
     from treespec_sglang.data.prompts import PROMPT_SETS
+    names = {"validation": ("humaneval", "mtbench"), "unseen": ("pycode", "gsm8k")}.get(source)
+    if names is None:
+        raise ValueError(f"--prompts-from must be 'validation' or 'unseen', got {source!r}")
+    texts = {name: PROMPT_SETS[name]().prompts for name in names}  # each set loaded once (pycode walks the stdlib)
     if source == "validation":
-        sets = [(name, list(range(5, len(PROMPT_SETS[name]().prompts), 10))) for name in ("humaneval", "mtbench")]
+        sets = [(name, list(range(5, len(texts[name]), 10))) for name in names]
         about = "validation prompts (HumanEval / MT-bench index % 10 == 5)"
-    elif source == "unseen":
+    else:
         half = (n + 1) // 2
         sets = []
-        for name in ("pycode", "gsm8k"):
-            total = len(PROMPT_SETS[name]().prompts)
+        for name in names:
+            total = len(texts[name])
             if total - seen < half:
                 raise ValueError(f"--seen {seen}: {name} has {total} prompts, fewer than {half} past it")
             step = (total - seen) // half
             sets.append((name, list(range(seen, seen + step * half, step))))
         about = (f"prompts the draft never saw (pycode / GSM8K index >= {seen}, evenly spaced; pycode from the "
                  f"Python {platform.python_version()} standard library)")
-    else:
-        raise ValueError(f"--prompts-from must be 'validation' or 'unseen', got {source!r}")
     picked = [(name, i) for pair in zip(*[[(name, i) for i in idx] for name, idx in sets]) for name, i in pair][:n]
-    texts = {name: PROMPT_SETS[name]().prompts for name, _ in sets}
     return [f"{name}/{i}" for name, i in picked], [texts[name][i] for name, i in picked], about
 
 

@@ -34,7 +34,7 @@ import torch
 
 from ..policies.classifier import c2t_features, entropy_topm
 from ..policies.params import ChainParams, NoneParams
-from .pool import COLUMNS, _Classifiers, _clf_id, _rule_row, policy_rows
+from .pool import COLUMNS, _Classifiers, _clf_id, classifier_ids, policy_rows
 from .ranks import agree
 
 __all__ = ["ChainStopper", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH", "ChainLoop", "chain_loop",
@@ -90,14 +90,21 @@ def record_step(logits: torch.Tensor, i: int, num_steps: int) -> None:
     ``logits`` ``[rows, vocab]``: the draft's logits of loop step i (they produce the chain token at depth i + 2);
     ``num_steps``: S. Writes column i of the ``(rows, S-1)`` buffers in place (allocated once per shape and never
     freed, so a captured graph's writes land where :meth:`ChainStopper.observe_stash` reads)."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    key = (lp.shape[0], num_steps - 1, str(lp.device))
+    key = (logits.shape[0], num_steps - 1, str(logits.device))
     bufs = _STASH.get(key)
     if bufs is None:
-        bufs = _STASH[key] = (torch.zeros(key[0], key[1], device=lp.device),
-                              torch.zeros(key[0], key[1], device=lp.device))
-    bufs[0][:, i].copy_(lp.max(dim=-1).values)
-    bufs[1][:, i].copy_(entropy_topm(lp))
+        bufs = _STASH[key] = (torch.zeros(key[0], key[1], device=logits.device),
+                              torch.zeros(key[0], key[1], device=logits.device))
+    top, entropy = step_stats(logits)
+    bufs[0][:, i].copy_(top)
+    bufs[1][:, i].copy_(entropy)
+
+
+def step_stats(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``[rows, vocab]`` draft logits of one loop step -> (its top log-prob ``[rows]``, the entropy of its
+    top-1000 ``[rows]``): what the stop reads of a step."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    return lp.max(dim=-1).values, entropy_topm(lp)
 
 
 class ChainStopper:
@@ -122,7 +129,7 @@ class ChainStopper:
                           or isinstance(p, NoneParams) for p in params)
         # every classifier of the early-stopping rows scores the batch, each row keeps its own (the default
         # classifier scores the other rows, against beta -1)
-        ids = sorted({_clf_id(_rule_row(p)["clf"]) for p in params if p is not None and "clf" in _rule_row(p)})
+        ids = classifier_ids(params)
         self.classifiers = _Classifiers(ids or [_clf_id(None)], rows[:, COLUMNS.index("clf")], self.device) \
             if self.active else None
         self.logp = torch.zeros(bs, device=self.device)  # running joint log-prob of the chain
@@ -132,8 +139,7 @@ class ChainStopper:
 
     def observe(self, logits: torch.Tensor) -> None:
         """Draft logits ``[bs, vocab]`` of one loop step: they produce the chain token at depth+1."""
-        lp = torch.log_softmax(logits.float(), dim=-1)
-        self.advance(lp.max(dim=-1).values, entropy_topm(lp))
+        self.advance(*step_stats(logits))
 
     def advance(self, top: torch.Tensor, entropy: torch.Tensor) -> None:
         """One loop step from its statistics: ``top`` ``[bs]`` the step's top log-prob, ``entropy`` ``[bs]`` the

@@ -41,9 +41,12 @@ SELECT_MODES = ("torch", "auto", "triton")
 _STASH: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
-def capturing(t: torch.Tensor) -> bool:
-    """Whether ``t``'s device stream is being captured into a CUDA graph (never on the CPU)."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+def capturing(t: Optional[torch.Tensor] = None) -> bool:
+    """Whether the current CUDA stream (``t``'s, when given) is being captured into a CUDA graph (never on the
+    CPU)."""
+    if t is not None and not t.is_cuda:
+        return False
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def selection_mode() -> str:

@@ -117,15 +117,10 @@ def _draft_loop(original, self, forward_batch, *args, **kwargs):
     # round, or while SGLang captures the loop's graph when TREESPEC_CHAIN_STOP_GRAPH=1
     step = drafting_step()
     if getattr(self, "topk", None) == 1 and ((step is not None and step.chain is not None)
-                                             or (_graph_capture() and chain_graph_enabled())):
+                                             or (capturing() and chain_graph_enabled())):
         with chain_loop(int(self.speculative_num_steps)):
             return original(self, forward_batch, *args, **kwargs)
     return original(self, forward_batch, *args, **kwargs)
-
-
-def _graph_capture() -> bool:
-    import torch
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _organize(original, score_list, token_list, parents_list, num_draft_token, *args, **kwargs):

@@ -27,7 +27,7 @@ def server_info() -> dict:
     from .chain_stop import chain_graph_enabled
     from .classifiers import classifier_digests
     from .config import server_defaults
-    from .draft_select import ENV_SELECT
+    from .draft_select import selection_mode
     from .ragged import ENV_RAGGED
     from .stats import max_rounds
 
@@ -38,7 +38,7 @@ def server_info() -> dict:
         "default_policy": d.spec,
         "policies": sorted(POLICIES),
         "ragged_verify": os.environ.get(ENV_RAGGED, "auto").strip().lower() or "auto",
-        "selection": os.environ.get(ENV_SELECT, "torch").strip().lower() or "torch",
+        "selection": selection_mode(),
         "sglang": SGLANG_VERSION,
         "stats_max_rounds": max_rounds(),
         "token_cap": d.token_cap,

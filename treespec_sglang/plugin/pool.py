@@ -27,6 +27,7 @@ same code runs eagerly or inside a CUDA graph and its op count does not grow wit
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -38,7 +39,7 @@ from ..policies.token_cap import select_best
 from .pool_rules import arange, level_policies_keep, parent_entropy, salf_keep, salf_pops, static
 
 __all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_token_cap", "unlink_filler", "request_row",
-           "policy_rows", "kind_id", "COLUMNS"]
+           "policy_rows", "kind_id", "COLUMNS", "BatchPlan", "classifier_ids"]
 
 # the row table: one float32 row per request, these columns
 COLUMNS = ("kind", "budget", "top", "rank_depth", "topk", "log_mu", "th", "batch", "max_depth", "beta", "clf", "shares")
@@ -228,15 +229,48 @@ def _rows_of(kind: torch.Tensor, names) -> torch.Tensor:
     return out
 
 
-def _stages(params) -> Dict[str, set]:
-    """The batch's pool stages -> the names of its policies in each (``"native"``: rows without a policy)."""
-    out: Dict[str, set] = {}
-    for p in params:
-        if p is None:
-            out.setdefault("native", set()).add("native")
-        else:
-            out.setdefault(pool_rule_of(p).stage, set()).add(registration_of(p).name)
-    return out
+def classifier_ids(params) -> List[int]:
+    """The ids (the row table's ``clf``) of the classifiers the batch's rows name, ascending."""
+    return sorted({_clf_id(_rule_row(p)["clf"]) for p in params if p is not None and "clf" in _rule_row(p)})
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What a selection reads of a batch's ``params`` on the host, in one pass (the torch path and the fused
+    kernel alike): ``stages`` pool stage -> its policies' names (``"native"``: rows without a policy);
+    ``clf_ids`` :func:`classifier_ids`; ``mask_depth`` SGLang's ranking is depth-masked for some row (SALF with
+    th = 0 never goes below its max_depth); ``salf`` the search's static bounds ``(pops, n_max, b_max)``
+    (:func:`.pool_rules.salf_pops`) when a SALF row has th > 0, else None."""
+
+    stages: Dict[str, set]
+    clf_ids: List[int]
+    mask_depth: bool
+    salf: Optional[tuple]
+
+    @classmethod
+    def of(cls, params, N: int, S: int) -> "BatchPlan":
+        stages: Dict[str, set] = {}
+        mask_depth, salf = False, []
+        for p in params:
+            if p is None:
+                stages.setdefault("native", set()).add("native")
+                continue
+            stage, row = pool_rule_of(p).stage, _rule_row(p)
+            stages.setdefault(stage, set()).add(registration_of(p).name)
+            mask_depth |= row.get("rank_depth") is not None and row["rank_depth"] < S and row.get("th", 0) <= 0
+            if stage == "salf" and row["th"] > 0:
+                salf.append((p.max_nodes, row["th"], row["batch"]))
+        bounds = (salf_pops(min(t for _, t, _ in salf), N, S), min(N, max(n for n, _, _ in salf)),
+                  max(b for _, _, b in salf)) if salf else None
+        return cls(stages, classifier_ids(params), mask_depth, bounds)
+
+    def custom_keep(self, pool: "PoolView", rows: torch.Tensor, n_eff: torch.Tensor) -> Optional[torch.Tensor]:
+        """``[bs, P]`` bool: the custom-rule policies' own ``keep``, each on its rows only (None: no such row)."""
+        out = None
+        for name in sorted(self.stages.get("custom", ())):
+            part = REGISTRY[name].pool_rule.keep(pool, rows, n_eff) & _rows_of(rows[:, _C["kind"]], {name})[:, None]
+            out = part if out is None else out | part
+        return out
 
 
 def select_from_pool(score_list, token_list, parents_list, num_draft_token: int, topk: int,
@@ -284,15 +318,15 @@ def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Option
     dev = pool.scores.device
     if rows is None:
         rows = policy_rows(params, dev)
-    stages = _stages(params)
+    plan = BatchPlan.of(params, N, pool.steps)
+    stages = plan.stages
     kind = rows[:, _C["kind"]]
     n_eff = rows[:, _C["budget"]].clamp(max=N).long()  # [bs] tree size cap, root included
     limit = rows[:, _C["top"]].clamp(max=N - 1).long()  # [bs] nodes kept by SGLang's ranking
     ar = arange(P, dev)
     # SGLang's ranking, ties toward the earlier (shallower) candidate; sorted position j < limit <=> rank < limit
     rank_scores, shallow = pool.scores, None
-    if any(p is not None and _rule_row(p).get("rank_depth") is not None and _rule_row(p)["rank_depth"] < pool.steps
-           and _rule_row(p).get("th", 0) <= 0 for p in params):  # SALF with th = 0 never goes below max_depth
+    if plan.mask_depth:
         shallow = pool.level[None, :] <= rows[:, _C["rank_depth"], None]  # [bs, P]
         rank_scores = torch.where(shallow, rank_scores, float("-inf"))
     order = torch.sort(rank_scores, dim=-1, descending=True, stable=True).indices  # [bs, P]
@@ -302,22 +336,17 @@ def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Option
     cols = {c: rows[:, _C[c]] for c in ("topk", "log_mu", "beta", "max_depth", "th", "batch")}
     kinds = {stage: _rows_of(kind, stages[stage]) for stage in _LEVEL_STAGES if stage in stages}
     if kinds:
-        ids = sorted({_clf_id(_rule_row(p)["clf"]) for p in params if p is not None and "clf" in _rule_row(p)})
         conf = None
-        if ids:  # every node's C2T features and confidence at once (C2T Eq. 6-8)
+        if plan.clf_ids:  # every node's C2T features and confidence at once (C2T Eq. 6-8)
             feats = c2t_features(pool.val, parent_entropy(pool.val - pool.parent_val, topk), pool.level.expand(bs, P))
-            conf = _Classifiers(ids, rows[:, _C["clf"]], dev)(feats)  # [bs, P]
+            conf = _Classifiers(plan.clf_ids, rows[:, _C["clf"]], dev)(feats)  # [bs, P]
         keep = keep | level_policies_keep(pool.val, pool.valid, pool.parent, topk, n_eff, cols, kinds, conf)
-    salf = [(p.max_nodes, _rule_row(p)) for p in params if p is not None and registration_of(p).name in
-            stages.get("salf", ()) and _rule_row(p)["th"] > 0]
-    if salf:  # the best-first search (th = 0 rows took their exact top-N from the ranking)
+    if plan.salf is not None:  # the best-first search (th = 0 rows took their exact top-N from the ranking)
         search = cols["th"] > 0  # SALF's column: only rows of the salf stage set it
-        pops = salf_pops(min(r["th"] for _, r in salf), N, pool.steps)
-        n_max = min(N, max(n for n, _ in salf))
-        keep = keep | salf_keep(pool.val, pool.valid, pool.level, pool.parent, n_eff, cols, search, pops, n_max,
-                                max(r["batch"] for _, r in salf))
-    for name in sorted(stages.get("custom", ())):  # a registered policy's own rule, on its rows only
-        keep = keep | (REGISTRY[name].pool_rule.keep(pool, rows, n_eff) & _rows_of(kind, {name})[:, None])
+        keep = keep | salf_keep(pool.val, pool.valid, pool.level, pool.parent, n_eff, cols, search, *plan.salf)
+    custom = plan.custom_keep(pool, rows, n_eff)  # a registered policy's own rule, on its rows only
+    if custom is not None:
+        keep = keep | custom
     # pad to exactly N-1 with the best unselected candidates: a prefix of SGLang's ranking, which is
     # closed under ancestors because a parent never scores below its child
     need = (N - 1) - keep.sum(-1, keepdim=True)

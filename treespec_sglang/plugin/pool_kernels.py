@@ -43,9 +43,9 @@ import torch
 
 from ..policies.classifier import C2TClassifier
 from ..policies.params import PolicyParams
-from ..policies.registry import REGISTRY, pool_rule_of, registration_of
-from .pool import _C, PoolView, _Classifiers, _clf_id, _rows_of, _rule_row, policy_rows
-from .pool_rules import salf_pops, static
+from ..policies.registry import REGISTRY
+from .pool import _C, BatchPlan, PoolView, _Classifiers, policy_rows
+from .pool_rules import static
 
 __all__ = ["select_on_pool_fused", "kernels", "interpreted", "warm_up", "stage_table", "classifier_table",
            "STAGE_CODES", "FLAGS"]
@@ -179,32 +179,18 @@ def _dummy(dtype, device) -> torch.Tensor:
     return static(("pool_kernels.dummy", dtype), device, lambda: torch.zeros(1, dtype=dtype))
 
 
-def _plan(params: Sequence[Optional[PolicyParams]], N: int, S: int, P: int) -> dict:
-    """What the torch path reads from ``params`` on the host, in one pass: the stages, the custom policies, the
-    classifier ids, the ranking's depth mask and SALF's static bounds (:func:`.pool_rules.salf_pops`)."""
-    stages, custom, ids, native, mask_depth, salf = set(), set(), set(), False, False, []
-    for p in params:
-        if p is None:
-            native = True
-            continue
-        stage, row = pool_rule_of(p).stage, _rule_row(p)
-        stages.add(stage)
-        if stage == "custom":
-            custom.add(registration_of(p).name)
-        if "clf" in row:
-            ids.add(_clf_id(row["clf"]))
-        if row.get("rank_depth") is not None and row["rank_depth"] < S and row.get("th", 0) <= 0:
-            mask_depth = True  # SALF with th = 0 never goes below its max_depth
-        if stage == "salf" and row["th"] > 0:
-            salf.append((p.max_nodes, row["th"], row["batch"]))
-    flags = sum(FLAGS[s] for s in ("talon", "c2t", "chain") if s in stages)
-    flags |= (FLAGS["conf"] if ids else 0) | (FLAGS["mask_depth"] if mask_depth else 0) | (FLAGS["salf"] if salf else 0)
+def _launch_plan(params: Sequence[Optional[PolicyParams]], N: int, S: int, P: int) -> dict:
+    """The launch's runtime ints from :class:`.pool.BatchPlan` (what the torch path reads of ``params``): the stage
+    and option flags, the classifier ids, the custom policies and SALF's bounds (pops, B, G's N-th best)."""
+    plan = BatchPlan.of(params, N, S)
+    flags = sum(FLAGS[s] for s in ("talon", "c2t", "chain") if s in plan.stages)
+    flags |= (FLAGS["conf"] if plan.clf_ids else 0) | (FLAGS["mask_depth"] if plan.mask_depth else 0)
     pops = b_max = kth = 1
-    if salf:
-        pops = salf_pops(min(t for _, t, _ in salf), N, S)
-        b_max = max(1, min(P, max(bt for _, _, bt in salf)))
-        kth = min(max(min(N, max(n for n, _, _ in salf)) - 1, 1), P)
-    return dict(flags=flags, custom=sorted(custom), ids=sorted(ids), native=native, pops=pops, b_max=b_max, kth=kth)
+    if plan.salf is not None:
+        pops, n_max, b_max = plan.salf
+        flags |= FLAGS["salf"]
+        b_max, kth = max(1, min(P, b_max)), min(max(n_max - 1, 1), P)  # as pool_rules.salf_keep bounds them
+    return dict(plan=plan, flags=flags, pops=pops, b_max=b_max, kth=kth)
 
 
 def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[Optional[PolicyParams]], native=None,
@@ -239,13 +225,11 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
     mod = kernels(interpreted(dev))
     if rows is None:
         rows = policy_rows(params, dev)
-    plan = _plan(params, N, S, P)
-    flags = plan["flags"]
-    if plan["custom"]:  # a registered policy's own rule, on its rows only (as select_on_pool)
-        kind, n_eff = rows[:, _C["kind"]], rows[:, _C["budget"]].clamp(max=N).long()
-        for name in plan["custom"]:
-            part = REGISTRY[name].pool_rule.keep(pool, rows, n_eff) & _rows_of(kind, {name})[:, None]
-            extra_keep = part if extra_keep is None else extra_keep | part
+    launch = _launch_plan(params, N, S, P)
+    plan, flags = launch["plan"], launch["flags"]
+    custom = plan.custom_keep(pool, rows, rows[:, _C["budget"]].clamp(max=N).long())  # as select_on_pool
+    if custom is not None:
+        extra_keep = custom if extra_keep is None else extra_keep | custom
     top = torch.empty(bs, N - 1, dtype=torch.int64, device=dev)
     toks = torch.empty(bs, N - 1, dtype=pool.tokens.dtype, device=dev)
     keep = torch.empty(bs, N, dtype=torch.bool, device=dev)
@@ -254,10 +238,10 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
     stages = stage_table(dev)
     # absent inputs: cached stand-ins of the right dtype (never read), so the kernel's signature stays the same
     clf_ids, clf_w, hb = _dummy(torch.float32, dev), _dummy(torch.float32, dev), 64
-    if plan["ids"]:
-        clf_ids, clf_w, hb = classifier_table(plan["ids"], dev)
+    if plan.clf_ids:
+        clf_ids, clf_w, hb = classifier_table(plan.clf_ids, dev)
     nat, extra = _dummy(torch.int64, dev), _dummy(torch.bool, dev)
-    if native is not None and plan["native"]:
+    if native is not None and "native" in plan.stages:
         nat, flags = native[1].to(torch.int64).contiguous(), flags | FLAGS["native"]
     if extra_keep is not None:
         extra, flags = extra_keep.to(torch.bool).contiguous(), flags | FLAGS["extra"]
@@ -268,7 +252,7 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
         pool.scores.contiguous(), pool.val.contiguous(), pool.parent.contiguous(), pool.tokens.contiguous(),
         rows.contiguous(), stages, clf_ids, clf_w, nat, extra, top, toks, keep,
         conf_out if conf_out is not None else workf, work, workf,
-        stages.numel(), clf_ids.numel(), flags, plan["pops"], plan["b_max"], plan["kth"],
+        stages.numel(), clf_ids.numel(), flags, launch["pops"], launch["b_max"], launch["kth"],
         F=rows.shape[1], K=k, S=S, P=P, N=N, BLOCK_P=block_p, BLOCK_W=1 << (k * k - 1).bit_length(),
         BLOCK_K=1 << (k - 1).bit_length(), BLOCK_N=1 << (N - 1).bit_length(), HB=hb,
         CHUNK=min(block_p, 32), WRITE_CONF=conf_out is not None, num_warps=8 if block_p >= 512 else 4)

@@ -85,9 +85,10 @@ class Profile:
     def _now(self) -> float:
         if self.sync:
             import torch
+
+            from .draft_select import capturing
             # never inside a CUDA graph capture (a sync there is illegal): SGLang captures some hooked calls
-            if torch.cuda.is_available() and torch.cuda.is_initialized() \
-                    and not torch.cuda.is_current_stream_capturing():
+            if torch.cuda.is_available() and torch.cuda.is_initialized() and not capturing():
                 torch.cuda.synchronize()
         return self.clock()
 
