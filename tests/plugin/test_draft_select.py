@@ -35,10 +35,11 @@ def test_the_stash_holds_what_the_draft_loop_built_and_a_padded_batch_reads_its_
         read_pool(7, 5, K, S, "cpu")
 
 
-@pytest.mark.parametrize("mode", [None, "auto", "triton"])
+@pytest.mark.parametrize("mode", [None, "auto", "triton", "graph"])
 def test_selection_after_the_draft_equals_the_selection_on_the_pool_lists(monkeypatch, mode):
     """Whichever selection ``TREESPEC_SELECT`` picks (unset: torch; auto: torch on the CPU; triton: the fused
-    kernel, here in Triton's interpreter), the trees are the torch selection's on the pool lists."""
+    kernel, here in Triton's interpreter; graph: the kernel launched, as after any eager draft), the trees are
+    the torch selection's on the pool lists."""
     if mode is None:
         monkeypatch.delenv(draft_select.ENV_SELECT, raising=False)
     else:
@@ -55,7 +56,31 @@ def test_selection_after_the_draft_equals_the_selection_on_the_pool_lists(monkey
     top, toks = select_after_draft(step, None, native[1], native[2], N, S)
     ref = select_from_pool(sl, tl, pl, N, K, params, native=native)
     assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])
-    assert calls == ["select_on_pool_fused" if mode == "triton" else "select_on_pool"]
+    assert calls == ["select_on_pool_fused" if mode in ("triton", "graph") else "select_on_pool"]
+
+
+def test_graph_mode_after_a_replayed_draft_runs_one_selection_graph_per_draft_shape(monkeypatch):
+    """``TREESPEC_SELECT=graph`` after a replayed draft of 8 rows: two rounds of 5 and 3 requests (other
+    pools, other policies) go through the one selection graph of that stash (uncaptured on the CPU) and
+    equal the torch selection of their own rows."""
+    from treespec_sglang.plugin import select_graph
+
+    monkeypatch.setenv(draft_select.ENV_SELECT, "graph")
+    monkeypatch.setattr(select_graph, "GRAPHS", {})
+    made = []
+    real = select_graph.SelectionGraph
+    monkeypatch.setattr(select_graph, "SelectionGraph", lambda *a, **k: made.append(a[3]) or real(*a, **k))
+    for seed, bs in ((5, 5), (6, 3)):
+        sl, tl, pl = pools(8, seed)
+        stash_pool(sl, tl, pl)  # what the replay's captured copy writes
+        params = [parse_spec(s) if s else None for s in SPECS[seed - 5:seed - 5 + bs]]
+        mine = [[t[:bs] for t in part] for part in (sl, tl, pl)]
+        native = select_from_pool(*mine, N, K, [None] * bs)[:3]
+        step = DraftStep(params, K)
+        top, toks = select_after_draft(step, 8, native[1], native[2], N, S)
+        ref = select_from_pool(*mine, N, K, params, native=native)
+        assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3]), seed
+    assert len(made) == 1 and len(select_graph.GRAPHS) == 1  # captured once (the c2t row's classifier in it)
 
 
 @pytest.mark.parametrize("env,device,want", [(None, "cuda", "select_on_pool"), ("", "cuda", "select_on_pool"),
@@ -73,7 +98,8 @@ def test_the_selection_follows_treespec_select(monkeypatch, env, device, want):
 def test_a_bad_or_unloadable_selection_is_refused_at_start(monkeypatch):
     shape = (K, S, N)
     monkeypatch.setenv(draft_select.ENV_SELECT, "fused")
-    with pytest.raises(ValueError, match=r"TREESPEC_SELECT must be one of \['torch', 'auto', 'triton'\], got 'fused'"):
+    with pytest.raises(ValueError, match=r"TREESPEC_SELECT must be one of \['torch', 'auto', 'triton', 'graph'\], "
+                                         r"got 'fused'"):
         draft_select.check_selection("cpu", *shape)
     monkeypatch.setenv(draft_select.ENV_SELECT, "triton")
     launches = []
@@ -92,10 +118,13 @@ def test_a_bad_or_unloadable_selection_is_refused_at_start(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_a_replayed_draft_graph_feeds_the_selection_the_new_pool():
+@pytest.mark.parametrize("mode", ["torch", "graph"])
+def test_a_replayed_draft_graph_feeds_the_selection_the_new_pool(monkeypatch, mode):
     """A stand-in draft loop (pool from input buffers, SGLang's selection, the pool stashed as the hooked
     organize_draft_results does) captured for 8 rows, replayed for 5 requests on new inputs: the
-    selection after the replay equals the selection on those 5 requests' pool computed eagerly."""
+    selection after the replay (torch, or the captured selection graph) equals the selection on those 5
+    requests' pool computed eagerly."""
+    monkeypatch.setenv(draft_select.ENV_SELECT, mode)
     lists = [pools(8, seed) for seed in (3, 4)]
     inputs = [[t.cuda() for t in part] for part in lists[0]]
 

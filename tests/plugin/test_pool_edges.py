@@ -183,8 +183,8 @@ def test_request_rows_hold_every_column_of_each_policy():
         ({"policy": "talon", "budget": 9, "topk": 3, "mu": 0.05}, False,
          [3, 9, 0, B, 3, math.log(0.05), 0, 1, B, -1, -1, 0]),
         ({"policy": "talon", "budget": 9, "topk": 2, "mu": 0.0}, False, [3, 9, 0, B, 2, -inf, 0, 1, B, -1, -1, 0]),
-        ({"policy": "salf", "budget": 12, "batch": 3, "th": 0.2, "max_depth": 2}, False,
-         [4, 12, 0, 2, B, 0, 0.2, 3, 2, -1, -1, 0]),
+        ({"policy": "salf", "budget": 12, "batch": 3, "th": 0.2, "max_depth": 2}, False,  # the search's depth,
+         [4, 12, 0, B, B, 0, 0.2, 3, 2, -1, -1, 0]),  # not the ranking's (it only pads: never masked)
         ({"policy": "salf", "budget": 7, "th": 0.0}, False, [4, 7, 6, B, B, 0, 0, 7, B, -1, -1, 0]),
         ({"policy": "salf", "budget": 7, "batch": 2, "th": 0.0, "max_depth": 3}, False,
          [4, 7, 6, 3, B, 0, 0, 2, 3, -1, -1, 0]),

@@ -14,7 +14,8 @@ place of SGLang's ``top_scores_index`` / ``draft_tokens``. One code path on the 
 The selection itself is the torch implementation (:func:`~.pool.select_on_pool`) or the same selection as one
 fused Triton launch (:func:`~.pool_kernels.select_on_pool_fused`), per ``TREESPEC_SELECT``
 (:func:`selection_mode`): ``torch`` (the default until the kernel has been run and timed on a GPU), ``auto``
-(the kernel on CUDA, torch elsewhere) or ``triton``.
+(the kernel on CUDA, torch elsewhere), ``triton``, or ``graph``: the kernel, and after a replayed draft its
+launch replayed as a CUDA graph of the draft's shape (:mod:`.select_graph`; an eager draft launches it).
 
 Example: a graph captured for 8 rows replays a batch of 5 (SGLang pads to its bucket): the stash of
 shape (8, P, W) holds 8 rows after the replay and the selection reads its first 5.
@@ -27,15 +28,16 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from .pool import PoolView, policy_rows, select_on_pool, share_token_cap, COLUMNS
+from .pool import BatchPlan, PoolView, policy_rows, select_on_pool, share_token_cap, COLUMNS
 from .pool_kernels import select_on_pool_fused, warm_up
+from .select_graph import graph_for
 from .ranks import agree, perturbed, record_digest, verify_group
 
 __all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing", "ENV_SELECT", "selection_mode",
            "selection", "check_selection"]
 
 ENV_SELECT = "TREESPEC_SELECT"
-SELECT_MODES = ("torch", "auto", "triton")
+SELECT_MODES = ("torch", "auto", "triton", "graph")
 
 # (rows, P, W, device) -> (scores [rows, P] float32, tokens [rows, P] int64, parent_list [rows, W] int64)
 _STASH: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -50,7 +52,7 @@ def capturing(t: Optional[torch.Tensor] = None) -> bool:
 
 
 def selection_mode() -> str:
-    """``TREESPEC_SELECT`` (the operator's environment): ``torch`` (unset), ``auto`` or ``triton``.
+    """``TREESPEC_SELECT`` (the operator's environment): ``torch`` (unset), ``auto``, ``triton`` or ``graph``.
 
     Raises
     ------
@@ -65,10 +67,10 @@ def selection_mode() -> str:
 
 
 def selection(device) -> Callable:
-    """The selection for a pool on ``device``: :func:`~.pool.select_on_pool` (``torch``; ``auto`` off CUDA) or
-    :func:`~.pool_kernels.select_on_pool_fused` (``auto`` on CUDA; ``triton`` anywhere, in Triton's interpreter
-    on the CPU: slow, for tests). Both return the same trees (the kernel's docstring says where float32 order
-    may differ)."""
+    """The selection for a pool on ``device`` of an eager draft: :func:`~.pool.select_on_pool` (``torch``; ``auto``
+    off CUDA) or :func:`~.pool_kernels.select_on_pool_fused` (``auto`` on CUDA; ``triton`` and ``graph``
+    anywhere, in Triton's interpreter on the CPU: slow, for tests). Both return the same trees (the kernel's
+    docstring says where float32 order may differ)."""
     mode = selection_mode()
     if mode == "torch" or (mode == "auto" and torch.device(device).type != "cuda"):
         return select_on_pool
@@ -115,14 +117,19 @@ def stash_pool(score_list, token_list, parents_list) -> tuple:
     return key
 
 
-def _stashed(rows: int, bs: int, topk: int, steps: int, device) -> Tuple[torch.Tensor, ...]:
-    """This round's ``bs`` rows of the stash of a ``rows``-row draft, cloned (scores, tokens, parent_list)."""
+def _stash_of(rows: int, topk: int, steps: int, device) -> Tuple[tuple, Tuple[torch.Tensor, ...]]:
+    """``(key, (scores [rows, P], tokens [rows, P], parent_list [rows, W]))``: the stash a ``rows``-row draft wrote."""
     P, W = topk + (steps - 1) * topk * topk, 1 + (steps - 1) * topk
     key = (rows, P, W, str(torch.device(device)))
     if key not in _STASH:
         raise RuntimeError(f"treespec: no draft pool of shape {key[:3]} was recorded; the draft CUDA graph must be "
                            f"captured with the plugin loaded (rows, P = k + (S-1)k^2, W = 1 + (S-1)k)")
-    return tuple(t[:bs].clone() for t in _STASH[key])
+    return key, _STASH[key]
+
+
+def _stashed(rows: int, bs: int, topk: int, steps: int, device) -> Tuple[torch.Tensor, ...]:
+    """This round's ``bs`` rows of the stash of a ``rows``-row draft, cloned (scores, tokens, parent_list)."""
+    return tuple(t[:bs].clone() for t in _stash_of(rows, topk, steps, device)[1])
 
 
 def read_pool(rows: int, bs: int, topk: int, steps: int, device) -> PoolView:
@@ -152,19 +159,42 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
     -------
     ``(top_scores_index [bs, N-1], draft_tokens [bs, N-1])`` for ``build_eagle_verify_input``.
     """
-    bs = native_top.shape[0]
-    scores, tokens, parent_list = _stashed(rows or bs, bs, step.topk, steps, native_top.device)
+    bs, dev = native_top.shape[0], native_top.device
     group = verify_group()
-    scores = perturbed([scores], group)[0]  # a no-op unless a test asks for a faulty rank
-    pool = PoolView.from_flat(scores, tokens, parent_list, step.topk)
-    rows_t = policy_rows(step.params, native_top.device, step.shares)  # cached per request: no list copy
-    _, top, tokens, keep = selection(native_top.device)(pool, num_draft_tokens, step.params,
-                                                        (None, native_top, native_tokens), rows_t)
+    rows_t = policy_rows(step.params, dev, step.shares)  # cached per batch composition: no op, no list copy
+    if rows is not None and selection_mode() == "graph":  # a replayed draft: replay the selection's graph too
+        top, tokens, keep, scores = _select_replayed(step, rows, rows_t, native_top, num_draft_tokens, steps, group)
+    else:
+        scores, tokens, parent_list = _stashed(rows or bs, bs, step.topk, steps, dev)
+        scores = perturbed([scores], group)[0]  # a no-op unless a test asks for a faulty rank
+        pool = PoolView.from_flat(scores, tokens, parent_list, step.topk)
+        _, top, tokens, keep = selection(dev)(pool, num_draft_tokens, step.params, (None, native_top, native_tokens),
+                                              rows_t)
     if step.token_cap is not None and any(step.shares):  # the token cap for the sharing requests
-        keep = share_token_cap(pool.scores, top, keep, rows_t[:, COLUMNS.index("shares")] > 0, step.token_cap)
+        keep = share_token_cap(scores, top, keep, rows_t[:, COLUMNS.index("shares")] > 0, step.token_cap)
     # every rank that verifies this batch takes rank 0's tree (one int64 broadcast; alone: a no-op)
     own = (top, tokens, keep)
     top, tokens, keep = agree(own, group)
     record_digest(own, (top, tokens, keep), group)
     step.keep = keep
     return top, tokens
+
+
+def _select_replayed(step, rows: int, rows_t: torch.Tensor, native_top: torch.Tensor, num_draft_tokens: int,
+                     steps: int, group):
+    """``TREESPEC_SELECT=graph`` after a replayed draft: the selection graph of the draft's stash
+    (:func:`~.select_graph.graph_for`) with this batch's rows. Returns ``(top [bs, N-1], tokens [bs, N-1],
+    keep [bs, N], scores [bs, P])``, ``scores`` a view of the stash (read before the next replay)."""
+    bs, N = native_top.shape[0], num_draft_tokens
+    key, stash = _stash_of(rows, step.topk, steps, native_top.device)
+    scores = stash[0][:bs]
+    faulty = perturbed([scores], group)[0]  # a test-only faulty rank: its own scores in the stash
+    if faulty is not scores:
+        scores.copy_(faulty)
+    plan = BatchPlan.of(step.params, N, steps)
+    extra = None
+    if "custom" in plan.stages:  # the custom rules' own keep, computed on the host as select_on_pool does
+        pool = PoolView.from_flat(*(t[:bs] for t in stash), step.topk)
+        extra = plan.custom_keep(pool, rows_t, rows_t[:, COLUMNS.index("budget")].clamp(max=N).long())
+    top, tokens, keep = graph_for(stash, key, step.topk, N, plan.clf_ids).run(rows_t, native_top, extra)
+    return top, tokens, keep, scores

@@ -39,7 +39,7 @@ from ..policies.token_cap import select_best
 from .pool_rules import arange, level_policies_keep, parent_entropy, salf_keep, salf_pops, static
 
 __all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_token_cap", "unlink_filler", "request_row",
-           "policy_rows", "kind_id", "COLUMNS", "BatchPlan", "classifier_ids"]
+           "policy_rows", "kind_id", "COLUMNS", "BatchPlan", "classifier_ids", "per_batch"]
 
 # the row table: one float32 row per request, these columns
 COLUMNS = ("kind", "budget", "top", "rank_depth", "topk", "log_mu", "th", "batch", "max_depth", "beta", "clf", "shares")
@@ -121,10 +121,29 @@ def request_row(p: Optional[PolicyParams], device, shares: bool = False) -> torc
     return row
 
 
+_BATCHES: Dict[tuple, tuple] = {}  # (what, ids of the batch's params, ...) -> (the params, kept alive; value)
+
+
+def per_batch(what: str, params: Sequence, extra: tuple, build):
+    """``build()`` once per batch composition: the same parameter objects in the same order (a batch's
+    requests keep theirs while they live, so a steady batch hits every round). Keyed by the objects' ids,
+    which the entry keeps alive (so no id is reused while it is cached); host cost flat in bs (one C-level
+    pass over the ids), where building a row table or a :class:`BatchPlan` walks the batch in Python."""
+    key = (what, tuple(map(id, params)), extra)
+    hit = _BATCHES.get(key)
+    if hit is None:
+        if len(_BATCHES) > 256:  # one entry per composition seen lately: bounded
+            _BATCHES.clear()
+        hit = _BATCHES[key] = (tuple(params), build())
+    return hit[1]
+
+
 def policy_rows(params: Sequence[Optional[PolicyParams]], device, shares: Optional[Sequence[bool]] = None):
-    """``[bs, F]`` row table for a batch: the cached rows concatenated (one op, no host->device copy)."""
-    shares = shares if shares is not None else [False] * len(params)
-    return torch.cat([request_row(p, device, s) for p, s in zip(params, shares)])
+    """``[bs, F]`` row table for a batch: the cached rows concatenated (one op, no host->device copy), kept
+    per batch composition (:func:`per_batch`: a steady batch pays neither the op nor the walk). Read-only."""
+    shares = tuple(shares) if shares is not None else (False,) * len(params)
+    return per_batch("rows", params, (shares, str(torch.device(device))), lambda: torch.cat(
+        [request_row(p, device, s) for p, s in zip(params, shares)]))
 
 
 class _Classifiers:
@@ -238,8 +257,9 @@ def classifier_ids(params) -> List[int]:
 class BatchPlan:
     """What a selection reads of a batch's ``params`` on the host, in one pass (the torch path and the fused
     kernel alike): ``stages`` pool stage -> its policies' names (``"native"``: rows without a policy);
-    ``clf_ids`` :func:`classifier_ids`; ``mask_depth`` SGLang's ranking is depth-masked for some row (SALF with
-    th = 0 never goes below its max_depth); ``salf`` the search's static bounds ``(pops, n_max, b_max)``
+    ``clf_ids`` :func:`classifier_ids`; ``mask_depth`` SGLang's ranking is depth-masked for some row (its
+    ``rank_depth`` column: SALF with th = 0 never goes below its max_depth; every other row is unbounded, so
+    the mask is a row's own and a batch's other rows never change it); ``salf`` the search's static bounds ``(pops, n_max, b_max)``
     (:func:`.pool_rules.salf_pops`) when a SALF row has th > 0, else None."""
 
     stages: Dict[str, set]
@@ -249,6 +269,12 @@ class BatchPlan:
 
     @classmethod
     def of(cls, params, N: int, S: int) -> "BatchPlan":
+        """The plan of ``params`` for N verify tokens over S draft steps, kept per batch composition
+        (:func:`per_batch`)."""
+        return per_batch("plan", params, (N, S), lambda: cls._of(params, N, S))
+
+    @classmethod
+    def _of(cls, params, N: int, S: int) -> "BatchPlan":
         stages: Dict[str, set] = {}
         mask_depth, salf = False, []
         for p in params:
@@ -257,7 +283,7 @@ class BatchPlan:
                 continue
             stage, row = pool_rule_of(p).stage, _rule_row(p)
             stages.setdefault(stage, set()).add(registration_of(p).name)
-            mask_depth |= row.get("rank_depth") is not None and row["rank_depth"] < S and row.get("th", 0) <= 0
+            mask_depth |= row.get("rank_depth") is not None and row["rank_depth"] < S
             if stage == "salf" and row["th"] > 0:
                 salf.append((p.max_nodes, row["th"], row["batch"]))
         bounds = (salf_pops(min(t for _, t, _ in salf), N, S), min(N, max(n for n, _, _ in salf)),

@@ -45,9 +45,10 @@ from ..policies.classifier import C2TClassifier
 from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY
 from .pool import _C, BatchPlan, PoolView, _Classifiers, policy_rows
-from .pool_rules import static
+from .pool_rules import salf_pops, static
 
-__all__ = ["select_on_pool_fused", "kernels", "interpreted", "warm_up", "stage_table", "classifier_table",
+__all__ = ["select_on_pool_fused", "kernels", "interpreted", "warm_up", "stage_table", "classifier_table", "launch",
+           "graph_args", "workspace", "no_classifier",
            "STAGE_CODES", "FLAGS"]
 
 # the kernel's stage codes (registry.STAGES) and the bits of its per-launch ``flags``
@@ -193,6 +194,53 @@ def _launch_plan(params: Sequence[Optional[PolicyParams]], N: int, S: int, P: in
     return dict(plan=plan, flags=flags, pops=pops, b_max=b_max, kth=kth)
 
 
+def graph_args(N: int, S: int, P: int, scored: bool) -> dict:
+    """Runtime ints that serve any batch (a launch captured once per shape, :mod:`.select_graph`): every stage
+    and option on (a row runs only its own stage; a depth mask of ``rank_depth`` = unbounded masks nothing),
+    SGLang's selection and an extra keep always read, SALF's bounds at their caps (pops ``2N + 2``, the paper's
+    bound of :func:`.pool_rules.salf_pops`; B <= P; G's (N-1)-th best). ``scored``: the launch has a classifier
+    table (C2T confidences are computed only with one). The trees equal those of :func:`_launch_plan`'s ints:
+    the tests check it on random mixed batches."""
+    flags = sum(FLAGS.values()) - (0 if scored else FLAGS["conf"])
+    return dict(flags=flags, pops=salf_pops(0.0, N, S), b_max=P, kth=min(max(N - 1, 1), P))
+
+
+def launch(mod, pool: PoolView, rows: torch.Tensor, stages: torch.Tensor, clf: tuple, native: torch.Tensor,
+           extra: torch.Tensor, out: tuple, args: dict, conf_out: Optional[torch.Tensor] = None) -> None:
+    """One launch of the kernel (grid: the pool's rows) into ``out``; no allocation, nothing read back.
+
+    ``rows`` ``[bs, F]`` float32; ``stages`` :func:`stage_table`; ``clf`` ``(ids [n] float32, weights [n, 6, HB],
+    HB)`` (:func:`classifier_table`, or stand-ins with ``n_clf`` unused); ``native`` ``[bs, N-1]`` int64 and
+    ``extra`` ``[bs, P]`` bool (read when ``args["flags"]`` says so); ``out`` ``(top [bs, N-1] int64, tokens
+    [bs, N-1], keep [bs, N] bool, work [bs, N_WORK * BLOCK_P] int32, workf [bs, N_WORKF * BLOCK_P] float32)``;
+    ``args`` ``flags`` / ``pops`` / ``b_max`` / ``kth`` (:func:`_launch_plan`, :func:`graph_args`). Every tensor
+    but the pool's contiguous (the kernel indexes rows by their width)."""
+    bs, P = pool.scores.shape
+    k, S, N = pool.k, pool.steps, out[0].shape[1] + 1
+    top, toks, keep, work, workf = out
+    block_p = 1 << (P - 1).bit_length()
+    clf_ids, clf_w, hb = clf
+    mod.pool_select_kernel[(bs,)](
+        pool.scores.contiguous(), pool.val.contiguous(), pool.parent.contiguous(), pool.tokens.contiguous(), rows, stages, clf_ids, clf_w, native, extra, top, toks,
+        keep, conf_out if conf_out is not None else workf, work, workf,
+        stages.numel(), clf_ids.numel(), args["flags"], args["pops"], args["b_max"], args["kth"],
+        F=rows.shape[1], K=k, S=S, P=P, N=N, BLOCK_P=block_p, BLOCK_W=1 << (k * k - 1).bit_length(),
+        BLOCK_K=1 << (k - 1).bit_length(), BLOCK_N=1 << (N - 1).bit_length(), HB=hb,
+        CHUNK=min(block_p, 32), WRITE_CONF=conf_out is not None, num_warps=8 if block_p >= 512 else 4)
+
+
+def workspace(mod, bs: int, P: int, dev) -> tuple:
+    """``(work [bs, N_WORK * BLOCK_P] int32, workf [bs, N_WORKF * BLOCK_P] float32)``: the kernel's scratch."""
+    block_p = 1 << (P - 1).bit_length()
+    return (torch.empty(bs, mod.N_WORK * block_p, dtype=torch.int32, device=dev),
+            torch.empty(bs, mod.N_WORKF * block_p, dtype=torch.float32, device=dev))
+
+
+def no_classifier(dev) -> tuple:
+    """``classifier_table``'s stand-in for a launch without confidences (never read)."""
+    return _dummy(torch.float32, dev), _dummy(torch.float32, dev), 64
+
+
 def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[Optional[PolicyParams]], native=None,
                          rows: Optional[torch.Tensor] = None, *, extra_keep: Optional[torch.Tensor] = None,
                          conf_out: Optional[torch.Tensor] = None):
@@ -217,7 +265,7 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
     RuntimeError
         Without triton. ValueError: ``N - 1`` exceeds the pool, or a classifier is no C2TClassifier.
     """
-    N, k = num_draft_token, pool.k
+    N = num_draft_token
     bs, P = pool.scores.shape
     S, dev = pool.steps, pool.scores.device
     if N - 1 > P:
@@ -225,8 +273,8 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
     mod = kernels(interpreted(dev))
     if rows is None:
         rows = policy_rows(params, dev)
-    launch = _launch_plan(params, N, S, P)
-    plan, flags = launch["plan"], launch["flags"]
+    args = _launch_plan(params, N, S, P)
+    plan, flags = args["plan"], args["flags"]
     custom = plan.custom_keep(pool, rows, rows[:, _C["budget"]].clamp(max=N).long())  # as select_on_pool
     if custom is not None:
         extra_keep = custom if extra_keep is None else extra_keep | custom
@@ -237,23 +285,12 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
         return pool.parent_list, top, toks, keep
     stages = stage_table(dev)
     # absent inputs: cached stand-ins of the right dtype (never read), so the kernel's signature stays the same
-    clf_ids, clf_w, hb = _dummy(torch.float32, dev), _dummy(torch.float32, dev), 64
-    if plan.clf_ids:
-        clf_ids, clf_w, hb = classifier_table(plan.clf_ids, dev)
+    clf = classifier_table(plan.clf_ids, dev) if plan.clf_ids else no_classifier(dev)
     nat, extra = _dummy(torch.int64, dev), _dummy(torch.bool, dev)
     if native is not None and "native" in plan.stages:
         nat, flags = native[1].to(torch.int64).contiguous(), flags | FLAGS["native"]
     if extra_keep is not None:
         extra, flags = extra_keep.to(torch.bool).contiguous(), flags | FLAGS["extra"]
-    block_p = 1 << (P - 1).bit_length()
-    work = torch.empty(bs, mod.N_WORK * block_p, dtype=torch.int32, device=dev)
-    workf = torch.empty(bs, mod.N_WORKF * block_p, dtype=torch.float32, device=dev)
-    mod.pool_select_kernel[(bs,)](
-        pool.scores.contiguous(), pool.val.contiguous(), pool.parent.contiguous(), pool.tokens.contiguous(),
-        rows.contiguous(), stages, clf_ids, clf_w, nat, extra, top, toks, keep,
-        conf_out if conf_out is not None else workf, work, workf,
-        stages.numel(), clf_ids.numel(), flags, launch["pops"], launch["b_max"], launch["kth"],
-        F=rows.shape[1], K=k, S=S, P=P, N=N, BLOCK_P=block_p, BLOCK_W=1 << (k * k - 1).bit_length(),
-        BLOCK_K=1 << (k - 1).bit_length(), BLOCK_N=1 << (N - 1).bit_length(), HB=hb,
-        CHUNK=min(block_p, 32), WRITE_CONF=conf_out is not None, num_warps=8 if block_p >= 512 else 4)
+    launch(mod, pool, rows.contiguous(), stages, clf, nat, extra, (top, toks, keep) + workspace(mod, bs, P, dev),
+           dict(args, flags=flags), conf_out)
     return pool.parent_list, top, toks, keep

@@ -173,7 +173,9 @@ def _salf_keep(val_row, parent_row, work_row, workf_row, v, valid, lev, n1, th, 
     ``val_row`` / ``parent_row`` the row's ``[P]`` val and parents, ``work_row`` / ``workf_row`` its ``[8 * BLOCK_P]``
     int32 / ``[2 * BLOCK_P]`` float32 scratch; ``v`` / ``valid`` / ``lev`` / ``offs`` ``[BLOCK_P]`` the row's val,
     validity, levels and lanes; ``n1`` = n_eff - 1 and the row's th / batch / max_depth columns (scalars);
-    ``pops``, ``b_max``, ``kth`` the batch's static bounds (:func:`.pool_rules.salf_keep`). Q and G live in
+    ``pops``, ``b_max``, ``kth`` bounds valid for the batch (:func:`.pool_rules.salf_keep`'s, or the
+    batch-independent ones of a captured launch, :func:`.pool_kernels.graph_args`: the same tree; the pops
+    loop leaves once the row has stopped, so a loose bound costs nothing). Q and G live in
     order space: the B best of Q are Q's members with prefix count <= B (lines 5-9), eps the value of G's
     member of prefix count eps_at + 1 (lines 10-11), D's children join Q through the parent's order position
     (lines 12-20), and the output is G's first n1 members.
@@ -201,7 +203,8 @@ def _salf_keep(val_row, parent_row, work_row, workf_row, v, valid, lev, n1, th, 
     g = q & False
     b_row = tl.minimum(batch.to(tl.int32), b_max)
     eps_at = tl.minimum(tl.maximum(n1 - 1, 0), kth - 1)
-    for it in range(pops):
+    it = 0
+    while (it < pops) & live:  # a stopped row is frozen (Q empty): leaving early changes nothing
         pop = q & (_cumsum(q.to(tl.int32)) <= b_row)
         g = g | pop
         eps = _max(tl.where(g & (_cumsum(g.to(tl.int32)) == eps_at + 1), val_s, float("-inf")))
@@ -211,6 +214,7 @@ def _salf_keep(val_row, parent_row, work_row, workf_row, v, valid, lev, n1, th, 
         tl.store(region + offs, D.to(tl.int32))
         tl.debug_barrier()
         q = ((q & ~pop) | ((tl.load(region + ppos_s) != 0) & child_s)) & _spread(live, offs)
+        it += 1
     sel = g & (_cumsum(g.to(tl.int32)) <= n1)
     tl.store(work_row + _R_SALF * BLOCK_P + offs, sel.to(tl.int32))
     tl.debug_barrier()

@@ -34,8 +34,10 @@ class SalfPolicy(TreePolicy):
     name = "salf"
     Params = SalfParams
     # th = 0 is the exact top-N (Thm. 2-3): SGLang's ranking, never below max_depth; th > 0 the best-first search
+    # (its max_depth bounds the search; the ranking then only pads, unmasked whatever else the batch holds)
     pool_rule = PoolRule(row=lambda p: {"top": p.max_nodes - 1 if p.th <= 0 else 0, "th": p.th, "batch": p.batch,
-                                        "max_depth": p.max_depth, "rank_depth": p.max_depth}, stage="salf")
+                                        "max_depth": p.max_depth, "rank_depth": p.max_depth if p.th <= 0 else None},
+                         stage="salf")
 
     def __init__(self, params, device):
         super().__init__(params, device)

@@ -1,0 +1,146 @@
+"""The fused selection's captured launch (``TREESPEC_SELECT=graph``): batch-independent runtime ints and static
+buffers select the trees a launch planned for the batch selects, which ``run_both`` checks against the torch
+selection (the oracle). On the CPU nothing is captured: the same static-buffer launch runs in Triton's
+interpreter; the ``gpu`` test captures and replays."""
+
+import random
+
+import pytest
+import torch
+
+from tests.plugin.kernel_cases import DEVICES, OTHER, SHAPES, STAGES, THIRD, make_pool, native_of, random_spec, run_both
+from treespec_sglang.plugin.pool import BatchPlan, policy_rows, request_row
+from treespec_sglang.policies import parse_spec
+
+pytest.importorskip("triton")
+from treespec_sglang.plugin.pool_kernels import _launch_plan, graph_args  # noqa: E402
+from treespec_sglang.plugin.select_graph import SelectionGraph  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+
+def stash_of(pool, rows):
+    """The draft stash of a ``rows``-row replay whose first ``bs`` rows are ``pool``; the padding rows hold
+    another pool (a padded replay computes on dummy rows)."""
+    bs, P = pool.scores.shape
+    pad = make_pool(pool.k, pool.steps, rows - bs, seed=99, kind="invalid") if rows > bs else None
+    cat = (lambda a, b: a if pad is None else torch.cat([a, b.to(a.device)]))
+    return (cat(pool.scores, None if pad is None else pad.scores).contiguous(),
+            cat(pool.tokens, None if pad is None else pad.tokens).contiguous(),
+            cat(pool.parent_list, None if pad is None else pad.parent_list).contiguous())
+
+
+def batch(k, S, N, n, seed, kind="random", device="cpu"):
+    rng = random.Random(seed)
+    stages = (STAGES * 2)[:n] if n >= len(STAGES) else rng.choices(STAGES, k=n)
+    rng.shuffle(stages)
+    pool = make_pool(k, S, n, seed=rng.randint(0, 10 ** 6), kind=kind, device=device)
+    params = [None if s is None else parse_spec(s) for s in (random_spec(st, rng, k, S, N) for st in stages)]
+    return pool, params
+
+
+def graph_select(g, pool, params, N):
+    native = native_of(pool, N)
+    return g.run(policy_rows(params, pool.scores.device), native[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["random", "ties", "invalid"])
+@pytest.mark.parametrize("k,S,N", SHAPES)
+def test_one_graph_serves_changing_batches_with_the_planned_trees(k, S, N, kind, device):
+    """One graph of 12 rows, three rounds of 9, 12 and 5 requests (every stage, random parameters, classifiers
+    chosen per request): each round equals the launch planned for that batch, itself checked against torch."""
+    first, _ = batch(k, S, N, 12, seed=0, device=device)
+    stash = stash_of(first, 12)
+    g = SelectionGraph(stash, k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=False)
+    for r, n in enumerate((9, 12, 5)):
+        pool, params = batch(k, S, N, n, seed=100 * k + 10 * S + r, kind=kind, device=device)
+        for buf, src in zip(stash, (pool.scores, pool.tokens, pool.parent_list)):
+            buf[:n].copy_(src)  # this round's replay wrote its n rows
+        want = run_both(pool, N, params, native_of(pool, N), margins=kind != "ties")
+        got = graph_select(g, pool, params, N)
+        for name, a, b in zip(("top_scores_index", "draft_tokens", "node_keep"), want[1:], got):
+            assert torch.equal(a, b), (name, r, (a != b).nonzero()[:4].tolist())
+
+
+def _clf_ids(*mods):
+    """The row-table classifier ids of the default classifier and ``mods`` (numbered on first sight)."""
+    params = [parse_spec({"policy": "c2t", "classifier": m}) for m in (None,) + mods]
+    return BatchPlan.of(params, 8, 3).clf_ids
+
+
+@pytest.mark.parametrize("k,S,N", SHAPES)
+def test_graph_args_cover_every_planned_launch(k, S, N):
+    """The batch-independent ints are a superset of every planned launch's: its flags (but the stand-ins'),
+    SALF's pops, B and G's bound at least the batch's."""
+    P = k + (S - 1) * k * k
+    for seed in range(20):
+        _, params = batch(k, S, N, 8, seed=seed)
+        plan = _launch_plan(params, N, S, P)
+        g = graph_args(N, S, P, scored=True)
+        assert plan["flags"] & ~g["flags"] == 0
+        assert g["pops"] >= plan["pops"] and g["b_max"] >= plan["b_max"] and g["kth"] >= plan["kth"]
+    assert graph_args(N, S, P, scored=False)["flags"] & 16 == 0  # no classifier table: no confidences
+
+
+def test_a_custom_rule_keep_is_read_for_its_round_only():
+    """A custom pool rule's keep goes into the graph's extra input for its round; the next round has none."""
+    k, S, N = 4, 3, 8
+    pool, _ = batch(k, S, N, 4, seed=5)
+    g = SelectionGraph(stash_of(pool, 6), k, N, capture=False)
+    params = [parse_spec({"policy": "eagle2", "budget": 3})] * 4
+    rows, native = policy_rows(params, "cpu"), native_of(pool, N)[1]
+    plain = g.run(rows, native)
+    extra = torch.zeros(4, pool.scores.shape[1], dtype=torch.bool)
+    extra[:, -1] = True  # the last pool node, never in a budget-3 tree of the best nodes
+    marked = g.run(rows, native, extra)
+    again = g.run(rows, native)
+    assert not torch.equal(marked[2], plain[2]) and (marked[2].sum(-1) == plain[2].sum(-1) + 1).all()
+    assert all(torch.equal(a, b) for a, b in zip(plain, again))
+
+
+def test_padding_rows_return_to_native_after_a_bigger_batch():
+    """Rows a bigger batch filled are native rows again when a smaller batch follows (their pool rows are a
+    padded replay's); the graph's input table shows it."""
+    k, S, N = 4, 3, 8
+    pool, params = batch(k, S, N, 6, seed=7)
+    g = SelectionGraph(stash_of(pool, 6), k, N, capture=False)
+    g.run(policy_rows(params, "cpu"), native_of(pool, N)[1])
+    g.run(policy_rows(params[:2], "cpu"), native_of(pool, N)[1][:2])
+    assert torch.equal(g.rows_in[2:], request_row(None, "cpu").expand(4, -1))
+
+
+def test_a_round_costs_a_handful_of_ops_whatever_the_batch():
+    """Steady state on the CPU: the same ATen ops at 3 and 12 requests, none read back (on CUDA the launch is one
+    replay; here the uncaptured launch's own plumbing is counted too, the same at both sizes)."""
+    from treespec_sglang.utils.syncs import count_ops
+
+    counts = []
+    for n in (3, 12):
+        pool, params = batch(4, 3, 8, n, seed=3)
+        g = SelectionGraph(stash_of(pool, 12), 4, 8, clf_ids=_clf_ids(OTHER), capture=False)
+        rows, native = policy_rows(params, "cpu"), native_of(pool, 8)[1]
+        g.run(rows, native)
+        with count_ops() as c:
+            g.run(rows, native)
+        assert (c.reads, c.copies) == (0, 0), c.names
+        counts.append(c.ops)
+    assert counts[0] == counts[1], counts
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_graph_replays_the_planned_trees_on_cuda():
+    """Captured once, replayed for three batches of other sizes and policies: each equals the planned launch."""
+    k, S, N = 8, 4, 32
+    first, _ = batch(k, S, N, 16, seed=0, device="cuda")
+    stash = stash_of(first, 16)
+    g = SelectionGraph(stash, k, N, clf_ids=_clf_ids(OTHER), capture=True)
+    assert g.graph is not None
+    for r, n in enumerate((16, 9, 3)):
+        pool, params = batch(k, S, N, n, seed=r, device="cuda")
+        for buf, src in zip(stash, (pool.scores, pool.tokens, pool.parent_list)):
+            buf[:n].copy_(src)
+        want = run_both(pool, N, params, native_of(pool, N))
+        got = graph_select(g, pool, params, N)
+        assert all(torch.equal(a, b) for a, b in zip(want[1:], got)), r

@@ -1,0 +1,131 @@
+"""The fused selection as one CUDA graph per replayed draft shape (``TREESPEC_SELECT=graph``; no sglang import).
+
+SGLang replays its draft loop as a CUDA graph per batch-size bucket, and the draft-pool stash
+(:mod:`.draft_select`) is a set of buffers of that bucket's shape ``(rows, P, W)``, written by every replay. A
+:class:`SelectionGraph` is the fused kernel's launch (:func:`.pool_kernels.launch`) captured once per such
+shape, reading the stash where the replay wrote it, so a round's selection costs a handful of copies and one
+replay, whatever the batch holds:
+
+1. ``run`` writes this round's inputs into the graph's static buffers: the ``bs`` request rows of the row
+   table (:func:`.pool.policy_rows`, one op into rows ``[:bs]``; the padding rows stay native), SGLang's own
+   ``top_scores_index`` (native rows take it verbatim) and, only when the batch has a custom pool rule, that
+   rule's keep (computed on the host as :func:`.pool.select_on_pool` does);
+2. one replay: the pool's view of the stash (:meth:`.pool.PoolView.from_flat`) and the launch with the
+   batch-independent runtime ints of :func:`.pool_kernels.graph_args`, which select the same trees as a
+   launch planned for the batch;
+3. the first ``bs`` rows of the outputs, cloned (the next replay writes the same buffers).
+
+The classifier table is part of the capture: a graph serves the classifiers it was captured with, and a batch
+naming another one (rare: a server knows a handful) captures the shape again with the union
+(:func:`graph_for`). Off CUDA nothing is captured: the same static-buffer launch runs uncaptured (the CPU
+tests run it in Triton's interpreter), so one code path serves both and the tests check what a replay reads.
+
+Example: a draft graph captured for 8 rows replays a batch of 5; the stash holds 8 rows, the selection graph
+of shape (8, P, W) computes all 8 (rows 5-7 as native rows on the padded pool) and ``run`` returns rows 0-4.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+
+from .pool import PoolView, request_row
+from .pool_kernels import (classifier_table, graph_args, interpreted, kernels, launch, no_classifier, stage_table,
+                           workspace)
+
+__all__ = ["SelectionGraph", "graph_for", "GRAPHS"]
+
+# (stash key, N, topk) -> the graph serving it (classifier ids grow by recapture, never shrink)
+GRAPHS: Dict[tuple, "SelectionGraph"] = {}
+_MEMPOOL: Dict[str, object] = {}  # device -> the graphs' shared CUDA memory pool
+
+
+class SelectionGraph:
+    """The fused launch over one stash shape with static inputs and outputs, captured on CUDA.
+
+    Parameters
+    ----------
+    stash : ``(scores [rows, P] float32, tokens [rows, P] int64, parent_list [rows, W] int64)``, the buffers
+        SGLang's draft replay writes (never reallocated: :func:`.draft_select.stash_pool`)
+    topk, num_draft_tokens : the server's k and N
+    clf_ids : the classifier ids (the row table's ``clf``) the graph scores with, ascending
+    capture : capture a CUDA graph (on CUDA devices; False: launch uncaptured, e.g. to compare)
+    """
+
+    def __init__(self, stash: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], topk: int, num_draft_tokens: int,
+                 clf_ids: Sequence[int] = (), capture: bool = True):
+        scores, tokens, _ = stash
+        rows, P = scores.shape
+        dev, N = scores.device, num_draft_tokens
+        self.stash, self.k, self.N, self.clf_ids = stash, topk, N, tuple(clf_ids)
+        self.mod = kernels(interpreted(dev))
+        native_row = request_row(None, dev)  # [1, F]
+        self.rows_in = native_row.expand(rows, -1).clone()  # [rows, F]; rows past a batch stay native
+        self._native_rows = self.rows_in.clone()
+        self.native_in = torch.zeros(rows, N - 1, dtype=torch.int64, device=dev)  # [rows, N-1]
+        self.extra_in = torch.zeros(rows, P, dtype=torch.bool, device=dev)  # [rows, P]
+        self._extra_written = 0  # rows of extra_in a custom keep wrote last (zeroed before the next round)
+        self.out = (torch.zeros(rows, N - 1, dtype=torch.int64, device=dev),  # top [rows, N-1]
+                    torch.zeros(rows, N - 1, dtype=tokens.dtype, device=dev),  # tokens [rows, N-1]
+                    torch.zeros(rows, N, dtype=torch.bool, device=dev)) + workspace(self.mod, rows, P, dev)
+        self.clf = classifier_table(self.clf_ids, dev) if self.clf_ids else no_classifier(dev)
+        self.stages = stage_table(dev)
+        self.args = graph_args(N, 1 + (P - topk) // (topk * topk), P, bool(self.clf_ids))
+        self._body()  # eager first: compiles the kernel and builds every cached table outside a capture
+        self.graph = None
+        if capture and dev.type == "cuda":
+            self.graph = torch.cuda.CUDAGraph()
+            pool = _MEMPOOL.setdefault(str(dev), torch.cuda.graph_pool_handle())
+            torch.cuda.synchronize(dev)
+            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+                self._body()
+
+    def _body(self) -> None:
+        pool = PoolView.from_flat(*self.stash, self.k)
+        launch(self.mod, pool, self.rows_in, self.stages, self.clf, self.native_in, self.extra_in, self.out, self.args)
+
+    def run(self, rows: torch.Tensor, native_top: torch.Tensor, extra_keep: Optional[torch.Tensor] = None):
+        """This round's selection for the stash's first ``bs`` rows.
+
+        Parameters
+        ----------
+        rows : ``[bs, F]`` float32, the batch's row table (:func:`.pool.policy_rows`)
+        native_top : ``[bs, N-1]`` SGLang's ``top_scores_index`` (native rows take it verbatim)
+        extra_keep : optional ``[bs, P]`` bool, the custom pool rules' keep (OR'ed in before the padding)
+
+        Returns
+        -------
+        ``(top_scores_index [bs, N-1] int64, draft_tokens [bs, N-1], keep [bs, N] bool)``, fresh tensors.
+        """
+        bs = rows.shape[0]
+        self.rows_in[:bs].copy_(rows)
+        if bs < self._filled:  # rows a bigger batch wrote last: native again (their pool rows are padding)
+            self.rows_in[bs:self._filled].copy_(self._native_rows[bs:self._filled])
+        self._filled = bs
+        self.native_in[:bs].copy_(native_top)
+        if self._extra_written:
+            self.extra_in[:self._extra_written].zero_()
+            self._extra_written = 0
+        if extra_keep is not None:
+            self.extra_in[:bs].copy_(extra_keep)
+            self._extra_written = bs
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._body()
+        return tuple(t[:bs].clone() for t in self.out[:3])
+
+    _filled = 0
+
+
+def graph_for(stash: Tuple[torch.Tensor, ...], key: tuple, topk: int, num_draft_tokens: int,
+              clf_ids: Sequence[int]) -> SelectionGraph:
+    """The selection graph of stash ``key`` (``(rows, P, W, device)``) at N = ``num_draft_tokens``, captured on first
+    use and again (with the union of classifier ids) when a batch names a classifier it was not captured with."""
+    gkey = (key, num_draft_tokens, topk)
+    g = GRAPHS.get(gkey)
+    if g is None or not set(clf_ids) <= set(g.clf_ids):
+        ids = sorted(set(clf_ids) | set(g.clf_ids if g is not None else ()))
+        g = GRAPHS[gkey] = SelectionGraph(stash, topk, num_draft_tokens, ids)
+    return g
