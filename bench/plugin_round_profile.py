@@ -14,7 +14,7 @@ charges each part the device time of the work it queued (``TREESPEC_PROFILE_SYNC
 runs one engine per selection (``TREESPEC_SELECT``), side by side in one run.
 
     python bench/plugin_round_profile.py --bs 1,4 --out bench/measured/<machine>/plugin_round_profile.json
-    python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --plain --select torch,triton
+    python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --plain --select torch,triton,graph
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import torch
 from tests.helpers import random_batch
 from tests.plugin.pools import MIXED_SPECS, OTHER_CLF, chain_oracle, expected_paths, kept_paths, pool
 from tests.policies import oracles
-from treespec_sglang.plugin.pool import COLUMNS, policy_rows, request_row, select_from_pool, unlink_filler
+from treespec_sglang.plugin.pool import COLUMNS, BatchPlan, policy_rows, request_row, select_from_pool, unlink_filler
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.policies.registry import REGISTRY
 from treespec_sglang.policies.classifier import C2TClassifier
@@ -335,3 +335,21 @@ def test_salf_pops_tied_candidates_in_flat_order():
     _, top, _, keep = select_from_pool(sl, tl, pl, 16, k, [parse_spec({"policy": "salf", "budget": 5, "batch": 5,
                                                                          "th": 0.05})])
     assert sorted(f for f, kp in zip(top[0].tolist(), keep[0, 1:].tolist()) if kp) == [0, 1, 2, 3]
+
+
+def test_row_tables_and_plans_are_kept_per_batch_composition():
+    """A steady batch (the same request objects in the same order) gets its row table and plan back without a
+    walk; another order, other objects of equal value, other shares or another N each get their own, correct."""
+    a, b = parse_spec({"policy": "talon", "budget": 9}), parse_spec({"policy": "salf", "budget": 12, "th": 0.2})
+    rows = policy_rows([a, None, b], "cpu")
+    assert policy_rows([a, None, b], "cpu") is rows
+    assert torch.equal(policy_rows([b, None, a], "cpu"), rows[[2, 1, 0]])
+    twin = parse_spec({"policy": "talon", "budget": 9})
+    assert torch.equal(policy_rows([twin, None, b], "cpu"), rows)
+    shared = policy_rows([a, None, b], "cpu", shares=[True, False, True])
+    assert shared[:, COLUMNS.index("shares")].tolist() == [1.0, 0.0, 1.0]
+    assert rows[:, COLUMNS.index("shares")].tolist() == [0.0, 0.0, 0.0]
+    plan = BatchPlan.of([a, None, b], 8, 3)
+    assert BatchPlan.of([a, None, b], 8, 3) is plan and plan.salf is not None
+    assert BatchPlan.of([a, None], 8, 3).salf is None  # b left the batch
+    assert BatchPlan.of([a, None, b], 8, 3).salf != BatchPlan.of([a, None, b], 16, 3).salf
