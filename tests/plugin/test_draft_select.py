@@ -146,3 +146,25 @@ def test_a_replayed_draft_graph_feeds_the_selection_the_new_pool(monkeypatch, mo
     native = select_from_pool(*fresh, N, K, [None] * 5)[:3]
     ref = select_from_pool(*fresh, N, K, params, native=native)
     assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter on -inf logs
+def test_graph_mode_gives_a_faulty_test_rank_its_own_scores(monkeypatch):
+    """The test-only faulty rank (``ranks.perturbed``) reaches the selection graph: its scores are written into the
+    stash the graph reads, so its own tree is the selection on the reversed scores (which ``agree`` then replaces
+    with rank 0's in a real group)."""
+    from treespec_sglang.plugin import select_graph
+
+    monkeypatch.setenv(draft_select.ENV_SELECT, "graph")
+    monkeypatch.setattr(select_graph, "GRAPHS", {})
+    monkeypatch.setattr(draft_select, "perturbed", lambda lists, group: [-s for s in lists])
+    sl, tl, pl = pools(8, 9)
+    stash_pool(sl, tl, pl)
+    params = [parse_spec(s) if s else None for s in SPECS[:6]]
+    mine = [[t[:6] for t in part] for part in (sl, tl, pl)]
+    native = select_from_pool(*mine, N, K, [None] * 6)[:3]
+    step = DraftStep(params, K)
+    top, toks = select_after_draft(step, 8, native[1], native[2], N, S)
+    ref = select_from_pool([-s for s in mine[0]], mine[1], mine[2], N, K, params, native=native)
+    assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])
+    assert not torch.equal(step.keep, select_from_pool(*mine, N, K, params, native=native)[3])
