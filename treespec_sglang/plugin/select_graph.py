@@ -63,6 +63,7 @@ class SelectionGraph:
         native_row = request_row(None, dev)  # [1, F]
         self.rows_in = native_row.expand(rows, -1).clone()  # [rows, F]; rows past a batch stay native
         self._native_rows = self.rows_in.clone()
+        self._filled = 0  # rows of rows_in the last batch wrote
         self.native_in = torch.zeros(rows, N - 1, dtype=torch.int64, device=dev)  # [rows, N-1]
         self.extra_in = torch.zeros(rows, P, dtype=torch.bool, device=dev)  # [rows, P]
         self._extra_written = 0  # rows of extra_in a custom keep wrote last (zeroed before the next round)
@@ -115,8 +116,6 @@ class SelectionGraph:
         else:
             self._body()
         return tuple(t[:bs].clone() for t in self.out[:3])
-
-    _filled = 0
 
 
 def graph_for(stash: Tuple[torch.Tensor, ...], key: tuple, topk: int, num_draft_tokens: int,
