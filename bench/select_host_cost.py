@@ -7,7 +7,7 @@ out; for ``graph`` (the launch captured per replayed draft shape, :mod:`treespec
 the captured body is stubbed out, leaving what the host does around one ``graph.replay()``; ``torch`` runs the
 torch selection whole (on the CPU its time includes the compute: read its ATen ops as its host cost on a GPU,
 about 5-10 us each). ``--no-batch-cache`` also measures each without the per-composition cache of row tables
-and batch plans (:func:`treespec_sglang.plugin.pool.per_batch`), side by side in the same run.
+and batch plans (:func:`treespec_sglang.plugin.rows.per_batch`), side by side in the same run.
 
     python bench/select_host_cost.py                      # bs 1 / 16 / 64 / 256, topk 8, steps 6, N 48
     python bench/select_host_cost.py --no-batch-cache --json out.json
@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from treespec_sglang.plugin import draft_select, pool, pool_kernels, select_graph  # noqa: E402
+from treespec_sglang.plugin import rows as rows_module  # noqa: E402
 from treespec_sglang.plugin.round import DraftStep  # noqa: E402
 from treespec_sglang.policies import parse_spec  # noqa: E402
 from treespec_sglang.utils.syncs import count_ops  # noqa: E402
@@ -70,7 +71,8 @@ def measure(mode, bs, a, cached):
     if mode == "graph":
         patches.append(mock.patch.object(select_graph.SelectionGraph, "_body", lambda self: None))
     if not cached:
-        patches.append(mock.patch.object(pool, "per_batch", lambda what, params, extra, build: build()))
+        uncached = lambda what, params, extra, build: build()  # noqa: E731
+        patches += [mock.patch.object(pool, "per_batch", uncached), mock.patch.object(rows_module, "per_batch", uncached)]
     for p in patches:
         p.start()
     try:

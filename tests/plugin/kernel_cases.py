@@ -5,16 +5,20 @@ output by output (:func:`run_both`; ``test_pool_kernels``' docstring says what i
 
 from unittest import mock
 
+import pytest
 import torch
 
 from treespec_sglang.plugin import pool as pool_module
+from treespec_sglang.plugin import rows as rows_module
 from treespec_sglang.plugin.pool import COLUMNS, PoolView, policy_rows, select_on_pool
 from treespec_sglang.plugin.pool_rules import level_slices, parent_entropy
 from treespec_sglang.policies.classifier import C2TClassifier, c2t_features
 
 
 CONF_TOL = 1e-5  # |kernel - torch| confidence bound; decisions closer than this to a threshold are float order
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# the CPU (Triton's interpreter) and CUDA (compiled; marked gpu, so `pytest -m gpu` runs them on a GPU machine)
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 SHAPES = [(2, 3, 6), (4, 3, 8), (4, 5, 16), (8, 4, 32)]  # (topk k, steps S, N)
 
 
@@ -97,8 +101,7 @@ STAGES = ["native", "none", "eagle2", "talon", "c2t", "chain", "salf"]
 
 def torch_conf(pool, params, rows):
     """``[bs, P]`` the confidences ``select_on_pool`` computes (C2T Eq. 6-8), None when the batch has none."""
-    ids = sorted({pool_module._clf_id(pool_module._rule_row(p)["clf"]) for p in params
-                  if p is not None and "clf" in pool_module._rule_row(p)})
+    ids = rows_module.classifier_ids(params)
     if not ids:
         return None
     bs, P = pool.scores.shape

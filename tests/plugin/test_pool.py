@@ -182,10 +182,10 @@ def test_selection_reads_nothing_back_and_its_op_count_does_not_grow_with_the_ba
 
 def test_rows_are_built_once_per_parameter_set():
     """A request's parameter row is copied to the device once; later batches reuse it (no list copy)."""
-    from treespec_sglang.plugin import pool as pool_module
+    from treespec_sglang.plugin import rows as rows_module
 
     p = parse_spec({"policy": "talon", "budget": 23, "mu": 0.07})
-    pool_module._ROWS.clear()  # the cache is per process: start from an empty one
+    rows_module._ROWS.clear()  # the cache is per process: start from an empty one
     with count_ops() as first:
         a = request_row(p, "cpu")
         request_row(None, "cpu")

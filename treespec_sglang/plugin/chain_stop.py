@@ -34,7 +34,8 @@ import torch
 
 from ..policies.classifier import c2t_features, entropy_topm
 from ..policies.params import ChainParams, NoneParams
-from .pool import COLUMNS, _Classifiers, _clf_id, classifier_ids, policy_rows
+from .pool import _Classifiers
+from .rows import COLUMNS, _clf_id, classifier_ids, policy_rows
 from .ranks import agree
 
 __all__ = ["ChainStopper", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH", "ChainLoop", "chain_loop",

@@ -44,7 +44,8 @@ import torch
 from ..policies.classifier import C2TClassifier
 from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY
-from .pool import _C, BatchPlan, PoolView, _Classifiers, policy_rows
+from .pool import BatchPlan, PoolView, _Classifiers
+from .rows import _C, policy_rows
 from .pool_rules import salf_pops, static
 
 __all__ = ["select_on_pool_fused", "kernels", "interpreted", "warm_up", "stage_table", "classifier_table", "launch",

@@ -1,0 +1,129 @@
+"""The row table: each request's policy parameters as one float32 row on the device (no sglang import).
+
+A selection reads a batch's policies from a ``[bs, F]`` table (:data:`COLUMNS`), not from Python objects, so
+its ops do not depend on the batch's content: each request's row is built once per distinct parameter set
+(:func:`request_row`) and a batch's table is its rows concatenated (:func:`policy_rows`), kept per batch
+composition (:func:`per_batch`) like the batch's plan (:class:`.pool.BatchPlan`), so a steady batch costs
+the host neither the walk nor the op. The ``kind`` column numbers the registry (:func:`kind_id`), the
+``clf`` column the classifiers in first-seen order (:func:`classifier_ids`), and a policy's other columns
+come from its registration's ``pool_rule.row``.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from ..policies.params import PolicyParams
+from ..policies.registry import REGISTRY, pool_rule_of, registration_of
+
+__all__ = ["COLUMNS", "kind_id", "request_row", "policy_rows", "per_batch", "classifier_ids"]
+
+# the row table: one float32 row per request, these columns
+COLUMNS = ("kind", "budget", "top", "rank_depth", "topk", "log_mu", "th", "batch", "max_depth", "beta", "clf", "shares")
+_C = {name: i for i, name in enumerate(COLUMNS)}
+_BIG = 1 << 20
+
+_CLF_IDS: Dict[object, int] = {}  # classifier spec key -> id (the row's "clf" column)
+_CLF_SPECS: List[object] = []
+_ROWS: Dict[tuple, torch.Tensor] = {}  # (params, shares, device) -> [1, F] row, built once
+
+
+def _clf_id(spec) -> int:
+    key = spec if isinstance(spec, (str, type(None))) else ("module", id(spec))
+    if key not in _CLF_IDS:
+        _CLF_IDS[key] = len(_CLF_SPECS)
+        _CLF_SPECS.append(spec)
+    return _CLF_IDS[key]
+
+
+def kind_id(name: str) -> int:
+    """The row table's ``kind`` of policy ``name``: 0 for SGLang's own selection (``"native"``), else 1 + its
+    place in the registry (the same in every process: the same imports register in the same order)."""
+    return 0 if name == "native" else 1 + list(REGISTRY).index(name)
+
+
+_RULE_ROWS: Dict[PolicyParams, dict] = {}  # params -> its pool rule's row, computed once
+
+
+def _rule_row(p: PolicyParams) -> dict:
+    """The pool rule's entries for ``p`` (``registration_of(p).pool_rule.row``), cached per parameter set."""
+    row = _RULE_ROWS.get(p)
+    if row is None:  # no rule: refused on arrival (plugin.request); a request built by hand fails here, not mid-round
+        row = dict(pool_rule_of(p).row(p))
+        unknown = sorted(set(row) - set(COLUMNS))
+        if unknown:  # checked before caching: every later row of these parameters fails the same way
+            raise ValueError(f"{registration_of(p).name}: pool_rule.row gave unknown columns {unknown}; "
+                             f"allowed: {list(COLUMNS[1:-1])}")
+        if len(_RULE_ROWS) > 4096:
+            _RULE_ROWS.clear()
+        _RULE_ROWS[p] = row
+    return row
+
+
+def _row_values(p: Optional[PolicyParams], shares: bool) -> List[float]:
+    # top: how many of SGLang's best pool nodes the row keeps by rank (native N-1, a policy what its rule
+    # says, 0 by default); rank_depth: the deepest level that ranking may take; None: unbounded
+    v = dict(kind=0.0, budget=float(_BIG), top=float(_BIG), rank_depth=float(_BIG), topk=float(_BIG), log_mu=0.0,
+             th=0.0, batch=1.0, max_depth=float(_BIG), beta=-1.0, clf=-1.0, shares=float(shares))
+    if p is None:
+        return [v[c] for c in COLUMNS]
+    v.update(kind=float(kind_id(registration_of(p).name)), budget=float(p.max_nodes), top=0.0)
+    for col, value in _rule_row(p).items():
+        if col == "clf":  # a classifier spec (None: the default), numbered per process in first-seen order
+            value = _clf_id(value)
+        v[col] = float(_BIG) if value is None else float(value)
+    return [float(v[c]) for c in COLUMNS]
+
+
+def request_row(p: Optional[PolicyParams], device, shares: bool = False) -> torch.Tensor:
+    """A request's ``[1, F]`` float32 parameter row on ``device`` (columns :data:`COLUMNS`).
+
+    Built once per distinct (parameters, shares, device) and cached: a request pays one host->device
+    copy when its parameter set is first seen, none in the rounds after.
+
+    Examples
+    --------
+    >>> from treespec_sglang.policies import parse_spec
+    >>> row = request_row(parse_spec({"policy": "talon", "budget": 9}), "cpu")[0]
+    >>> [row[COLUMNS.index(c)].item() for c in ("kind", "budget", "topk")] == [kind_id("talon"), 9.0, 10.0]
+    True
+    """
+    key = (p, bool(shares), str(torch.device(device)))
+    row = _ROWS.get(key)
+    if row is None:
+        if len(_ROWS) > 4096:
+            _ROWS.clear()
+        row = _ROWS[key] = torch.tensor([_row_values(p, shares)], dtype=torch.float32, device=device)
+    return row
+
+
+_BATCHES: Dict[tuple, tuple] = {}  # (what, ids of the batch's params, ...) -> (the params, kept alive; value)
+
+
+def per_batch(what: str, params: Sequence, extra: tuple, build):
+    """``build()`` once per batch composition: the same parameter objects in the same order (a batch's
+    requests keep theirs while they live, so a steady batch hits every round). Keyed by the objects' ids,
+    which the entry keeps alive (so no id is reused while it is cached); host cost flat in bs (one C-level
+    pass over the ids), where building a row table or a :class:`BatchPlan` walks the batch in Python."""
+    key = (what, tuple(map(id, params)), extra)
+    hit = _BATCHES.get(key)
+    if hit is None:
+        if len(_BATCHES) > 256:  # one entry per composition seen lately: bounded
+            _BATCHES.clear()
+        hit = _BATCHES[key] = (tuple(params), build())
+    return hit[1]
+
+
+def policy_rows(params: Sequence[Optional[PolicyParams]], device, shares: Optional[Sequence[bool]] = None):
+    """``[bs, F]`` row table for a batch: the cached rows concatenated (one op, no host->device copy), kept
+    per batch composition (:func:`per_batch`: a steady batch pays neither the op nor the walk). Read-only."""
+    shares = tuple(shares) if shares is not None else (False,) * len(params)
+    return per_batch("rows", params, (shares, str(torch.device(device))), lambda: torch.cat(
+        [request_row(p, device, s) for p, s in zip(params, shares)]))
+
+
+def classifier_ids(params) -> List[int]:
+    """The ids (the row table's ``clf``) of the classifiers the batch's rows name, ascending."""
+    return sorted({_clf_id(_rule_row(p)["clf"]) for p in params if p is not None and "clf" in _rule_row(p)})
