@@ -67,6 +67,19 @@ def test_overhead_is_what_the_curve_does_not_price(tiny_engine, monkeypatch):
         measure_overheads(tiny_engine, curve, [CHAIN], bs=0)
 
 
+def test_one_stalled_round_does_not_move_the_overhead(tiny_engine, monkeypatch):
+    """Rounds of 60 ms and one of 600 (the machine stalled once): the overhead is the typical round's, 60 ms
+    less what the curve prices, not the mean's 150."""
+    import treespec_sglang.engine.overhead as O
+
+    curve = CostCurve((1, 64), (1.0, 64.0), (1, 16), (2.0, 32.0))
+    real = O.round_times_ms
+    monkeypatch.setattr(O, "round_times_ms", lambda *a: (real(*a)[0], [60.0, 600.0, 60.0, 60.0, 60.0]))
+    ov = measure_overheads(tiny_engine, curve, [CHAIN], widths={"chain": 1.0}, rounds=4)
+    assert ov.step_ms == pytest.approx(60.0 - 1.0)
+    assert ov.round_ms["chain"] == pytest.approx(60.0 - (4 * 1.0 + 3 * 2.0))
+
+
 @pytest.mark.parametrize("curve_bs, want_step, want_round", [
     (1, 60.0 - 2.0, 60.0 - (2 * 4 * 1.0 + 3 * 2 * 2.0)),  # a bs-1 curve: 2 x the tokens and the width
     (2, 60.0 - 1.0, 60.0 - (4 * 1.0 + 3 * 2.0)),  # measured at the batch: one request's tree and width

@@ -10,8 +10,8 @@ share. Left out, that work makes every plan optimistic, and more so for the poli
 random prompt at the batch size being planned, times each round between two of the engine's
 ``progress`` callbacks, and keeps what the curve does not explain::
 
-    round overhead(policy) = mean round ms - (verify_ms(k * mean tree) + delta * draft_ms(k * width))
-    step overhead          = mean plain step ms - verify_ms(k)
+    round overhead(policy) = median round ms - (verify_ms(k * mean tree) + delta * draft_ms(k * width))
+    step overhead          = median plain step ms - verify_ms(k)
 
 with the run's own mean tree per request and draft forwards per round (``width``: the acceptance table's
 mean frontier for that policy and budget) and ``k = CostCurve.scale(bs)``: 1 on a curve measured at the batch,
@@ -23,6 +23,7 @@ rounds first (warm-up). Takes about ``(len(specs) + 1) * rounds`` round times.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence
@@ -61,8 +62,9 @@ def round_times_ms(engine, prompts, spec, max_new_tokens: int):
 
 def measure_overheads(engine, curve, specs: Sequence[dict], widths: Optional[Dict[str, float]] = None, bs: int = 1,
                       rounds: int = 12, prompt_len: int = PREFIX, seed: int = 0) -> Overheads:
-    """Per policy of ``specs`` (policy dicts, one per policy name) and for plain decoding: the mean ms per
-    round beyond what ``curve`` prices (module docstring). ``widths``: policy -> mean frontier per draft step
+    """Per policy of ``specs`` (policy dicts, one per policy name) and for plain decoding: the median ms per
+    round beyond what ``curve`` prices (module docstring; the median, so one round the machine stalled does
+    not move a dozen rounds' figure: a mean once read +48 ms for the chain from one such round). ``widths``: policy -> mean frontier per draft step
     (default 1). Each measurement generates ``rounds`` + 1 tokens on ``bs`` seeded random prompts: the
     prefill's token, then at most ``rounds`` rounds (fewer where the draft is accepted), each one timed. The
     prompts are as long as the curve's context (``PREFIX``), so their forwards cost what the curve says: with
@@ -78,9 +80,12 @@ def measure_overheads(engine, curve, specs: Sequence[dict], widths: Optional[Dic
     def mean(xs):
         return sum(xs) / len(xs) if xs else 0.0
 
+    def median(xs):
+        return statistics.median(xs) if xs else 0.0
+
     engine.generate(prompts[:1], max_new_tokens=2)  # warm-up
     _, plain = round_times_ms(engine, prompts, None, rounds + 1)
-    step = mean(plain) - curve.verify(k)
+    step = median(plain) - curve.verify(k)
     out = {}
     for spec in specs:
         # warm-up at the batch: a policy's first rounds meet new shapes (oneDNN primitives) and first calls
@@ -91,5 +96,5 @@ def measure_overheads(engine, curve, specs: Sequence[dict], widths: Optional[Dic
         tree = mean([s for r in res for s in r.stats.tree_sizes])  # verified tokens per round, per request
         delta = max(r.stats.draft_forwards for r in res) / n
         priced = curve.verify(k * tree) + delta * curve.draft(k * widths.get(spec["policy"], 1.0))
-        out[spec["policy"]] = mean(ts) - priced
+        out[spec["policy"]] = median(ts) - priced
     return Overheads(step, out, bs)
