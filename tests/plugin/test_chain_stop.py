@@ -147,7 +147,7 @@ def test_chain_stop_graph_setting(monkeypatch, raw, on):
     else:
         monkeypatch.setenv(ENV_CHAIN_GRAPH, raw)
     if on is None:
-        with pytest.raises(ValueError, match="TREESPEC_CHAIN_STOP_GRAPH must be one of 1 / 0"):
+        with pytest.raises(ValueError, match="TREESPEC_CHAIN_STOP_GRAPH must be one of 1 / 0 / true / false"):
             chain_graph_enabled()
     else:
         assert chain_graph_enabled() is on

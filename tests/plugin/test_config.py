@@ -49,3 +49,36 @@ def test_policy_modules_are_imported_and_a_missing_one_names_the_variable(monkey
         import_policy_modules()
     monkeypatch.delenv(C.ENV_POLICY_MODULES)
     assert import_policy_modules() == []
+
+
+@pytest.mark.parametrize("raw,want", [(None, "dflt"), ("", "dflt"), ("  ", "dflt"), ("1", True), (" YES", True),
+                                      ("On", True), ("true", True), ("0", False), ("no", False), ("OFF ", False),
+                                      ("False", False), ("Auto", "auto")])
+def test_every_operator_switch_reads_the_same_words(monkeypatch, raw, want):
+    """One parser for the plugin's on/off variables (chain stop graph, ragged verify, profile ops / sync)."""
+    if raw is None:
+        monkeypatch.delenv("TREESPEC_TEST_SWITCH", raising=False)
+    else:
+        monkeypatch.setenv("TREESPEC_TEST_SWITCH", raw)
+    assert C.env_switch("TREESPEC_TEST_SWITCH", "dflt", extra=("auto",)) == want
+
+
+@pytest.mark.parametrize("raw", ["2", "enabled", "auto"])
+def test_any_other_word_is_refused_naming_the_variable_and_the_words(monkeypatch, raw):
+    monkeypatch.setenv("TREESPEC_TEST_SWITCH", raw)
+    with pytest.raises(ValueError, match=r"TREESPEC_TEST_SWITCH must be one of 1 / 0 / true / false / on / off / "
+                                         r"yes / no, got '" + raw + "'"):
+        C.env_switch("TREESPEC_TEST_SWITCH")
+
+
+@pytest.mark.parametrize("var", ["TREESPEC_CHAIN_STOP_GRAPH", "TREESPEC_RAGGED_VERIFY"])
+def test_a_bad_switch_stops_the_server_at_start_on_one_rank_too(monkeypatch, var):
+    """The draft worker's start (the ``init_lm_head`` hook) parses every switch, alone as in a TP group: a bad
+    value stops the start instead of the first round that reads it."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import hooks
+
+    monkeypatch.setenv(var, "sometimes")
+    with pytest.raises(ValueError, match=f"{var} must be one of"):
+        hooks._draft_head(lambda self: None, SimpleNamespace())

@@ -137,7 +137,9 @@ def test_files_per_process_are_summed(tmp_path):
 @pytest.mark.parametrize("env,expect", [({}, None), ({"TREESPEC_PROFILE": "d"}, (False, False)),
                                         ({"TREESPEC_PROFILE": "d", "TREESPEC_PROFILE_OPS": "1",
                                           "TREESPEC_PROFILE_SYNC": "1"}, (True, True)),
-                                        ({"TREESPEC_PROFILE": "d", "TREESPEC_PROFILE_OPS": "0"}, (False, False))])
+                                        ({"TREESPEC_PROFILE": "d", "TREESPEC_PROFILE_OPS": "0"}, (False, False)),
+                                        ({"TREESPEC_PROFILE": "d", "TREESPEC_PROFILE_OPS": "false",
+                                          "TREESPEC_PROFILE_SYNC": " On"}, (False, True))])
 def test_profile_from_env(monkeypatch, tmp_path, env, expect):
     for k in (P.ENV_PROFILE, P.ENV_PROFILE_OPS, P.ENV_PROFILE_SYNC):
         monkeypatch.delenv(k, raising=False)
@@ -191,3 +193,10 @@ def test_sglangs_own_host_reads_inside_a_counted_hook_are_not_the_hooks():
     outer(sglang_round, x)
     assert prof.totals["ts"]["ops"] == {"hook:<lambda>": [0, 0], "hook:nested_hook": [1, 1]}
     assert torch.Tensor.tolist is P._ORIGINAL_READS["tolist"]  # every patch undone
+
+
+def test_a_bad_profile_switch_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv(P.ENV_PROFILE, str(tmp_path / "d"))
+    monkeypatch.setenv(P.ENV_PROFILE_OPS, "2")
+    with pytest.raises(ValueError, match="TREESPEC_PROFILE_OPS must be one of 1 / 0"):
+        P.profile_from_env()

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -34,6 +33,7 @@ import torch
 
 from ..policies.classifier import c2t_features, entropy_topm
 from ..policies.params import ChainParams, NoneParams
+from .config import env_switch
 from .pool import _Classifiers
 from .rows import COLUMNS, _clf_id, classifier_ids, policy_rows
 from .ranks import agree
@@ -42,7 +42,6 @@ __all__ = ["ChainStopper", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAP
            "recording_loop"]
 
 ENV_CHAIN_GRAPH = "TREESPEC_CHAIN_STOP_GRAPH"
-_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 # (rows, S - 1, device) -> (top log-prob [rows, S-1], top-m entropy [rows, S-1]) float32
 _STASH: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -52,11 +51,7 @@ def chain_graph_enabled() -> bool:
     SGLang's draft CUDA graph, so C2T chain rounds replay it; unset / 0: those rounds draft eagerly.
 
     Raises ValueError naming the variable and the allowed values."""
-    raw = os.environ.get(ENV_CHAIN_GRAPH, "")
-    v = raw.strip().lower()
-    if v not in _ON + _OFF:
-        raise ValueError(f"{ENV_CHAIN_GRAPH} must be one of 1 / 0 (or true / false, on / off), got {raw!r}")
-    return v in _ON
+    return env_switch(ENV_CHAIN_GRAPH)
 
 
 @dataclass

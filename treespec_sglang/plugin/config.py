@@ -23,19 +23,49 @@ import functools
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 from ..policies import parse_spec
 from .classifiers import ENV_CLASSIFIERS, load_registry, parse_classifier_flags, resolve_request_classifier
 
 __all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_TOKEN_CAP", "ENV_POLICY_MODULES", "ServerDefaults",
-           "configure", "server_defaults", "draft_algorithm_mismatch", "import_policy_modules"]
+           "configure", "server_defaults", "draft_algorithm_mismatch", "import_policy_modules", "env_switch"]
 
 ENV_POLICY = "TREESPEC_POLICY"
 ENV_CONFIG = "TREESPEC_CONFIG"
 ENV_TOKEN_CAP = "TREESPEC_TOKEN_CAP"
 ENV_POLICY_MODULES = "TREESPEC_POLICY_MODULES"  # the operator's own policy modules, imported in every process
 MAX_TOKEN_CAP = 1024
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def env_switch(name: str, default: Union[bool, str] = False, extra: Sequence[str] = ()) -> Union[bool, str]:
+    """An operator's on/off environment variable, the one parser of them all: unset or blank -> ``default``;
+    1 / true / yes / on -> True; 0 / false / no / off -> False (any case, spaces ignored); a word of ``extra``
+    (e.g. ``auto``) -> that word.
+
+    Raises
+    ------
+    ValueError
+        Any other value, naming the variable and the allowed values (never read as a default).
+
+    Examples
+    --------
+    >>> os.environ["TREESPEC_EXAMPLE"] = " Off "
+    >>> env_switch("TREESPEC_EXAMPLE", True)
+    False
+    >>> del os.environ["TREESPEC_EXAMPLE"]
+    """
+    raw = os.environ.get(name, "")
+    v = raw.strip().lower()
+    if not v:
+        return default
+    if v in extra:
+        return v
+    if v not in _SWITCH:
+        allowed = " / ".join(["1", "0", "true", "false", "on", "off", "yes", "no", *extra])
+        raise ValueError(f"{name} must be one of {allowed}, got {raw!r}")
+    return _SWITCH[v]
 
 
 @dataclass(frozen=True)

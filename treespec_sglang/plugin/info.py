@@ -8,8 +8,6 @@ per-round stats cap and the policies a request may pick.
 
 from __future__ import annotations
 
-import os
-
 __all__ = ["server_info"]
 
 
@@ -28,7 +26,7 @@ def server_info() -> dict:
     from .classifiers import classifier_digests
     from .config import server_defaults
     from .draft_select import selection_mode
-    from .ragged import ENV_RAGGED
+    from .ragged import ragged_setting
     from .stats import max_rounds
 
     d = server_defaults()
@@ -37,7 +35,7 @@ def server_info() -> dict:
         "classifiers": classifier_digests(),
         "default_policy": d.spec,
         "policies": sorted(POLICIES),
-        "ragged_verify": os.environ.get(ENV_RAGGED, "auto").strip().lower() or "auto",
+        "ragged_verify": {True: "on", False: "off"}.get(ragged_setting(), "auto"),
         "selection": selection_mode(),
         "sglang": SGLANG_VERSION,
         "stats_max_rounds": max_rounds(),

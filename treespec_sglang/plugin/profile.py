@@ -34,6 +34,8 @@ import time
 from collections import defaultdict
 from typing import Callable, Dict, Optional
 
+from .config import env_switch
+
 __all__ = ["ENV_PROFILE", "ENV_PROFILE_OPS", "ENV_PROFILE_SYNC", "Profile", "profiled", "read_profile",
            "profile_from_env"]
 
@@ -221,8 +223,7 @@ def profile_from_env() -> Optional[Profile]:
     if not out:
         return None
     os.makedirs(out, exist_ok=True)
-    on = lambda k: os.environ.get(k, "0") not in ("", "0")  # noqa: E731
-    return Profile(out, count=on(ENV_PROFILE_OPS), sync=on(ENV_PROFILE_SYNC))
+    return Profile(out, count=env_switch(ENV_PROFILE_OPS), sync=env_switch(ENV_PROFILE_SYNC))
 
 
 def read_profile(directory: str) -> Dict[str, dict]:

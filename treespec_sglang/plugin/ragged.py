@@ -19,13 +19,13 @@ per verify round, inherent to a ragged batch.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from ..tree import kept_rows, to_grid
+from .config import env_switch
 from .round import current, opened
 
 __all__ = ["RaggedVerify", "plan_ragged", "scatter_rows", "compact_paged_verify_args", "ragged_verify_forward",
@@ -169,7 +169,10 @@ def compact_paged_verify_args(kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
 
 
 # ------------------------------------------------------------------------ hook bodies (plugin.hooks)
-_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+def ragged_setting() -> Union[bool, str]:
+    """``TREESPEC_RAGGED_VERIFY`` (:func:`.config.env_switch`): ``"auto"`` (unset), True or False; a bad value
+    raises ValueError naming the variable (checked at server start, :func:`.server_hooks.check_environment`)."""
+    return env_switch(ENV_RAGGED, "auto", extra=("auto",))
 
 
 def ragged_mode(model_runner) -> Optional[str]:
@@ -178,13 +181,13 @@ def ragged_mode(model_runner) -> Optional[str]:
     ``TREESPEC_RAGGED_VERIFY`` unset / ``auto``: the CPU ``intel_amx`` backend only; ``1``: also SGLang's
     FlashInfer backend (eager for ragged batches; opt-in until it has been measured on a GPU); ``0``: off.
     """
-    env = os.environ.get(ENV_RAGGED, "auto").strip().lower()
-    if env in _OFF:
+    env = ragged_setting()
+    if env is False:
         return None
     names = {c.__name__ for c in type(getattr(model_runner, "attn_backend", None)).__mro__}
     if "IntelAMXAttnBackend" in names:
         return "cpu"
-    if "FlashInferAttnBackend" in names and env in _ON:
+    if "FlashInferAttnBackend" in names and env is True:
         return "flashinfer"
     return None
 

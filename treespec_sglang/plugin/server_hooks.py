@@ -10,11 +10,13 @@ import json
 import logging
 from typing import Dict
 
+from .chain_stop import chain_graph_enabled
 from .config import ServerDefaults, configure, draft_algorithm_mismatch, server_defaults
 from .draft_select import check_selection
 from .classifiers import parse_classifier_flags
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
+from .ragged import ragged_setting
 from .ranks import check_settings_agree, shard_hot_head, verify_group
 from .request import ERROR_KEY, flag_invalid_items, request_params, unsupported_reason, validate_custom_params
 
@@ -68,7 +70,17 @@ def _from_cli_args(result, cls, args, *a, **k):
 _DRAFT_TOPK: Dict[str, int] = {}  # the draft worker's topk in this process (chain mode: 1)
 
 
+def check_environment() -> None:
+    """Every operator switch parsed once at server start (each raises ValueError naming its variable and the
+    allowed values), so a bad value stops the start, not a round: ``TREESPEC_CHAIN_STOP_GRAPH`` and
+    ``TREESPEC_RAGGED_VERIFY`` here, ``TREESPEC_SELECT`` in :func:`.draft_select.check_selection`,
+    ``TREESPEC_PROFILE_OPS`` / ``_SYNC`` where the hooks are registered."""
+    chain_graph_enabled()
+    ragged_setting()
+
+
 def _draft_head(original, self, *args, **kwargs):
+    check_environment()
     # the draft's class must fit the algorithm (an EAGLE-3 head under EAGLE runs and accepts nothing)
     runner = getattr(self, "draft_runner", None)
     algo = getattr(self, "speculative_algorithm", None)
