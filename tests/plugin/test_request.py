@@ -74,3 +74,18 @@ def test_the_draft_class_must_fit_the_algorithm(cls, eagle3, refused, monkeypatc
         with pytest.raises(ValueError, match="--speculative-algorithm EAGLE"):
             hooks._draft_head(lambda self: called.append(self), worker)
         assert called == []
+
+
+def test_a_requests_token_cap_opt_out_is_read_once(monkeypatch):
+    """The draft hook asks every round whether each request shares the token cap: its ``custom_params`` are
+    parsed on the first ask and the answer kept on the request (an opt-out stays an opt-out)."""
+    from treespec_sglang.plugin import server_hooks
+
+    reads = []
+    real = server_hooks.request_shares
+    monkeypatch.setattr(server_hooks, "request_shares", lambda sp: reads.append(sp) or real(sp))
+    out = SimpleNamespace(sampling_params=SimpleNamespace(custom_params={"treespec": {"token_cap": False}}))
+    shared = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=None))
+    for _ in range(3):
+        assert server_hooks._req_shares(out) is False and server_hooks._req_shares(shared) is True
+    assert len(reads) == 2

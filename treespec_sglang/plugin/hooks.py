@@ -41,10 +41,9 @@ from .profile import profile_from_env, profiled
 from .ragged import amx_extend_metadata, amx_forward_metadata, eager_while_ragged, flashinfer_verify_args, \
     ragged_verify_forward
 from .ranks import agree_verify, cpu_parallel_group, verify_group
-from .request import request_shares
 from .round import DraftStep, current, drafting_step, opened
 from .server_hooks import (_add_cli_args, _create_generation_req, _draft_graph_vote, _draft_head,
-                           _from_cli_args, _handle_batch_request, _req_params, _request_level_key,
+                           _from_cli_args, _handle_batch_request, _req_params, _req_shares, _request_level_key,
                            _scheduler_metrics, _server_info, _tokenizer_metrics, _verify_sampling_params,
                            _verify_uses_greedy)
 from .stats import PendingSizes, policy_name, record_round, stream_accept
@@ -76,7 +75,7 @@ def _draft(original, self, batch, *args, **kwargs):
     if not any(p is not None for p in params):
         return original(self, batch, *args, **kwargs)  # native SGLang
     # a request with speculation off ({"policy": "none"}) verifies its root alone and shares nothing
-    shares = [p is not None and not isinstance(p, NoneParams) and request_shares(r.sampling_params)
+    shares = [p is not None and not isinstance(p, NoneParams) and _req_shares(r)
               for r, p in zip(reqs, params)]
     step = DraftStep(params, self.topk, shares, defaults.token_cap)
     if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)

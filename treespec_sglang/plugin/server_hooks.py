@@ -18,7 +18,8 @@ from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .ragged import ragged_setting
 from .ranks import check_settings_agree, shard_hot_head, verify_group
-from .request import ERROR_KEY, flag_invalid_items, request_params, unsupported_reason, validate_custom_params
+from .request import (ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason,
+                      validate_custom_params)
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
@@ -158,6 +159,19 @@ def _req_params(req, defaults: ServerDefaults):
         except AttributeError:  # a slotted request type: recompute next time
             pass
     return p
+
+
+def _req_shares(req) -> bool:
+    """Whether a request shares the batch's token cap (:func:`.request.request_shares`), read from its
+    ``custom_params`` once and cached on the request object (a request's parameters never change)."""
+    s = getattr(req, "_treespec_shares", None)
+    if s is None:
+        s = request_shares(req.sampling_params)
+        try:
+            req._treespec_shares = s
+        except AttributeError:  # a slotted request type: read again next time
+            pass
+    return s
 
 
 def _create_generation_req(req, self, *args, **kwargs):
