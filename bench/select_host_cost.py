@@ -72,7 +72,8 @@ def measure(mode, bs, a, cached):
         patches.append(mock.patch.object(select_graph.SelectionGraph, "_body", lambda self: None))
     if not cached:
         uncached = lambda what, params, extra, build: build()  # noqa: E731
-        patches += [mock.patch.object(pool, "per_batch", uncached), mock.patch.object(rows_module, "per_batch", uncached)]
+        patches += [mock.patch.object(pool, "per_batch", uncached),
+                    mock.patch.object(rows_module, "per_batch", uncached)]
     for p in patches:
         p.start()
     try:
@@ -118,8 +119,8 @@ def main(argv=None):
         for bs in (int(b) for b in a.bs.split(",")):
             for cached in ([True, False] if a.no_batch_cache else [True]):
                 us, ops, reads, copies = measure(mode, bs, a, cached)
-                row = dict(select=mode, bs=bs, batch_cache=cached, launch=a.launch, us=round(us, 1), ops=ops, reads=reads,
-                           copies=copies)
+                row = dict(select=mode, bs=bs, batch_cache=cached, launch=a.launch, us=round(us, 1), ops=ops,
+                           reads=reads, copies=copies)
                 out.append(row)
                 print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     if a.json:

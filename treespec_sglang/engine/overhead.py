@@ -64,11 +64,12 @@ def measure_overheads(engine, curve, specs: Sequence[dict], widths: Optional[Dic
                       rounds: int = 12, prompt_len: int = PREFIX, seed: int = 0) -> Overheads:
     """Per policy of ``specs`` (policy dicts, one per policy name) and for plain decoding: the median ms per
     round beyond what ``curve`` prices (module docstring; the median, so one round the machine stalled does
-    not move a dozen rounds' figure: a mean once read +48 ms for the chain from one such round). ``widths``: policy -> mean frontier per draft step
-    (default 1). Each measurement generates ``rounds`` + 1 tokens on ``bs`` seeded random prompts: the
-    prefill's token, then at most ``rounds`` rounds (fewer where the draft is accepted), each one timed. The
-    prompts are as long as the curve's context (``PREFIX``), so their forwards cost what the curve says: with
-    64-token prompts a bs-8 round ran faster than the curve's forwards and the overheads came out negative."""
+    not move a dozen rounds' figure: a mean once read +48 ms for the chain from one such round).
+    ``widths``: policy -> mean frontier per draft step (default 1). Each measurement generates ``rounds`` + 1
+    tokens on ``bs`` seeded random prompts: the prefill's token, then at most ``rounds`` rounds (fewer where
+    the draft is accepted), each one timed. The prompts are as long as the curve's context (``PREFIX``), so
+    their forwards cost what the curve says: with 64-token prompts a bs-8 round ran faster than the curve's
+    forwards and the overheads came out negative."""
     if bs < 1 or rounds < 1:
         raise ValueError(f"bs and rounds must be >= 1, got bs={bs}, rounds={rounds}")
     k = curve.scale(bs, f"price rounds of batch {bs}")

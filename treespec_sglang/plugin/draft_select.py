@@ -195,6 +195,6 @@ def _select_replayed(step, rows: int, rows_t: torch.Tensor, native_top: torch.Te
     extra = None
     if "custom" in plan.stages:  # the custom rules' own keep, computed on the host as select_on_pool does
         pool = PoolView.from_flat(*(t[:bs] for t in stash), step.topk)
-        extra = plan.custom_keep(pool, rows_t, rows_t[:, COLUMNS.index("budget")].clamp(max=N).long())
+        extra = plan.custom_keep(pool, rows_t, N)
     top, tokens, keep = graph_for(stash, key, step.topk, N, plan.clf_ids).run(rows_t, native_top, extra)
     return top, tokens, keep, scores

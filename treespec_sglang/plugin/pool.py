@@ -153,8 +153,8 @@ class BatchPlan:
     kernel alike): ``stages`` pool stage -> its policies' names (``"native"``: rows without a policy);
     ``clf_ids`` :func:`classifier_ids`; ``mask_depth`` SGLang's ranking is depth-masked for some row (its
     ``rank_depth`` column: SALF with th = 0 never goes below its max_depth; every other row is unbounded, so
-    the mask is a row's own and a batch's other rows never change it); ``salf`` the search's static bounds ``(pops, n_max, b_max)``
-    (:func:`.pool_rules.salf_pops`) when a SALF row has th > 0, else None."""
+    the mask is a row's own and a batch's other rows never change it); ``salf`` the search's static bounds
+    ``(pops, n_max, b_max)`` (:func:`.pool_rules.salf_pops`) when a SALF row has th > 0, else None."""
 
     stages: Dict[str, set]
     clf_ids: List[int]
@@ -184,10 +184,15 @@ class BatchPlan:
                   max(b for _, _, b in salf)) if salf else None
         return cls(stages, classifier_ids(params), mask_depth, bounds)
 
-    def custom_keep(self, pool: "PoolView", rows: torch.Tensor, n_eff: torch.Tensor) -> Optional[torch.Tensor]:
-        """``[bs, P]`` bool: the custom-rule policies' own ``keep``, each on its rows only (None: no such row)."""
+    def custom_keep(self, pool: "PoolView", rows: torch.Tensor, N: int) -> Optional[torch.Tensor]:
+        """``[bs, P]`` bool: the custom-rule policies' own ``keep`` (each given the rows' tree size cap
+        ``min(budget, N)``), each on its rows only (None: no such row)."""
+        names = sorted(self.stages.get("custom", ()))
+        if not names:
+            return None
+        n_eff = rows[:, _C["budget"]].clamp(max=N).long()  # [bs] tree size cap, root included
         out = None
-        for name in sorted(self.stages.get("custom", ())):
+        for name in names:
             part = REGISTRY[name].pool_rule.keep(pool, rows, n_eff) & _rows_of(rows[:, _C["kind"]], {name})[:, None]
             out = part if out is None else out | part
         return out
@@ -264,7 +269,7 @@ def select_on_pool(pool: PoolView, num_draft_token: int, params: Sequence[Option
     if plan.salf is not None:  # the best-first search (th = 0 rows took their exact top-N from the ranking)
         search = cols["th"] > 0  # SALF's column: only rows of the salf stage set it
         keep = keep | salf_keep(pool.val, pool.valid, pool.level, pool.parent, n_eff, cols, search, *plan.salf)
-    custom = plan.custom_keep(pool, rows, n_eff)  # a registered policy's own rule, on its rows only
+    custom = plan.custom_keep(pool, rows, N)  # a registered policy's own rule, on its rows only
     if custom is not None:
         keep = keep | custom
     # pad to exactly N-1 with the best unselected candidates: a prefix of SGLang's ranking, which is

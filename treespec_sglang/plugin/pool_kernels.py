@@ -45,12 +45,11 @@ from ..policies.classifier import C2TClassifier
 from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY
 from .pool import BatchPlan, PoolView, _Classifiers
-from .rows import _C, policy_rows
+from .rows import policy_rows
 from .pool_rules import salf_pops, static
 
 __all__ = ["select_on_pool_fused", "kernels", "interpreted", "warm_up", "stage_table", "classifier_table", "launch",
-           "graph_args", "workspace", "no_classifier",
-           "STAGE_CODES", "FLAGS"]
+           "graph_args", "workspace", "no_classifier", "STAGE_CODES", "FLAGS"]
 
 # the kernel's stage codes (registry.STAGES) and the bits of its per-launch ``flags``
 STAGE_CODES = {"rank": 0, "talon": 1, "c2t": 2, "chain": 3, "salf": 4, "custom": 5}
@@ -222,8 +221,9 @@ def launch(mod, pool: PoolView, rows: torch.Tensor, stages: torch.Tensor, clf: t
     block_p = 1 << (P - 1).bit_length()
     clf_ids, clf_w, hb = clf
     mod.pool_select_kernel[(bs,)](
-        pool.scores.contiguous(), pool.val.contiguous(), pool.parent.contiguous(), pool.tokens.contiguous(), rows, stages, clf_ids, clf_w, native, extra, top, toks,
-        keep, conf_out if conf_out is not None else workf, work, workf,
+        pool.scores.contiguous(), pool.val.contiguous(), pool.parent.contiguous(), pool.tokens.contiguous(), rows,
+        stages, clf_ids, clf_w, native, extra, top, toks, keep, conf_out if conf_out is not None else workf, work,
+        workf,
         stages.numel(), clf_ids.numel(), args["flags"], args["pops"], args["b_max"], args["kth"],
         F=rows.shape[1], K=k, S=S, P=P, N=N, BLOCK_P=block_p, BLOCK_W=1 << (k * k - 1).bit_length(),
         BLOCK_K=1 << (k - 1).bit_length(), BLOCK_N=1 << (N - 1).bit_length(), HB=hb,
@@ -276,7 +276,7 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
         rows = policy_rows(params, dev)
     args = _launch_plan(params, N, S, P)
     plan, flags = args["plan"], args["flags"]
-    custom = plan.custom_keep(pool, rows, rows[:, _C["budget"]].clamp(max=N).long())  # as select_on_pool
+    custom = plan.custom_keep(pool, rows, N)  # as select_on_pool
     if custom is not None:
         extra_keep = custom if extra_keep is None else extra_keep | custom
     top = torch.empty(bs, N - 1, dtype=torch.int64, device=dev)

@@ -5,8 +5,9 @@ With ``TREESPEC_PROFILE=DIR`` each SGLang process registers every hook body wrap
 (:meth:`Profile.timed`): a hook's time excludes the timed calls inside it, and an AROUND hook's ``original``
 (SGLang's own function) is timed as ``sglang:<function>``, so a round's parts add up to the round. A round is
 one ``EAGLEWorkerV2.forward_batch_generation`` call; a decode round's kind is ``"ts"`` when it carried a treespec
-request, else ``"native"``; a call that prefills (or idles) is a ``"prefill"`` (``"idle"``) round of its own. Hooks that run between rounds (arrival, result processing, streaming) are charged to the
-round that follows them. After each round the process rewrites ``DIR/profile-<pid>.json``::
+request, else ``"native"``; a call that prefills (or idles) is a ``"prefill"`` (``"idle"``) round of its own.
+Hooks that run between rounds (arrival, result processing, streaming) are charged to the round that follows
+them. After each round the process rewrites ``DIR/profile-<pid>.json``::
 
     {"ts": {"rounds": 120, "round_s": 3.1, "parts": {"hook:_build_verify_input": [0.21, 120], ...}}, "native": ...}
 

@@ -58,11 +58,10 @@ class SelectionGraph:
         scores, tokens, _ = stash
         rows, P = scores.shape
         dev, N = scores.device, num_draft_tokens
-        self.stash, self.k, self.N, self.clf_ids = stash, topk, N, tuple(clf_ids)
+        self.stash, self.k, self.clf_ids = stash, topk, tuple(clf_ids)
         self.mod = kernels(interpreted(dev))
-        native_row = request_row(None, dev)  # [1, F]
-        self.rows_in = native_row.expand(rows, -1).clone()  # [rows, F]; rows past a batch stay native
-        self._native_rows = self.rows_in.clone()
+        self._native_row = request_row(None, dev)  # [1, F]
+        self.rows_in = self._native_row.expand(rows, -1).clone()  # [rows, F]; rows past a batch stay native
         self._filled = 0  # rows of rows_in the last batch wrote
         self.native_in = torch.zeros(rows, N - 1, dtype=torch.int64, device=dev)  # [rows, N-1]
         self.extra_in = torch.zeros(rows, P, dtype=torch.bool, device=dev)  # [rows, P]
@@ -102,7 +101,7 @@ class SelectionGraph:
         bs = rows.shape[0]
         self.rows_in[:bs].copy_(rows)
         if bs < self._filled:  # rows a bigger batch wrote last: native again (their pool rows are padding)
-            self.rows_in[bs:self._filled].copy_(self._native_rows[bs:self._filled])
+            self.rows_in[bs:self._filled].copy_(self._native_row)  # [1, F] broadcast
         self._filled = bs
         self.native_in[:bs].copy_(native_top)
         if self._extra_written:
