@@ -32,10 +32,11 @@ def stash_of(pool, rows):
 
 def batch(k, S, N, n, seed, kind="random", device="cpu"):
     rng = random.Random(seed)
-    stages = (STAGES * 2)[:n] if n >= len(STAGES) else rng.choices(STAGES, k=n)
+    stages = (STAGES * (n // len(STAGES) + 1))[:n] if n >= len(STAGES) else rng.choices(STAGES, k=n)
     rng.shuffle(stages)
     pool = make_pool(k, S, n, seed=rng.randint(0, 10 ** 6), kind=kind, device=device)
     params = [None if s is None else parse_spec(s) for s in (random_spec(st, rng, k, S, N) for st in stages)]
+    assert len(params) == n == pool.scores.shape[0], (len(params), n)
     return pool, params
 
 

@@ -132,7 +132,8 @@ def _trees_and_pass_on(engine, dev):
     head = copy.deepcopy(engine.draft)
     with torch.no_grad():
         want = talf_forward(head, *args)
-        out = talf_forward(copy.deepcopy(head).to(dev), *(a.to(dev) for a in args))
+        # the head shares the target's embedding (attached, not a submodule): .to() leaves it, so attach the moved one
+        out = talf_forward(copy.deepcopy(head).to(dev).attach(moved.model.embed_tokens), *(a.to(dev) for a in args))
     assert out[2].shape[2] == 3 and out[0].device.type == torch.device(dev).type  # 3 levels below the root
     for a, b in zip(want, out):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-4)
