@@ -1,7 +1,9 @@
 """Shared by the pool's tests: SGLang-shaped draft pools over a seeded path draft, what a selection keeps,
-a mixed batch of policy specs, and each request's tree from the plain-Python oracles."""
+a mixed batch of policy specs, each request's tree from the plain-Python oracles, and SGLang's verify chains
+with a kept set (random sibling orders) beside the plain-loop unlink."""
 
 import math
+import random
 
 import torch
 
@@ -94,3 +96,45 @@ def expected_paths(p, beam, root, N, scores, flat_paths):
     else:
         return chain_oracle(beam, root, min(p.length, N - 1), p.beta, load_classifier(p.classifier))
     return {t.path(i) for i in range(len(t.tok))}
+
+
+def unlink_oracle(next_token, next_sibling, keep):
+    """Plain loops: a kept node's first kept child / next kept sibling along the original chains, -1 for
+    fillers and where no kept node follows."""
+    nt, ns, kp = next_token.tolist(), next_sibling.tolist(), keep.tolist()
+    out_t, out_s = [], []
+    for b in range(len(kp)):
+        def first_kept(x):
+            while x >= 0 and not kp[b][x]:
+                x = ns[b][x]
+            return x if x >= 0 else -1
+        out_t.append([first_kept(nt[b][u]) if kp[b][u] else -1 for u in range(len(kp[b]))])
+        out_s.append([first_kept(ns[b][u]) if kp[b][u] else -1 for u in range(len(kp[b]))])
+    return out_t, out_s
+
+
+def random_chains(rng: random.Random, bs: int, N: int):
+    """``(next_token, next_sibling, keep)``, each ``[bs, N]`` (int64, int64, bool): per row a random tree on N nodes
+    (node 0 the root, every other node's parent a lower node), each node's children linked in a random order
+    (not by index, so the first kept sibling can sit anywhere on a chain), and a kept set closed under ancestors
+    that holds the root, drops about half the other nodes and keeps at least one node more where N > 2."""
+    nt = torch.full((bs, N), -1, dtype=torch.long)
+    ns = torch.full((bs, N), -1, dtype=torch.long)
+    keep = torch.zeros(bs, N, dtype=torch.bool)
+    for b in range(bs):
+        parent = [-1] + [rng.randrange(i) for i in range(1, N)]
+        kids = [[] for _ in range(N)]
+        for i in range(1, N):
+            kids[parent[i]].append(i)
+        for u in range(N):
+            rng.shuffle(kids[u])
+            if kids[u]:
+                nt[b, u] = kids[u][0]
+            for a, c in zip(kids[u], kids[u][1:]):
+                ns[b, a] = c
+        keep[b, 0] = True
+        for i in range(1, N):
+            keep[b, i] = bool(keep[b, parent[i]]) and rng.random() < 0.5
+        if N > 2 and not keep[b, 1:].any():
+            keep[b, kids[0][-1]] = True  # a kept child at the end of the root's chain: the jump crosses fillers
+    return nt, ns, keep

@@ -37,7 +37,7 @@ def test_the_stash_holds_what_the_draft_loop_built_and_a_padded_batch_reads_its_
 
 @pytest.mark.parametrize("mode", [None, "auto", "triton", "graph"])
 def test_selection_after_the_draft_equals_the_selection_on_the_pool_lists(monkeypatch, mode):
-    """Whichever selection ``TREESPEC_SELECT`` picks (unset: torch; auto: torch on the CPU; triton: the fused
+    """Whichever selection ``TREESPEC_SELECT`` picks (unset: auto; auto: torch on the CPU; triton: the fused
     kernel, here in Triton's interpreter; graph: the kernel launched, as after any eager draft), the trees are
     the torch selection's on the pool lists."""
     if mode is None:
@@ -83,16 +83,20 @@ def test_graph_mode_after_a_replayed_draft_runs_one_selection_graph_per_draft_sh
     assert len(made) == 1 and len(select_graph.GRAPHS) == 1  # captured once (the c2t row's classifier in it)
 
 
-@pytest.mark.parametrize("env,device,want", [(None, "cuda", "select_on_pool"), ("", "cuda", "select_on_pool"),
-                                             ("auto", "cpu", "select_on_pool"), (" AUTO", "cuda", "select_on_pool_fused"),
-                                             (" Torch ", "cuda", "select_on_pool"),
-                                             ("triton", "cpu", "select_on_pool_fused")])
-def test_the_selection_follows_treespec_select(monkeypatch, env, device, want):
+@pytest.mark.parametrize("env,device,want,replayed", [
+    (None, "cuda", "select_on_pool_fused", True), ("", "cuda", "select_on_pool_fused", True),
+    (None, "cpu", "select_on_pool", False), ("", "cpu", "select_on_pool", False),
+    ("auto", "cpu", "select_on_pool", False), (" AUTO", "cuda", "select_on_pool_fused", True),
+    (" Torch ", "cuda", "select_on_pool", False), ("triton", "cpu", "select_on_pool_fused", False),
+    ("triton", "cuda", "select_on_pool_fused", False), ("graph", "cpu", "select_on_pool_fused", True)])
+def test_the_selection_follows_treespec_select(monkeypatch, env, device, want, replayed):
+    """Unset is ``auto``: the kernel on CUDA, replayed after a replayed draft (as ``graph``); torch elsewhere."""
     if env is None:
         monkeypatch.delenv(draft_select.ENV_SELECT, raising=False)
     else:
         monkeypatch.setenv(draft_select.ENV_SELECT, env)
     assert draft_select.selection(torch.device(device)).__name__ == want
+    assert draft_select.replays_selection(torch.device(device)) is replayed
 
 
 def test_a_bad_or_unloadable_selection_is_refused_at_start(monkeypatch):

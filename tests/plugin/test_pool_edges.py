@@ -9,28 +9,13 @@ import pytest
 import torch
 
 from tests.helpers import random_batch
-from tests.plugin.pools import MIXED_SPECS, OTHER_CLF, chain_oracle, expected_paths, kept_paths, pool
+from tests.plugin.pools import MIXED_SPECS, OTHER_CLF, chain_oracle, expected_paths, kept_paths, pool, unlink_oracle
 from tests.policies import oracles
 from treespec_sglang.plugin.pool import COLUMNS, BatchPlan, policy_rows, request_row, select_from_pool, unlink_filler
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.policies.registry import REGISTRY
 from treespec_sglang.policies.classifier import C2TClassifier
 from treespec_sglang.tree import sglang_retrive
-
-def unlink_oracle(next_token, next_sibling, keep):
-    """Plain loops: a kept node's first kept child / next kept sibling along the original chains, -1 for
-    fillers and where no kept node follows."""
-    nt, ns, kp = next_token.tolist(), next_sibling.tolist(), keep.tolist()
-    out_t, out_s = [], []
-    for b in range(len(kp)):
-        def first_kept(x):
-            while x >= 0 and not kp[b][x]:
-                x = ns[b][x]
-            return x if x >= 0 else -1
-        out_t.append([first_kept(nt[b][u]) if kp[b][u] else -1 for u in range(len(kp[b]))])
-        out_s.append([first_kept(ns[b][u]) if kp[b][u] else -1 for u in range(len(kp[b]))])
-    return out_t, out_s
-
 
 @pytest.mark.parametrize("seed", range(4))
 def test_unlink_filler_equals_its_oracle_entry_by_entry(seed):

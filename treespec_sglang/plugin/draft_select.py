@@ -13,9 +13,11 @@ place of SGLang's ``top_scores_index`` / ``draft_tokens``. One code path on the 
 
 The selection itself is the torch implementation (:func:`~.pool.select_on_pool`) or the same selection as one
 fused Triton launch (:func:`~.pool_kernels.select_on_pool_fused`), per ``TREESPEC_SELECT``
-(:func:`selection_mode`): ``torch`` (the default until the kernel has been run and timed on a GPU), ``auto``
-(the kernel on CUDA, torch elsewhere), ``triton``, or ``graph``: the kernel, and after a replayed draft its
-launch replayed as a CUDA graph of the draft's shape (:mod:`.select_graph`; an eager draft launches it).
+(:func:`selection_mode`): ``auto`` (the default: on CUDA the kernel, replayed as a CUDA graph after a replayed
+draft as ``graph`` does; torch elsewhere), ``torch``, ``triton`` (the kernel, launched), or ``graph``: the kernel,
+and after a replayed draft its launch replayed as a CUDA graph of the draft's shape (:mod:`.select_graph`; an eager
+draft launches it). Whichever selection runs, :func:`unlink` then takes the filler out of SGLang's verify chains
+with the same choice: the fused kernel's one launch where the selection is the kernel, torch elsewhere.
 
 Example: a graph captured for 8 rows replays a batch of 5 (SGLang pads to its bucket): the stash of
 shape (8, P, W) holds 8 rows after the replay and the selection reads its first 5.
@@ -28,13 +30,13 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from .pool import BatchPlan, PoolView, policy_rows, select_on_pool, share_token_cap, COLUMNS
-from .pool_kernels import select_on_pool_fused, warm_up
+from .pool import BatchPlan, PoolView, policy_rows, select_on_pool, share_token_cap, unlink_filler, COLUMNS
+from .pool_kernels import select_on_pool_fused, unlink_filler_fused, warm_up
 from .select_graph import graph_for
 from .ranks import agree, perturbed, record_digest, verify_group
 
 __all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing", "ENV_SELECT", "selection_mode",
-           "selection", "check_selection"]
+           "selection", "check_selection", "replays_selection", "unlink"]
 
 ENV_SELECT = "TREESPEC_SELECT"
 SELECT_MODES = ("torch", "auto", "triton", "graph")
@@ -52,7 +54,7 @@ def capturing(t: Optional[torch.Tensor] = None) -> bool:
 
 
 def selection_mode() -> str:
-    """``TREESPEC_SELECT`` (the operator's environment): ``torch`` (unset), ``auto``, ``triton`` or ``graph``.
+    """``TREESPEC_SELECT`` (the operator's environment): ``auto`` (unset), ``torch``, ``triton`` or ``graph``.
 
     Raises
     ------
@@ -60,7 +62,7 @@ def selection_mode() -> str:
         Naming the variable and the allowed values.
     """
     raw = os.environ.get(ENV_SELECT, "")
-    mode = raw.strip().lower() or "torch"
+    mode = raw.strip().lower() or "auto"
     if mode not in SELECT_MODES:
         raise ValueError(f"{ENV_SELECT} must be one of {list(SELECT_MODES)}, got {raw!r}")
     return mode
@@ -75,6 +77,33 @@ def selection(device) -> Callable:
     if mode == "torch" or (mode == "auto" and torch.device(device).type != "cuda"):
         return select_on_pool
     return select_on_pool_fused
+
+
+def replays_selection(device) -> bool:
+    """Whether the selection after a *replayed* draft on ``device`` is replayed too (:mod:`.select_graph`):
+    ``graph``, or ``auto`` on CUDA."""
+    mode = selection_mode()
+    return mode == "graph" or (mode == "auto" and torch.device(device).type == "cuda")
+
+
+def unlink(next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Tensor) -> None:
+    """Take the filler (nodes outside ``keep``) out of SGLang's verify chains, in place.
+
+    Parameters
+    ----------
+    next_token, next_sibling : ``[bs, N]`` int64, ``build_eagle_verify_input``'s ``retrieve_next_token`` /
+        ``retrieve_next_sibling`` (rewritten in place)
+    keep : ``[bs, N]`` bool, the round's kept nodes in verify order (closed under ancestors)
+
+    The fused kernel (:func:`~.pool_kernels.unlink_filler_fused`, one launch) where :func:`selection` is the
+    kernel, else :func:`~.pool.unlink_filler` and two copies (about 20 ATen ops at N 8).
+    """
+    if selection(keep.device) is select_on_pool_fused:
+        unlink_filler_fused(next_token, next_sibling, keep.contiguous())
+        return
+    nt, ns = unlink_filler(next_token, next_sibling, keep)
+    next_token.copy_(nt)
+    next_sibling.copy_(ns)
 
 
 def check_selection(device, topk: int, steps: int, num_draft_tokens: int) -> str:
@@ -162,7 +191,7 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
     bs, dev = native_top.shape[0], native_top.device
     group = verify_group()
     rows_t = policy_rows(step.params, dev, step.shares)  # cached per batch composition: no op, no list copy
-    if rows is not None and selection_mode() == "graph":  # a replayed draft: replay the selection's graph too
+    if rows is not None and replays_selection(dev):  # a replayed draft: replay the selection's graph too
         top, tokens, keep, scores = _select_replayed(step, rows, rows_t, native_top, num_draft_tokens, steps, group)
     else:
         scores, tokens, parent_list = _stashed(rows or bs, bs, step.topk, steps, dev)

@@ -34,9 +34,8 @@ from typing import Callable, Dict, List
 from ..policies.params import NoneParams
 from .chain_stop import ChainStopper, chain_graph_enabled, chain_loop, record_step, recording_loop
 from .config import server_defaults
-from .draft_select import capturing, select_after_draft, stash_pool
+from .draft_select import capturing, select_after_draft, stash_pool, unlink
 from .graph_log import register_counting
-from .pool import unlink_filler
 from .profile import profile_from_env, profiled
 from .ragged import amx_extend_metadata, amx_forward_metadata, eager_while_ragged, flashinfer_verify_args, \
     ragged_verify_forward
@@ -150,9 +149,7 @@ def _verify_input(result, *args, **kwargs):
         step.keep = step.chain.keep_mask(result.retrieve_next_token.shape[-1], verify_group())
     if step is None or step.keep is None:
         return result
-    nt, ns = unlink_filler(result.retrieve_next_token, result.retrieve_next_sibling, step.keep)
-    result.retrieve_next_token.copy_(nt)
-    result.retrieve_next_sibling.copy_(ns)
+    unlink(result.retrieve_next_token, result.retrieve_next_sibling, step.keep)
     return result  # the round keeps step.keep: the verify forward may run the kept nodes only
 
 

@@ -49,7 +49,7 @@ from .rows import policy_rows
 from .pool_rules import salf_pops, static
 
 __all__ = ["select_on_pool_fused", "kernels", "interpreted", "warm_up", "stage_table", "classifier_table", "launch",
-           "graph_args", "workspace", "no_classifier", "STAGE_CODES", "FLAGS"]
+           "graph_args", "workspace", "no_classifier", "unlink_filler_fused", "STAGE_CODES", "FLAGS"]
 
 # the kernel's stage codes (registry.STAGES) and the bits of its per-launch ``flags``
 STAGE_CODES = {"rank": 0, "talon": 1, "c2t": 2, "chain": 3, "salf": 4, "custom": 5}
@@ -295,3 +295,28 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
     launch(mod, pool, rows.contiguous(), stages, clf, nat, extra, (top, toks, keep) + workspace(mod, bs, P, dev),
            dict(args, flags=flags), conf_out)
     return pool.parent_list, top, toks, keep
+
+
+def unlink_filler_fused(next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Tensor) -> None:
+    """:func:`.pool.unlink_filler` in place, one launch (a program per row): ``next_token`` / ``next_sibling``
+    ``[bs, N]`` int64 (SGLang's ``retrieve_next_token`` / ``retrieve_next_sibling``), ``keep`` ``[bs, N]`` bool,
+    all contiguous on one device. Nothing is read back.
+
+    Raises
+    ------
+    ValueError
+        Naming the tensor whose shape, dtype, device or layout the kernel cannot take (as strict as the launch).
+    """
+    bs, N = keep.shape
+    for name, t, dtype in (("next_token", next_token, torch.int64), ("next_sibling", next_sibling, torch.int64),
+                           ("keep", keep, torch.bool)):
+        if t.shape != keep.shape or t.dtype != dtype or t.device != keep.device or not t.is_contiguous():
+            raise ValueError(f"unlink_filler_fused: {name} must be a contiguous [{bs}, {N}] {dtype} tensor on "
+                             f"{keep.device}, got {tuple(t.shape)} {t.dtype} on {t.device} "
+                             f"(contiguous: {t.is_contiguous()})")
+    if bs == 0:
+        return
+    block_n = 1 << max(N - 1, 1).bit_length()
+    work = torch.empty(bs, block_n, dtype=torch.int64, device=keep.device)
+    kernels(interpreted(keep.device)).unlink_kernel[(bs,)](next_token, next_sibling, keep, work, N, BLOCK_N=block_n,
+                                                             ROUNDS=max(N, 2).bit_length())

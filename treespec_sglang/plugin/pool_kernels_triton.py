@@ -347,3 +347,33 @@ def pool_select_kernel(scores_ptr, val_ptr, parent_ptr, tokens_ptr, rows_ptr, st
         tl.store(tok_row + pos, tl.load(tokens_row + offs, mask=inp), mask=out)
         tl.store(keep_row + 1 + pos, keep, mask=out)
         tl.store(keep_row + lane_n, lane_n >= 0, mask=lane_n == 0)  # the root
+
+
+@jit
+def unlink_kernel(next_token_ptr, next_sibling_ptr, keep_ptr, work_ptr, N, BLOCK_N: tl.constexpr,
+                  ROUNDS: tl.constexpr):
+    """:func:`treespec_sglang.plugin.pool.unlink_filler` in place for row ``program_id``: ``next_token`` /
+    ``next_sibling`` ``[bs, N]`` int64 and ``keep`` ``[bs, N]`` bool, contiguous; ``work`` ``[bs, BLOCK_N]`` int64
+    scratch. J[x], the first kept node on x's sibling chain from x, by ``ROUNDS`` rounds of pointer jumping
+    through the scratch row (a barrier between every store and the loads that follow), then each kept node's
+    first child and next sibling skip to their J, every filler's links become -1."""
+    b = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_N)
+    m = offs < N
+    keep = (tl.load(keep_ptr + b * N + offs, mask=m, other=0) != 0) & m
+    nt = tl.load(next_token_ptr + b * N + offs, mask=m, other=-1)
+    ns = tl.load(next_sibling_ptr + b * N + offs, mask=m, other=-1)
+    work = work_ptr + b * BLOCK_N
+    jump = tl.where(keep, offs.to(tl.int64), ns)
+    for _ in tl.static_range(ROUNDS):
+        tl.store(work + offs, jump, mask=m)
+        tl.debug_barrier()
+        nxt = tl.load(work + tl.maximum(jump, 0), mask=m & (jump >= 0), other=-1)
+        tl.debug_barrier()
+        jump = tl.where(jump >= 0, nxt, jump)
+    tl.store(work + offs, jump, mask=m)
+    tl.debug_barrier()
+    child = tl.load(work + tl.maximum(nt, 0), mask=m & (nt >= 0), other=-1)
+    sibling = tl.load(work + tl.maximum(ns, 0), mask=m & (ns >= 0), other=-1)
+    tl.store(next_token_ptr + b * N + offs, tl.where(keep, child, -1), mask=m)
+    tl.store(next_sibling_ptr + b * N + offs, tl.where(keep, sibling, -1), mask=m)

@@ -1,0 +1,92 @@
+"""The filler unlink as one Triton launch (``pool_kernels.unlink_filler_fused``) against plain loops and the torch
+``unlink_filler``, entry by entry; its strictness; and :func:`draft_select.unlink`, which picks it with the selection.
+
+CPU tensors run the kernel in Triton's interpreter (as the selection kernel's tests do); ``cuda`` cases are marked
+``gpu`` and run it compiled."""
+
+import random
+
+import pytest
+import torch
+
+from tests.plugin.kernel_cases import DEVICES
+from tests.plugin.pools import random_chains, unlink_oracle
+from treespec_sglang.plugin import draft_select, pool_kernels
+from treespec_sglang.plugin.pool import unlink_filler
+
+pytest.importorskip("triton")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N,bs", [(1, 2), (2, 3), (8, 5), (17, 4), (64, 3)])
+def test_the_kernel_equals_plain_loops_and_the_torch_unlink(device, N, bs):
+    """Random trees with random sibling orders and kept sets: every entry of both chains, in place."""
+    for seed in range(3):
+        nt, ns, keep = random_chains(random.Random(1000 * N + seed), bs, N)
+        want_t, want_s = unlink_oracle(nt, ns, keep)
+        ref = unlink_filler(nt, ns, keep)
+        got_t, got_s, k = nt.to(device), ns.to(device), keep.to(device)
+        pool_kernels.unlink_filler_fused(got_t, got_s, k)
+        assert got_t.cpu().tolist() == want_t and got_s.cpu().tolist() == want_s, (N, seed)
+        assert torch.equal(got_t.cpu(), ref[0]) and torch.equal(got_s.cpu(), ref[1])
+        assert torch.equal(k.cpu(), keep)  # keep is read only
+    if N > 2:  # the cases reach fillers and chain ends
+        assert (~keep).any() and (got_t == -1).any() and (got_s == -1).any()
+
+
+def test_rows_of_sglangs_retrieve_buffer_are_taken_in_place():
+    """SGLang hands ``retrieve_next_token`` / ``retrieve_next_sibling`` as rows 1 and 2 of one ``[3, bs, N]``
+    buffer: contiguous views at an offset; the kernel writes them and leaves row 0 (``retrieve_index``) alone."""
+    nt, ns, keep = random_chains(random.Random(7), 4, 12)
+    buf = torch.stack([torch.arange(48).view(4, 12), nt, ns])
+    pool_kernels.unlink_filler_fused(buf[1], buf[2], keep)
+    want_t, want_s = unlink_oracle(nt, ns, keep)
+    assert buf[1].tolist() == want_t and buf[2].tolist() == want_s
+    assert torch.equal(buf[0], torch.arange(48).view(4, 12))
+
+
+@pytest.mark.parametrize("case,field", [
+    (lambda nt, ns, k: (nt.t().contiguous().t(), ns, k), "next_token"),  # strided as a column slice
+    (lambda nt, ns, k: (nt, ns.to(torch.int32), k), "next_sibling"),
+    (lambda nt, ns, k: (nt, ns, k.to(torch.uint8)), "keep"),
+    (lambda nt, ns, k: (nt[:, :4].contiguous(), ns, k), "next_token"),
+])
+def test_what_the_kernel_cannot_take_is_refused_naming_the_tensor(case, field):
+    nt, ns, keep = random_chains(random.Random(3), 3, 6)
+    before = (nt.clone(), ns.clone())
+    with pytest.raises(ValueError, match=f"unlink_filler_fused: {field} must be a contiguous"):
+        pool_kernels.unlink_filler_fused(*case(nt, ns, keep))
+    assert torch.equal(nt, before[0]) and torch.equal(ns, before[1])  # nothing written
+
+
+@pytest.mark.parametrize("mode,fused", [("torch", False), ("auto", False), ("triton", True), ("graph", True)])
+def test_the_hook_unlinks_with_the_selection_of_the_mode(monkeypatch, mode, fused):
+    """``draft_select.unlink`` (what the verify-input hook calls): the kernel where the selection is the kernel
+    (here on the CPU: ``triton`` and ``graph``; ``auto`` is torch off CUDA), the torch unlink elsewhere; the
+    chains end the same either way, rewritten in the tensors SGLang handed over."""
+    monkeypatch.setenv(draft_select.ENV_SELECT, mode)
+    calls = []
+    real = draft_select.unlink_filler_fused
+    monkeypatch.setattr(draft_select, "unlink_filler_fused", lambda *a: calls.append(1) or real(*a))
+    nt, ns, keep = random_chains(random.Random(11), 5, 9)
+    want_t, want_s = unlink_oracle(nt, ns, keep)
+    draft_select.unlink(nt, ns, keep)
+    assert nt.tolist() == want_t and ns.tolist() == want_s
+    assert bool(calls) == fused
+
+
+def test_the_kernel_compiles_for_an_h100():
+    """The compiled path: the unlink kernel compiles to sm_90 machine code (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.language.standard import _sum_combine
+    from triton.runtime.jit import JITFunction
+
+    pytest.importorskip("triton.backends.nvidia")
+    if not isinstance(_sum_combine, JITFunction):
+        pytest.skip("triton was imported with TRITON_INTERPRET=1: nothing compiles in this process")
+    sig = {"next_token_ptr": "*i64", "next_sibling_ptr": "*i64", "keep_ptr": "*i1", "work_ptr": "*i64", "N": "i32",
+           "BLOCK_N": "constexpr", "ROUNDS": "constexpr"}
+    src = ASTSource(pool_kernels.kernels(False).unlink_kernel, signature=sig, constexprs={"BLOCK_N": 64, "ROUNDS": 7})
+    assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
