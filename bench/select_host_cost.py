@@ -7,7 +7,10 @@ out; for ``graph`` (the launch captured per replayed draft shape, :mod:`treespec
 the captured body is stubbed out, leaving what the host does around one ``graph.replay()``; ``torch`` runs the
 torch selection whole (on the CPU its time includes the compute: read its ATen ops as its host cost on a GPU,
 about 5-10 us each). ``--no-batch-cache`` also measures each without the per-composition cache of row tables
-and batch plans (:func:`treespec_sglang.plugin.rows.per_batch`), side by side in the same run.
+and batch plans (:func:`treespec_sglang.plugin.rows.per_batch`), side by side in the same run. ``--unlink`` adds
+what the verify-input hook does next, taking the padding out of SGLang's ``[bs, N]`` verify chains
+(:func:`treespec_sglang.plugin.draft_select.unlink`: the fused kernel's launch, stubbed like the selection's, or
+the torch unlink and its two copies).
 
     python bench/select_host_cost.py                      # bs 1 / 16 / 64 / 256, topk 8, steps 6, N 48
     python bench/select_host_cost.py --no-batch-cache --json out.json
@@ -70,6 +73,9 @@ def measure(mode, bs, a, cached):
         patches.append(mock.patch.object(pool_kernels, "launch", lambda *x, **y: None))
     if mode == "graph" and not a.launch:
         patches.append(mock.patch.object(select_graph.SelectionGraph, "_body", lambda self: None))
+    if mode in ("triton", "graph") and not a.launch:
+        patches.append(mock.patch.object(pool_kernels, "launch_unlink", lambda *x, **y: None))
+    chains = [torch.full((bs, N), -1, dtype=torch.long, device=a.device) for _ in range(2)]  # [bs, N] each
     if not cached:
         uncached = lambda what, params, extra, build: build()  # noqa: E731
         patches += [mock.patch.object(pool, "per_batch", uncached),
@@ -80,6 +86,8 @@ def measure(mode, bs, a, cached):
         def once():
             step = DraftStep(params, k)
             draft_select.select_after_draft(step, rows, native[1], native[2], N, S)
+            if a.unlink:
+                draft_select.unlink(*chains, step.keep)
 
         once()  # builds the rows, tables, the graph
         with count_ops() as c:
@@ -109,17 +117,19 @@ def main(argv=None):
     ap.add_argument("--launch", action="store_true", help="launch the kernel / replay the graph for real (CUDA: "
                     "each call synchronised, so host and device time; on the CPU the interpreter's time)")
     ap.add_argument("--no-batch-cache", action="store_true", help="also measure without the per-composition cache")
+    ap.add_argument("--unlink", action="store_true", help="also the filler unlink that follows in the same hook")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     machine = f"{platform.processor() or platform.machine()}, torch {torch.__version__}, device {a.device}"
-    print(f"# select_after_draft host cost, topk {a.topk}, steps {a.steps}, N {a.N}; {machine}")
+    what = "select_after_draft + unlink" if a.unlink else "select_after_draft"
+    print(f"# {what} host cost, topk {a.topk}, steps {a.steps}, N {a.N}; {machine}")
     out = []
     for mode in a.select.split(","):
         for bs in (int(b) for b in a.bs.split(",")):
             for cached in ([True, False] if a.no_batch_cache else [True]):
                 us, ops, reads, copies = measure(mode, bs, a, cached)
-                row = dict(select=mode, bs=bs, batch_cache=cached, launch=a.launch, us=round(us, 1), ops=ops,
+                row = dict(select=mode, bs=bs, batch_cache=cached, launch=a.launch, unlink=a.unlink, us=round(us, 1), ops=ops,
                            reads=reads, copies=copies)
                 out.append(row)
                 print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)

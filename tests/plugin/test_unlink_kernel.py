@@ -90,3 +90,34 @@ def test_the_kernel_compiles_for_an_h100():
            "BLOCK_N": "constexpr", "ROUNDS": "constexpr"}
     src = ASTSource(pool_kernels.kernels(False).unlink_kernel, signature=sig, constexprs={"BLOCK_N": 64, "ROUNDS": 7})
     assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+
+
+@pytest.mark.parametrize("N", [1, 2, 8, 33])
+def test_the_start_check_passes_on_a_sound_kernel_and_stops_a_wrong_one(monkeypatch, N):
+    """``check_unlink`` (run by ``check_selection`` at server start wherever the kernel will unlink): silent
+    when the kernel agrees with torch; a kernel that writes nothing, or unlinks one round of jumps short, stops
+    the start naming the way out."""
+    pool_kernels.check_unlink("cpu", N)
+    if N <= 2:
+        return  # the fixed trees keep every node of N 1 and 2: nothing to unlink, any kernel passes
+    real = pool_kernels.launch_unlink
+    short = lambda mod, nt, ns, keep, work: mod.unlink_kernel[(keep.shape[0],)](  # noqa: E731
+        nt, ns, keep, work, keep.shape[1], BLOCK_N=work.shape[1], ROUNDS=0)
+    for broken in ((lambda *a: None), short):
+        monkeypatch.setattr(pool_kernels, "launch_unlink", broken)
+        with pytest.raises(RuntimeError, match="disagrees with the torch unlink on cpu at N .* TREESPEC_SELECT=torch"):
+            pool_kernels.check_unlink("cpu", N)
+    monkeypatch.setattr(pool_kernels, "launch_unlink", real)
+
+
+@pytest.mark.parametrize("mode,topk,checked", [("triton", 4, True), ("triton", 1, True), ("graph", 1, True),
+                                               ("torch", 4, False), ("auto", 4, False)])
+def test_the_server_start_checks_the_unlink_wherever_it_takes_the_kernel(monkeypatch, mode, topk, checked):
+    """On the CPU: ``triton`` / ``graph`` servers (chain servers too, which unlink but never select) check it at
+    their N; ``torch`` and ``auto`` (torch off CUDA) do not load it."""
+    monkeypatch.setenv(draft_select.ENV_SELECT, mode)
+    seen = []
+    monkeypatch.setattr(draft_select, "check_unlink", lambda dev, n: seen.append(n))
+    monkeypatch.setattr(draft_select, "warm_up", lambda *a: None)
+    draft_select.check_selection("cpu", topk, 3, 7)
+    assert seen == ([7] if checked else [])

@@ -31,7 +31,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from .pool import BatchPlan, PoolView, policy_rows, select_on_pool, share_token_cap, unlink_filler, COLUMNS
-from .pool_kernels import select_on_pool_fused, unlink_filler_fused, warm_up
+from .pool_kernels import check_unlink, select_on_pool_fused, unlink_filler_fused, warm_up
 from .select_graph import graph_for
 from .ranks import agree, perturbed, record_digest, verify_group
 
@@ -107,12 +107,16 @@ def unlink(next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Ten
 
 
 def check_selection(device, topk: int, steps: int, num_draft_tokens: int) -> str:
-    """At server start (every scheduler process): the mode is valid and, when it takes the kernel, the kernel
-    loads and compiles for the server's pool (:func:`~.pool_kernels.warm_up`); returns the mode. Raises
-    ValueError / RuntimeError (or triton's compile error) with the reason instead of failing a first round."""
+    """At server start (every scheduler process): the mode is valid and, when it takes the kernels, the selection
+    kernel loads and compiles for the server's pool (:func:`~.pool_kernels.warm_up`; chain servers, topk 1, never
+    select) and the unlink kernel for its N, checked against the torch unlink on fixed trees
+    (:func:`~.pool_kernels.check_unlink`; chain rounds unlink too); returns the mode. Raises ValueError /
+    RuntimeError (or triton's compile error) with the reason instead of failing a first round."""
     mode = selection_mode()
-    if selection(device) is select_on_pool_fused and topk > 1:  # chain servers (topk 1) never select
-        warm_up(device, topk, steps, num_draft_tokens)
+    if selection(device) is select_on_pool_fused:
+        if topk > 1:
+            warm_up(device, topk, steps, num_draft_tokens)
+        check_unlink(device, num_draft_tokens)
     return mode
 
 

@@ -44,12 +44,12 @@ import torch
 from ..policies.classifier import C2TClassifier
 from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY
-from .pool import BatchPlan, PoolView, _Classifiers
+from .pool import BatchPlan, PoolView, _Classifiers, unlink_filler
 from .rows import policy_rows
 from .pool_rules import salf_pops, static
 
 __all__ = ["select_on_pool_fused", "kernels", "interpreted", "warm_up", "stage_table", "classifier_table", "launch",
-           "graph_args", "workspace", "no_classifier", "unlink_filler_fused", "STAGE_CODES", "FLAGS"]
+           "graph_args", "workspace", "no_classifier", "unlink_filler_fused", "launch_unlink", "check_unlink", "STAGE_CODES", "FLAGS"]
 
 # the kernel's stage codes (registry.STAGES) and the bits of its per-launch ``flags``
 STAGE_CODES = {"rank": 0, "talon": 1, "c2t": 2, "chain": 3, "salf": 4, "custom": 5}
@@ -317,6 +317,46 @@ def unlink_filler_fused(next_token: torch.Tensor, next_sibling: torch.Tensor, ke
     if bs == 0:
         return
     block_n = 1 << max(N - 1, 1).bit_length()
-    work = torch.empty(bs, block_n, dtype=torch.int64, device=keep.device)
-    kernels(interpreted(keep.device)).unlink_kernel[(bs,)](next_token, next_sibling, keep, work, N, BLOCK_N=block_n,
-                                                             ROUNDS=max(N, 2).bit_length())
+    work = torch.empty(bs, block_n, dtype=torch.int64, device=keep.device)  # [bs, BLOCK_N] scratch
+    launch_unlink(kernels(interpreted(keep.device)), next_token, next_sibling, keep, work)
+
+
+def launch_unlink(mod, next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Tensor,
+                  work: torch.Tensor) -> None:
+    """One launch of the unlink kernel (grid: the rows of ``keep`` ``[bs, N]``; ``work`` ``[bs, BLOCK_N]`` int64)."""
+    bs, N = keep.shape
+    mod.unlink_kernel[(bs,)](next_token, next_sibling, keep, work, N, BLOCK_N=work.shape[1],
+                             ROUNDS=max(N, 2).bit_length())
+
+
+def check_unlink(device, num_draft_tokens: int) -> None:
+    """At server start: the unlink kernel loads, compiles for the server's N and rewrites three fixed trees'
+    chains as :func:`.pool.unlink_filler` (torch) does, on ``device``. Row r's node i > 0 hangs below node
+    ``(i - 1) // (3, 5, 8)[r]``, siblings linked from the highest index down (so a chain is not in index order),
+    and every node of index 2, 3 or 4 mod 5 is dropped with its subtree (runs of fillers on a chain: several
+    rounds of jumps).
+
+    Raises
+    ------
+    RuntimeError
+        When triton cannot load, or the kernel's chains differ from torch's on this device (then the server must
+        not start with the fused path: ``TREESPEC_SELECT=torch`` runs the torch selection and unlink).
+    """
+    N = num_draft_tokens
+    nt = torch.full((3, N), -1, dtype=torch.int64)
+    ns = torch.full((3, N), -1, dtype=torch.int64)
+    keep = torch.zeros(3, N, dtype=torch.bool)
+    for r in range(3):
+        parent = [-1] + [(i - 1) // (3, 5, 8)[r] for i in range(1, N)]
+        for i in range(1, N):  # prepend: the chain runs from the highest index down
+            ns[r, i], nt[r, parent[i]] = nt[r, parent[i]], i
+        for i in range(N):
+            keep[r, i] = i == 0 or (i % 5 < 2 and bool(keep[r, parent[i]]))
+    want = unlink_filler(nt, ns, keep)
+    got_t, got_s = nt.to(device), ns.to(device)
+    unlink_filler_fused(got_t, got_s, keep.to(device))
+    if not (torch.equal(got_t.cpu(), want[0]) and torch.equal(got_s.cpu(), want[1])):
+        raise RuntimeError(f"the fused filler unlink (pool_kernels.unlink_kernel) disagrees with the torch unlink on "
+                           f"{device} at N {N}; start with TREESPEC_SELECT=torch and report this (got next_token "
+                           f"{got_t.cpu().tolist()}, want {want[0].tolist()})")
+
