@@ -11,10 +11,12 @@ printed per set beside native: ms per round, the plugin's share, and the parts t
 On the CPU the engine is SGLang's CPU engine with our stand-ins (float32); with ``--device cuda`` it is an
 in-process ``sgl.Engine`` with CUDA graphs on (``--attention triton|flashinfer``, ``--dtype``), and ``--sync``
 charges each part the device time of the work it queued (``TREESPEC_PROFILE_SYNC``). ``--select torch,triton``
-runs one engine per selection (``TREESPEC_SELECT``), side by side in one run.
+runs one engine per selection (``TREESPEC_SELECT``), side by side in one run. With ``--plain`` every set's greedy
+outputs are compared with the plain engine's (``== plain``: the requests that differ, each at its first differing
+token, as ``request@position:token/plain's``); native runs first and again last, so its spread shows beside the gaps.
 
     python bench/plugin_round_profile.py --bs 1,4 --out bench/measured/<machine>/plugin_round_profile.json
-    python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --plain --select torch,triton,graph
+    python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --plain --select auto,torch
 """
 
 from __future__ import annotations
@@ -35,7 +37,20 @@ def policy_sets(topk: int, steps: int, n: int) -> dict:
     sets = {"native": [None]}
     sets.update({name: [spec] for name, spec in one.items()})
     sets["mix"] = [None] + list(one.values())  # request i takes mix[i % 6]
+    sets["native_again"] = [None]  # native once more after the policies: the run-to-run spread beside the gaps
     return sets
+
+
+def differences(outputs: list, plain: list) -> list:
+    """``[(request, position, token, plain's token)]``: each request whose greedy output is not plain's, at its
+    first differing token (a length difference counts at the shorter one's end, with token -1 there)."""
+    out = []
+    for i, (a, b) in enumerate(zip(outputs, plain)):
+        if a == b:
+            continue
+        p = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        out.append((i, p, a[p] if p < len(a) else -1, b[p] if p < len(b) else -1))
+    return out
 
 
 def delta(after: dict, before: dict) -> dict:
@@ -98,23 +113,26 @@ def serve(generate, prompt_ids, sp, bs: int) -> dict:
     meta = [o["meta_info"] for o in outs]
     rounds = sum(m.get("spec_verify_ct", 0) for m in meta)
     return {"seconds": seconds, "tok_s": sum(m["completion_tokens"] for m in meta) / seconds,
-            "tau": 1 + sum(m.get("spec_num_correct_drafts", 0) for m in meta) / rounds if rounds else None}
+            "tau": 1 + sum(m.get("spec_num_correct_drafts", 0) for m in meta) / rounds if rounds else None,
+            "outputs": [list(o["output_ids"]) for o in outs]}
 
 
 def run_plain(a, prompt_ids) -> dict:
-    """``{bs: tokens per second}`` of plain decoding (no speculation) on the same prompts."""
+    """``{bs: {"tok_s", "outputs"}}`` of plain decoding (no speculation) on the same prompts: its tokens per second
+    and its greedy outputs (what every set's outputs are compared with)."""
     generate, stop = start(a, {}, speculative=False)
     try:
         generate(prompt_ids[:1], params_for([None], 1, 8))  # warm-up
-        return {bs: serve(generate, prompt_ids, params_for([None], len(prompt_ids), a.max_new_tokens), bs)["tok_s"]
+        return {bs: serve(generate, prompt_ids, params_for([None], len(prompt_ids), a.max_new_tokens), bs)
                 for bs in a.bs}
     finally:
         stop()
 
 
-def run_sets(a, prompt_ids, ops: bool, select: str = "torch") -> dict:
-    """``{bs: {set: {kind: per_round(...), "tok_s", "tau", "seconds"}}}`` from one engine (``ops``: the
-    op-counting engine; ``select``: its ``TREESPEC_SELECT``)."""
+def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None) -> dict:
+    """``{bs: {set: {kind: per_round(...), "tok_s", "tau", "seconds", "differing"}}}`` from one engine (``ops``:
+    the op-counting engine; ``select``: its ``TREESPEC_SELECT``; ``plain``: :func:`run_plain`'s, whose outputs
+    each set's are compared with: ``differing`` as :func:`differences`, None without ``plain``)."""
     from treespec_sglang.plugin.profile import read_profile
 
     d = tempfile.mkdtemp()
@@ -131,28 +149,36 @@ def run_sets(a, prompt_ids, ops: bool, select: str = "torch") -> dict:
                 served = serve(generate, prompt_ids, params_for(specs, len(prompt_ids), a.max_new_tokens), bs)
                 got = delta(read_profile(d), before)
                 row = out.setdefault(bs, {})[name] = {kind: per_round(p) for kind, p in got.items()}
+                ref = (plain or {}).get(bs)
+                row["differing"] = None if ref is None else differences(served.pop("outputs"), ref["outputs"])
+                served.pop("outputs", None)
                 row.update(served)
                 kinds = ", ".join(f"{k}: {r['rounds']} rounds {r['ms']:.2f} ms (plugin {r['plugin_ms']:.2f})"
                                   for k, r in row.items() if isinstance(r, dict))
+                eq = "" if row["differing"] is None else \
+                    f", == plain {len(prompt_ids) - len(row['differing'])}/{len(prompt_ids)} {row['differing']}"
                 print(f"{select}{' ops' if ops else ''} bs {bs} {name}: {served['tok_s']:.1f} tok/s, tau "
-                      f"{served['tau'] or 0:.2f}; {kinds}", flush=True)
+                      f"{served['tau'] or 0:.2f}{eq}; {kinds}", flush=True)
     finally:
         stop()
     return out
 
 
 def report(timed: dict, counted: dict, plain: dict, select: str) -> str:
-    """A markdown table per concurrency: each set's tok/s, tau and ms per round beside native's, and its largest
-    extras over native."""
+    """A markdown table per concurrency: each set's tok/s, tau and ms per round beside native's (run first and,
+    as ``native_again``, last), its largest extras over native, and how many of its outputs equal plain greedy's."""
     lines = []
     for bs, sets in timed.items():
         nat = sets["native"]["native"]
+        again = sets.get("native_again", {})
         base = plain.get(bs)
         lines += [f"\n{select} selection, bs {bs}: native {sets['native']['tok_s']:.1f} tok/s, "
                   f"{nat['ms']:.2f} ms per round (SGLang {nat['sglang_ms']:.2f}, plugin hooks {nat['plugin_ms']:.3f})"
-                  + (f"; plain {base:.1f} tok/s" if base else ""), "",
+                  + (f"; native again {again['tok_s']:.1f} tok/s, {again['native']['ms']:.2f} ms"
+                     if "native" in again else "")
+                  + (f"; plain {base['tok_s']:.1f} tok/s" if base else ""), "",
                   "| set | tok/s | tau | ms per round | vs native | plugin ms | plugin ops / host reads per round | "
-                  "largest extras over native (ms) |", "|---|---|---|---|---|---|---|---|"]
+                  "largest extras over native (ms) | == plain |", "|---|---|---|---|---|---|---|---|---|"]
         for name, row in sets.items():
             r = row.get("ts")
             if name == "native" or r is None:
@@ -161,9 +187,11 @@ def report(timed: dict, counted: dict, plain: dict, select: str) -> str:
             top = sorted(extra.items(), key=lambda kv: -abs(kv[1]))[:4]
             ops = counted.get(bs, {}).get(name, {}).get("ts", {}).get("ops", {})
             o, rd = sum(v[0] for v in ops.values()), sum(v[1] for v in ops.values())
+            diff = row.get("differing")
+            eq = "-" if diff is None else " ".join([f"{len(diff)} differ"] + [f"{i}@{p}:{t}/{w}" for i, p, t, w in diff])
             lines.append(f"| {name} | {row['tok_s']:.1f} | {row['tau'] or 0:.2f} | {r['ms']:.2f} | "
                          f"{r['ms'] - nat['ms']:+.2f} | {r['plugin_ms']:.2f} | {o:.0f} / {rd:.1f} | "
-                         + ", ".join(f"{k} {v:+.2f}" for k, v in top) + " |")
+                         + ", ".join(f"{k} {v:+.2f}" for k, v in top) + f" | {eq} |")
     return "\n".join(lines)
 
 
@@ -203,7 +231,7 @@ def main(argv=None):
     plain = run_plain(a, prompt_ids) if a.plain else {}
     timed, counted, tables = {}, {}, []
     for select in a.select.split(","):
-        timed[select] = run_sets(a, prompt_ids, ops=False, select=select)
+        timed[select] = run_sets(a, prompt_ids, ops=False, select=select, plain=plain)
         counted[select] = {} if a.no_ops else run_sets(a, prompt_ids, ops=True, select=select)
         tables.append(report(timed[select], counted[select], plain, select))
     table = "\n".join(tables)
@@ -211,7 +239,8 @@ def main(argv=None):
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:
-            json.dump({"machine": machine(a.device), "args": vars(a), "plain_tok_s": plain, "timed": timed,
+            json.dump({"machine": machine(a.device), "args": vars(a),
+                       "plain_tok_s": {bs: p["tok_s"] for bs, p in plain.items()}, "timed": timed,
                        "counted": counted, "table": table}, f, indent=1)
 
 
