@@ -188,7 +188,8 @@ def report(timed: dict, counted: dict, plain: dict, select: str) -> str:
             ops = counted.get(bs, {}).get(name, {}).get("ts", {}).get("ops", {})
             o, rd = sum(v[0] for v in ops.values()), sum(v[1] for v in ops.values())
             diff = row.get("differing")
-            eq = "-" if diff is None else " ".join([f"{len(diff)} differ"] + [f"{i}@{p}:{t}/{w}" for i, p, t, w in diff])
+            eq = "-" if diff is None else " ".join([f"{len(diff)} differ"] +
+                                                    [f"{i}@{p}:{t}/{w}" for i, p, t, w in diff])
             lines.append(f"| {name} | {row['tok_s']:.1f} | {row['tau'] or 0:.2f} | {r['ms']:.2f} | "
                          f"{r['ms'] - nat['ms']:+.2f} | {r['plugin_ms']:.2f} | {o:.0f} / {rd:.1f} | "
                          + ", ".join(f"{k} {v:+.2f}" for k, v in top) + f" | {eq} |")

@@ -129,8 +129,8 @@ def main(argv=None):
         for bs in (int(b) for b in a.bs.split(",")):
             for cached in ([True, False] if a.no_batch_cache else [True]):
                 us, ops, reads, copies = measure(mode, bs, a, cached)
-                row = dict(select=mode, bs=bs, batch_cache=cached, launch=a.launch, unlink=a.unlink, us=round(us, 1), ops=ops,
-                           reads=reads, copies=copies)
+                row = dict(select=mode, bs=bs, batch_cache=cached, launch=a.launch, unlink=a.unlink, us=round(us, 1),
+                           ops=ops, reads=reads, copies=copies)
                 out.append(row)
                 print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     if a.json:

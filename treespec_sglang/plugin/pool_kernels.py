@@ -49,7 +49,8 @@ from .rows import policy_rows
 from .pool_rules import salf_pops, static
 
 __all__ = ["select_on_pool_fused", "kernels", "interpreted", "warm_up", "stage_table", "classifier_table", "launch",
-           "graph_args", "workspace", "no_classifier", "unlink_filler_fused", "launch_unlink", "check_unlink", "STAGE_CODES", "FLAGS"]
+           "graph_args", "workspace", "no_classifier", "unlink_filler_fused", "launch_unlink", "check_unlink",
+           "STAGE_CODES", "FLAGS"]
 
 # the kernel's stage codes (registry.STAGES) and the bits of its per-launch ``flags``
 STAGE_CODES = {"rank": 0, "talon": 1, "c2t": 2, "chain": 3, "salf": 4, "custom": 5}
@@ -359,4 +360,3 @@ def check_unlink(device, num_draft_tokens: int) -> None:
         raise RuntimeError(f"the fused filler unlink (pool_kernels.unlink_kernel) disagrees with the torch unlink on "
                            f"{device} at N {N}; start with TREESPEC_SELECT=torch and report this (got next_token "
                            f"{got_t.cpu().tolist()}, want {want[0].tolist()})")
-
