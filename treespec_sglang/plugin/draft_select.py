@@ -215,7 +215,7 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
 
 def _select_replayed(step, rows: int, rows_t: torch.Tensor, native_top: torch.Tensor, num_draft_tokens: int,
                      steps: int, group):
-    """``TREESPEC_SELECT=graph`` after a replayed draft: the selection graph of the draft's stash
+    """``TREESPEC_SELECT=graph`` (or ``auto`` on CUDA) after a replayed draft: the selection graph of the draft's stash
     (:func:`~.select_graph.graph_for`) with this batch's rows. Returns ``(top [bs, N-1], tokens [bs, N-1],
     keep [bs, N], scores [bs, P])``, ``scores`` a view of the stash (read before the next replay)."""
     bs, N = native_top.shape[0], num_draft_tokens

@@ -1,4 +1,5 @@
-"""The fused selection as one CUDA graph per replayed draft shape (``TREESPEC_SELECT=graph``; no sglang import).
+"""The fused selection as one CUDA graph per replayed draft shape (``TREESPEC_SELECT=graph``, and the default
+``auto`` on CUDA; no sglang import).
 
 SGLang replays its draft loop as a CUDA graph per batch-size bucket, and the draft-pool stash
 (:mod:`.draft_select`) is a set of buffers of that bucket's shape ``(rows, P, W)``, written by every replay. A
