@@ -163,6 +163,6 @@ def test_server_info_reports_the_plugin(server, classifier_file):
     assert info["classifiers"]["fast"] == hashlib.sha256(open(classifier_file, "rb").read()).hexdigest()
     assert set(info["classifiers"]) == {"default", "fast"}
     assert info["default_policy"] is None and info["token_cap"] is None
-    assert info["ragged_verify"] == "auto" and info["stats_max_rounds"] == 4096 and info["selection"] == "torch"
+    assert info["ragged_verify"] == "auto" and info["stats_max_rounds"] == 4096 and info["selection"] == "auto"
     assert info["chain_stop_graph"] is False
     assert "none" in info["policies"] and "talon" in info["policies"]
