@@ -149,9 +149,8 @@ def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None
                 served = serve(generate, prompt_ids, params_for(specs, len(prompt_ids), a.max_new_tokens), bs)
                 got = delta(read_profile(d), before)
                 row = out.setdefault(bs, {})[name] = {kind: per_round(p) for kind, p in got.items()}
-                ref = (plain or {}).get(bs)
-                row["differing"] = None if ref is None else differences(served.pop("outputs"), ref["outputs"])
-                served.pop("outputs", None)
+                outputs, ref = served.pop("outputs"), (plain or {}).get(bs)
+                row["differing"] = None if ref is None else differences(outputs, ref["outputs"])
                 row.update(served)
                 kinds = ", ".join(f"{k}: {r['rounds']} rounds {r['ms']:.2f} ms (plugin {r['plugin_ms']:.2f})"
                                   for k, r in row.items() if isinstance(r, dict))

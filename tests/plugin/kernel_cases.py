@@ -169,3 +169,11 @@ def _fused():
     from treespec_sglang.plugin.pool_kernels import select_on_pool_fused  # triton: the tests skip without it
 
     return select_on_pool_fused
+
+
+def compiled_triton() -> bool:
+    """Whether this process can compile Triton kernels (not when triton was imported with TRITON_INTERPRET=1)."""
+    from triton.language.standard import _sum_combine
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(_sum_combine, JITFunction)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from tests.plugin.kernel_cases import (CONF_TOL, DEVICES, OTHER, SHAPES, STAGES, THIRD, make_pool, native_of,
-                                       random_spec, run_both, torch_conf)
+from tests.plugin.kernel_cases import (CONF_TOL, DEVICES, OTHER, SHAPES, STAGES, THIRD, compiled_triton, make_pool,
+                                       native_of, random_spec, run_both, torch_conf)
 from treespec_sglang.plugin.pool import COLUMNS, PoolView, policy_rows
 from treespec_sglang.policies import parse_spec, registry
 
@@ -187,19 +187,12 @@ def test_kernels_load_per_mode_whatever_triton_was_imported_as():
 
     before = triton.knobs.runtime.interpret
     assert isinstance(kernels(True).pool_select_kernel, InterpretedFunction)
-    if _compiled_triton():
+    if compiled_triton():
         assert isinstance(kernels(False).pool_select_kernel, JITFunction)
     else:  # TRITON_INTERPRET=1 when triton was imported: its own library is interpreted, no compiled kernel here
         with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
             kernels(False)
     assert kernels(True) is kernels(True) and triton.knobs.runtime.interpret == before
-
-
-def _compiled_triton():
-    from triton.language.standard import _sum_combine
-    from triton.runtime.jit import JITFunction
-
-    return isinstance(_sum_combine, JITFunction)
 
 
 def test_the_kernel_compiles_for_an_h100():
@@ -209,7 +202,7 @@ def test_the_kernel_compiles_for_an_h100():
     from triton.compiler import ASTSource
 
     pytest.importorskip("triton.backends.nvidia")
-    if not _compiled_triton():
+    if not compiled_triton():
         pytest.skip("triton was imported with TRITON_INTERPRET=1: nothing compiles in this process")
     sig = {n: t for n, t in zip(
         ("scores_ptr", "val_ptr", "parent_ptr", "tokens_ptr", "rows_ptr", "stage_ptr", "clf_ids_ptr", "clf_w_ptr",

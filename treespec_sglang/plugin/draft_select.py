@@ -96,7 +96,7 @@ def unlink(next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Ten
     keep : ``[bs, N]`` bool, the round's kept nodes in verify order (closed under ancestors)
 
     The fused kernel (:func:`~.pool_kernels.unlink_filler_fused`, one launch) where :func:`selection` is the
-    kernel, else :func:`~.pool.unlink_filler` and two copies (about 20 ATen ops at N 8).
+    kernel, else :func:`~.pool.unlink_filler` and two copies (35 ATen ops at N 8).
     """
     if selection(keep.device) is select_on_pool_fused:
         unlink_filler_fused(next_token, next_sibling, keep.contiguous())
