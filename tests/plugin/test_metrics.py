@@ -97,3 +97,23 @@ def test_no_series_where_metrics_are_off(monkeypatch):
     S.record_round(req, "talon", "treespec_tree_sizes", 3)  # no error, stats still recorded
     assert req.customized_info["treespec_tree_sizes"] == [3]
     M.count_refused("custom_params['treespec']: policy must be one of")  # metrics off: a no-op
+
+
+def test_a_batch_round_records_each_request_under_its_own_policy(series):
+    """``record_rounds``: one call per round for the whole batch; requests without a policy (None) are skipped, a
+    request's other ``customized_info`` keys stay, and the series count each policy's requests apart."""
+    s, reg = series
+    a, b, c = _req(), _req(), _req()
+    c.customized_info = {"someone_else": [1]}
+    reqs, policies = [a, b, c], ["talon", None, "salf"]
+    for sizes, accepted in (([5, 9, 3], [2, 7, 1]), ([4, 9, 6], [0, 7, 3])):
+        S.record_rounds(reqs, policies, "treespec_tree_sizes", sizes)
+        S.record_rounds(reqs, policies, "treespec_accept_lengths", accepted)
+    assert b.customized_info is None
+    assert a.customized_info["treespec_tree_sizes"] == [5, 4] and a.customized_info["treespec_accept_lengths"] == [2, 0]
+    assert c.customized_info["someone_else"] == [1] and c.customized_info["treespec_policy"] == ["salf"]
+    assert c.customized_info["treespec_summary"] == [{"rounds": 2, "tree_nodes": 9, "verified_tokens": 0,
+                                                      "accepted_tokens": 4, "lists_truncated": False}]
+    assert _sample(reg, "treespec:requests_total", "talon") == 1 == _sample(reg, "treespec:requests_total", "salf")
+    assert _sample(reg, "treespec:accepted_draft_tokens_total", "salf") == 4
+    assert _sample(reg, "treespec:tree_size_sum", "talon") == 9 and _sample(reg, "treespec:rounds_total", "talon") == 2

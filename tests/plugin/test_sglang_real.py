@@ -330,7 +330,7 @@ def test_accept_lengths_per_round_reach_customized_info(loaded):
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
 
     def req(params, info):
-        return SimpleNamespace(_treespec_params=params, _treespec_drafted=params is not None, customized_info=info,
+        return SimpleNamespace(_treespec_params=params, _treespec_drafted=params and "talon", customized_info=info,
                                is_retracted=False,
                                finished=lambda: False, grammar=None, kv=SimpleNamespace(kv_committed_len=10),
                                spec_verify_ct=0, spec_num_correct_drafts=0,

@@ -3,7 +3,6 @@
 import torch
 
 from treespec_sglang.plugin.stats import PendingSizes
-from treespec_sglang.policies import parse_spec
 from treespec_sglang.utils.syncs import count_ops
 
 
@@ -17,7 +16,7 @@ def test_pending_tree_sizes_are_recorded_in_round_order_once_their_copy_is_done(
     later ones (stats keep round order); native rows record nothing."""
     pending = PendingSizes()
     a, b = Req(), Req()
-    talon = parse_spec({"policy": "talon", "budget": 8})
+    talon = "talon"  # the policy's name
     pending.push([a, b], [talon, None], torch.tensor([5, 8]))
     flag = {"done": False}
     pending.rounds.append(([a], [talon], torch.tensor([3]), lambda: flag["done"]))  # a copy in flight
@@ -32,5 +31,5 @@ def test_pending_tree_sizes_are_recorded_in_round_order_once_their_copy_is_done(
 def test_pushing_a_round_reads_nothing_from_the_device():
     pending = PendingSizes()
     with count_ops() as c:
-        pending.push([Req()], [parse_spec({"policy": "salf", "budget": 8})], torch.tensor([4]))
+        pending.push([Req()], ["salf"], torch.tensor([4]))
     assert c.reads == 0

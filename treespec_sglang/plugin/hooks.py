@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from ..policies.params import NoneParams
 from .chain_stop import ChainStopper, chain_graph_enabled, chain_loop, record_step, recording_loop
@@ -45,14 +45,14 @@ from .server_hooks import (_add_cli_args, _create_generation_req, _draft_graph_v
                            _from_cli_args, _handle_batch_request, _req_params, _req_shares, _request_level_key,
                            _scheduler_metrics, _server_info, _tokenizer_metrics, _verify_sampling_params,
                            _verify_uses_greedy)
-from .stats import PendingSizes, policy_name, record_round, stream_accept
+from .stats import PendingSizes, policy_name, record_rounds, stream_accept
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
 __all__ = ["HOOKS", "SIGNATURES", "Hook", "register_hooks", "DraftStep"]
 
 _BUILD = "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input"
-DRAFTED = "_treespec_drafted"  # on a Req: drafted with its policy at least once (its stats are ours to keep)
+DRAFTED = "_treespec_drafted"  # on a Req: its policy's name once drafted with it (its stats are ours to keep)
 _PENDING = PendingSizes()
 
 
@@ -88,12 +88,21 @@ def _draft(original, self, batch, *args, **kwargs):
         out = original(self, batch, *args, **kwargs)
     finally:
         r.drafting = False
-    if step.sizes is not None:
-        for req, p in zip(reqs, params):
-            if p is not None:
-                setattr(req, DRAFTED, True)
-        _PENDING.push(list(reqs), params, step.sizes)  # a copy: SGLang edits batch.reqs in place
+    sizes = step.sizes  # [bs]
+    if sizes is not None:  # a copy of reqs: SGLang edits batch.reqs in place
+        _PENDING.push(list(reqs), [_drafted(r, p) for r, p in zip(reqs, params)], sizes)
     return out
+
+
+def _drafted(req, p) -> Optional[str]:
+    """Mark ``req`` drafted with its policy ``p`` (None: native); returns the policy's name, kept on the request."""
+    if p is None:
+        return None
+    name = getattr(req, DRAFTED, None)
+    if name is None:
+        name = policy_name(p)
+        setattr(req, DRAFTED, name)
+    return name
 
 
 def _prepare_for_draft(result, *args, **kwargs):
@@ -171,10 +180,7 @@ def _runner_forward(original, self, forward_batch, *args, **kwargs):
 
 
 def _record_verify_tokens(reqs, per_request) -> None:
-    for req, n in zip(reqs or (), per_request):
-        p = getattr(req, "_treespec_params", None)
-        if p is not None and getattr(req, DRAFTED, False):
-            record_round(req, policy_name(p), "treespec_verify_tokens", n)
+    record_rounds(reqs or (), _policies(reqs or ()), "treespec_verify_tokens", per_request)
 
 
 def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
@@ -182,14 +188,16 @@ def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
     per = getattr(batch_result, "num_correct_drafts_per_req_cpu", None)  # host list, set by the hooked body
     if per is None:
         return result
-    for req, n in zip(batch.reqs, per):
-        p = getattr(req, "_treespec_params", None)
-        if p is None or not getattr(req, DRAFTED, False):
-            continue  # native request (or one never drafted with a policy)
-        if req.is_retracted or req.finished():
-            continue  # SGLang commits nothing for these either
-        record_round(req, policy_name(p), "treespec_accept_lengths", n)
+    # retracted and finished requests commit nothing (SGLang commits nothing for them either)
+    policies = [None if name is None or req.is_retracted or req.finished() else name
+                for req, name in zip(batch.reqs, _policies(batch.reqs))]
+    record_rounds(batch.reqs, policies, "treespec_accept_lengths", per)
     return result
+
+
+def _policies(reqs) -> list:
+    """Each request's policy name, or None for a native request (or one never drafted with its policy)."""
+    return [getattr(req, DRAFTED, None) or None for req in reqs]
 
 
 def _treespec_round() -> bool:

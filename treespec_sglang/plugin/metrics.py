@@ -56,24 +56,33 @@ class SchedulerSeries:
                                    buckets=TREE_SIZE_BUCKETS)
         self.accept_length = Histogram("treespec:accept_length", "Accepted draft tokens per round", names,
                                        buckets=ACCEPT_LENGTH_BUCKETS)
+        self._children: Dict[str, tuple] = {}  # policy -> its labelled children, looked up once per policy
 
-    def _l(self, policy: str) -> dict:
-        return {**self.labels, "policy": policy}
+    def _of(self, policy: str) -> tuple:
+        """``(requests, rounds, accepted, verified, tree_size, accept_length)`` labelled for ``policy``:
+        ``labels()`` validates and locks on every call, and the rounds' hooks observe per request."""
+        children = self._children.get(policy)
+        if children is None:
+            labels = {**self.labels, "policy": policy}
+            children = self._children[policy] = tuple(
+                m.labels(**labels) for m in (self.requests, self.rounds, self.accepted, self.verified,
+                                             self.tree_size, self.accept_length))
+        return children
 
     def new_request(self, policy: str) -> None:
-        self.requests.labels(**self._l(policy)).inc()
+        self._of(policy)[0].inc()
 
     def drafted(self, policy: str, tree_size: int) -> None:
-        self.tree_size.labels(**self._l(policy)).observe(tree_size)
+        self._of(policy)[4].observe(tree_size)
 
     def verified_tokens(self, policy: str, n: int) -> None:
-        self.verified.labels(**self._l(policy)).inc(n)
+        self._of(policy)[3].inc(n)
 
     def accepted_round(self, policy: str, accept_length: int) -> None:
-        l = self._l(policy)
-        self.rounds.labels(**l).inc()
-        self.accepted.labels(**l).inc(accept_length)
-        self.accept_length.labels(**l).observe(accept_length)
+        _, rounds, accepted, _, _, length = self._of(policy)
+        rounds.inc()
+        accepted.inc(accept_length)
+        length.observe(accept_length)
 
 
 def enable_scheduler(labels: Mapping) -> SchedulerSeries:

@@ -64,7 +64,7 @@ class DraftStep:
     @property
     def sizes(self) -> Optional[torch.Tensor]:
         """``[bs]`` int64 verified tree sizes (root included), once the selection is made."""
-        return None if self.keep is None else self.keep.long().sum(-1)
+        return None if self.keep is None else self.keep.sum(-1)  # a bool sum is int64
 
 
 @dataclass

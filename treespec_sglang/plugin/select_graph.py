@@ -8,13 +8,17 @@ shape, reading the stash where the replay wrote it, so a round's selection costs
 replay, whatever the batch holds:
 
 1. ``run`` writes this round's inputs into the graph's static buffers: the ``bs`` request rows of the row
-   table (:func:`.pool.policy_rows`, one op into rows ``[:bs]``; the padding rows stay native), SGLang's own
+   table (:func:`.pool.policy_rows`, one op into rows ``[:bs]``, none when the batch's table is the one the
+   previous round wrote: a steady batch's is cached, read-only; the padding rows stay native), SGLang's own
    ``top_scores_index`` (native rows take it verbatim) and, only when the batch has a custom pool rule, that
    rule's keep (computed on the host as :func:`.pool.select_on_pool` does);
 2. one replay: the pool's view of the stash (:meth:`.pool.PoolView.from_flat`) and the launch with the
    batch-independent runtime ints of :func:`.pool_kernels.graph_args`, which select the same trees as a
    launch planned for the batch;
-3. the first ``bs`` rows of the outputs, cloned (the next replay writes the same buffers).
+3. the first ``bs`` rows of the outputs, as views: the next replay writes the same buffers, and every reader
+   of this round's trees (``build_eagle_verify_input``, the filler unlink, the tree sizes, a ragged verify) is
+   queued on the same stream within the same round, before the next round's replay; the stash's scores are
+   read the same way.
 
 The classifier table is part of the capture: a graph serves the classifiers it was captured with, and a batch
 naming another one (rare: a server knows a handful) captures the shape again with the union
@@ -64,6 +68,7 @@ class SelectionGraph:
         self._native_row = request_row(None, dev)  # [1, F]
         self.rows_in = self._native_row.expand(rows, -1).clone()  # [rows, F]; rows past a batch stay native
         self._filled = 0  # rows of rows_in the last batch wrote
+        self._rows_seen: Optional[torch.Tensor] = None  # the row table rows_in holds (kept: no id reuse)
         self.native_in = torch.zeros(rows, N - 1, dtype=torch.int64, device=dev)  # [rows, N-1]
         self.extra_in = torch.zeros(rows, P, dtype=torch.bool, device=dev)  # [rows, P]
         self._extra_written = 0  # rows of extra_in a custom keep wrote last (zeroed before the next round)
@@ -97,13 +102,15 @@ class SelectionGraph:
 
         Returns
         -------
-        ``(top_scores_index [bs, N-1] int64, draft_tokens [bs, N-1], keep [bs, N] bool)``, fresh tensors.
+        ``(top_scores_index [bs, N-1] int64, draft_tokens [bs, N-1], keep [bs, N] bool)``, views of the static
+        outputs: valid until the next ``run`` (read them on this stream before it, as a round does).
         """
         bs = rows.shape[0]
-        self.rows_in[:bs].copy_(rows)
-        if bs < self._filled:  # rows a bigger batch wrote last: native again (their pool rows are padding)
-            self.rows_in[bs:self._filled].copy_(self._native_row)  # [1, F] broadcast
-        self._filled = bs
+        if rows is not self._rows_seen:  # a steady batch passes its cached table again: already in place
+            self.rows_in[:bs].copy_(rows)
+            if bs < self._filled:  # rows a bigger batch wrote last: native again (their pool rows are padding)
+                self.rows_in[bs:self._filled].copy_(self._native_row)  # [1, F] broadcast
+            self._filled, self._rows_seen = bs, rows
         self.native_in[:bs].copy_(native_top)
         if self._extra_written:
             self.extra_in[:self._extra_written].zero_()
@@ -115,7 +122,7 @@ class SelectionGraph:
             self.graph.replay()
         else:
             self._body()
-        return tuple(t[:bs].clone() for t in self.out[:3])
+        return tuple(t[:bs] for t in self.out[:3])
 
 
 def graph_for(stash: Tuple[torch.Tensor, ...], key: tuple, topk: int, num_draft_tokens: int,

@@ -23,14 +23,14 @@ from __future__ import annotations
 import collections
 import functools
 import os
-from typing import Deque
+from typing import Deque, Optional, Sequence
 
 import torch
 
 from .metrics import scheduler_series
 from ..policies.registry import registration_of
 
-__all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "max_rounds", "PendingSizes",
+__all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "record_rounds", "max_rounds", "PendingSizes",
            "policy_name"]
 
 PREFIX = "treespec_"
@@ -66,27 +66,49 @@ def record_round(req, policy: str, key: str, value: int) -> None:
     Example: tree sizes 4, 6 then accept lengths 2, 3 -> ``treespec_tree_sizes [4, 6]``,
     ``treespec_accept_lengths [2, 3]``, summary ``{"rounds": 2, "tree_nodes": 10, "accepted_tokens": 5, ...}``.
     """
-    info = req.customized_info if getattr(req, "customized_info", None) is not None else {}
-    series = scheduler_series()
-    if SUMMARY not in info:
-        info["treespec_policy"] = [policy]
-        info[SUMMARY] = [{"rounds": 0, "tree_nodes": 0, "verified_tokens": 0, "accepted_tokens": 0,
-                          "lists_truncated": False}]
-        if series is not None:
-            series.new_request(policy)
-    summary = info[SUMMARY][0]
-    values = info.setdefault(key, [])
-    if len(values) < max_rounds():
-        values.append(int(value))
-    else:
-        summary["lists_truncated"] = True
+    record_rounds([req], [policy], key, [value])
+
+
+def record_rounds(reqs: Sequence, policies: Sequence[Optional[str]], key: str, values: Sequence[int]) -> None:
+    """:func:`record_round` for one round of a batch: ``values[i]`` for ``reqs[i]`` under its policy
+    ``policies[i]`` (None: not ours, skipped). The environment, the metrics series and ``key``'s columns are
+    looked up once per call, not per request: a hook calls this once per round for the whole batch."""
+    cap, series = max_rounds(), scheduler_series()
     total, method = ROUND_KEYS[key]
-    summary[total] += int(value)
-    if key == "treespec_accept_lengths":
-        summary["rounds"] += 1
+    rounds = key == "treespec_accept_lengths"
+    observe = None if series is None else getattr(series, method)
+    for req, policy, value in zip(reqs, policies, values):
+        if policy is None:
+            continue
+        info = getattr(req, "customized_info", None)
+        if info is None or SUMMARY not in info:
+            info = _first_round(req, info, policy, series)
+        summary = info[SUMMARY][0]
+        column = info.get(key)
+        if column is None:
+            column = info[key] = []
+        value = int(value)
+        if len(column) < cap:
+            column.append(value)
+        else:
+            summary["lists_truncated"] = True
+        summary[total] += value
+        if rounds:
+            summary["rounds"] += 1
+        if observe is not None:
+            observe(policy, value)
+
+
+def _first_round(req, info: Optional[dict], policy: str, series) -> dict:
+    """A request's first recorded value: its ``treespec_policy`` and zero totals, counted in the metrics."""
+    info = {} if info is None else info
+    info["treespec_policy"] = [policy]
+    info[SUMMARY] = [{"rounds": 0, "tree_nodes": 0, "verified_tokens": 0, "accepted_tokens": 0,
+                      "lists_truncated": False}]
     req.customized_info = info
     if series is not None:
-        getattr(series, method)(policy, int(value))
+        series.new_request(policy)
+    return info
 
 
 def stream_accept(original, self, *args, **kwargs):
@@ -137,9 +159,10 @@ class PendingSizes:
     """
 
     def __init__(self):
-        self.rounds: Deque[tuple] = collections.deque()  # (reqs, params, host sizes [bs], ready())
+        self.rounds: Deque[tuple] = collections.deque()  # (reqs, policies, host sizes [bs], ready())
 
-    def push(self, reqs, params, sizes: torch.Tensor) -> None:
+    def push(self, reqs, policies, sizes: torch.Tensor) -> None:
+        """One round's ``[bs]`` tree sizes for ``reqs``, recorded under ``policies`` (names; None: not ours)."""
         if sizes.device.type == "cpu":
             host, ready = sizes, (lambda: True)
         else:
@@ -148,11 +171,9 @@ class PendingSizes:
             event = torch.cuda.Event()
             event.record()
             ready = event.query
-        self.rounds.append((reqs, params, host, ready))
+        self.rounds.append((reqs, policies, host, ready))
 
     def flush(self) -> None:
         while self.rounds and self.rounds[0][3]():
-            reqs, params, host, _ = self.rounds.popleft()
-            for req, p, n in zip(reqs, params, host.tolist()):  # a finished host copy: no device sync
-                if p is not None:
-                    record_round(req, policy_name(p), "treespec_tree_sizes", n)
+            reqs, policies, host, _ = self.rounds.popleft()
+            record_rounds(reqs, policies, "treespec_tree_sizes", host.tolist())  # a finished host copy: no sync

@@ -1,0 +1,192 @@
+"""The host's cost of the plugin's hooks over one whole speculative round, treespec against native, per batch size.
+
+``select_host_cost.py`` measures the selection alone. This drives every hook a decode round passes through, in
+SGLang 0.5.23's order, with SGLang's own work stood in by functions that return prepared tensors at once:
+``forward_batch_generation`` (opens the round) -> ``draft`` -> ``prepare_for_draft`` (a replayed draft graph;
+``--eager``: an eager one, then ``organize_draft_results`` runs on the host too) -> ``build_eagle_verify_input``
+(the selection, the token cap, the agreement, the filler unlink) -> the target verify's ``ModelRunner.forward``
+(ragged or not; the verify-token stats) -> ``_resolve_spec_v2_tokens`` (the accept-length stats, the tree sizes
+of the rounds before). What is left is the hooks' own host time: their Python and the ATen ops they dispatch
+(on a GPU each an async launch of about 5-10 us of host time). The selection's device work is stubbed as in
+``select_host_cost.py``: the graph body / the kernel launch / the unlink launch do nothing; the verify group is
+None (one rank).
+
+A native batch (no request with a policy) goes through the same hooks, which then call straight through: the
+difference is what a treespec round adds on the host. ``--metrics`` turns on the plugin's Prometheus series (a
+server started with ``--enable-metrics``).
+
+    python bench/round_host_cost.py                         # bs 1 / 16 / 64, topk 4, steps 3, N 8
+    python bench/round_host_cost.py --select graph --metrics --json out.json
+
+Per row: microseconds per round (median of ``--repeats`` steady-state rounds, the same requests every round),
+ATen ops dispatched, host reads; ``--breakdown`` adds the 12 functions with the most own time (cProfile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+from unittest import mock
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from treespec_sglang.plugin import draft_select, hooks, metrics, pool, pool_kernels, select_graph  # noqa: E402
+from treespec_sglang.utils.syncs import count_ops  # noqa: E402
+
+SETS = {"native": [None],
+        "eagle2": [{"policy": "eagle2"}],
+        "mix": [None, {"policy": "eagle2"}, {"policy": "talon", "mu": 0.03}, {"policy": "salf", "th": 0.1},
+                {"policy": "c2t", "beta": 0.5}, {"policy": "chain"}]}
+
+
+def sglang_pool(bs, k, S, device, seed=0):
+    """A draft pool of SGLang's shape (the stash's tensors): scores [bs, P], tokens [bs, P], parent_list [bs, W]."""
+    g = torch.Generator().manual_seed(seed)
+    P, W = k + (S - 1) * k * k, 1 + (S - 1) * k
+    scores = torch.rand(bs, P, generator=g).sort(-1, descending=True).values
+    parents = [-1] + list(range(k)) + [k + (i - 1) * k * k + j * k for i in range(1, S - 1) for j in range(k)]
+    return (scores.to(device), torch.randint(0, 32000, (bs, P), generator=g).to(device),
+            torch.tensor([parents[:W]] * bs, device=device))
+
+
+class Req:
+    """The parts of SGLang's ``Req`` the hooks read."""
+
+    def __init__(self, spec):
+        self.sampling_params = SimpleNamespace(custom_params={"treespec": spec} if spec else None)
+        self.customized_info = None
+        self.is_retracted = False
+
+    def finished(self) -> bool:
+        return False
+
+
+class FakeRound:
+    """One decode round of SGLang's EAGLE v2 worker with its own work stood in (see the module docstring)."""
+
+    def __init__(self, specs, bs, k, S, N, device, eager):
+        self.k, self.S, self.N, self.eager = k, S, N, eager
+        self.reqs = [Req(specs[i % len(specs)]) for i in range(bs)]
+        scores, tokens, parents = sglang_pool(bs, k, S, device)
+        self.lists = ([scores[:, :k].view(bs, 1, k), scores[:, k:].reshape(bs, -1, k)],
+                      [tokens[:, :k], tokens[:, k:]], [parents[:, :k + 1], parents[:, k + 1:], None])
+        draft_select.stash_pool(*self.lists)  # what the captured draft graph's organize writes on each replay
+        # SGLang's own selection: (parent_list, top_scores_index [bs, N-1], draft_tokens [bs, N-1])
+        self.native = pool.select_on_pool(pool.PoolView.from_flat(scores, tokens, parents, k), N, [None] * bs)[:3]
+        self.chains = [torch.full((bs, N), -1, dtype=torch.long, device=device) for _ in range(2)]  # [bs, N] each
+        self.worker = SimpleNamespace(topk=k, speculative_num_steps=S, speculative_num_draft_tokens=N, device=device)
+        self.runner = SimpleNamespace(bs=bs)  # SGLang's draft graph runner (a replay of a bs-row graph)
+        self.target = SimpleNamespace(attn_backend=SimpleNamespace())  # Triton attention: no ragged verify
+        self.verify_batch = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True), spec_info=None)
+        self.result = SimpleNamespace(num_correct_drafts_per_req_cpu=[2] * bs)
+        self.batch = SimpleNamespace(reqs=self.reqs)
+
+    def _organize(self, *a, **kw):
+        return self.native
+
+    def _build(self, *a, **kw):
+        return SimpleNamespace(retrieve_next_token=self.chains[0], retrieve_next_sibling=self.chains[1])
+
+    def _draft(self, worker, batch):
+        hooks._prepare_for_draft(("forward_batch", not self.eager, None), None, None, batch, self.runner)
+        parent_list, top, tokens = self.native
+        if self.eager:  # a replayed graph ran organize_draft_results on the device, its hook never on the host
+            parent_list, top, tokens = hooks._organize(self._organize, *self.lists[:3], self.N)
+        return hooks._build_verify_input(self._build, batch, None, parent_list, top, tokens, None, None, self.k,
+                                         self.S, self.N, None, None)
+
+    def _round(self, worker, batch):
+        hooks._draft(lambda w, b: self._draft(w, b), self.worker, batch)
+        hooks._runner_forward(lambda runner, fb: None, self.target, self.verify_batch)
+        hooks._record_accepts(None, None, self.result, batch)
+
+    def __call__(self):
+        hooks._eagle_round(lambda w, b: self._round(w, b), self.worker, self.batch)
+
+
+def measure(name, bs, a):
+    """``(us per round, ops, reads, breakdown, the FakeRound)`` of a round of set ``name`` at ``bs`` requests."""
+    patches = [mock.patch.dict(os.environ, {draft_select.ENV_SELECT: a.select}),
+               mock.patch.object(select_graph.SelectionGraph, "_body", lambda self: None),
+               mock.patch.object(pool_kernels, "launch", lambda *x, **y: None),
+               mock.patch.object(pool_kernels, "launch_unlink", lambda *x, **y: None),
+               # in a server the verify group is a dict read of SGLang's parallel context; outside one its lookup
+               # takes an exception path that would cost more than the rest of the hooks (ranks.verify_group)
+               mock.patch.object(draft_select, "verify_group", lambda: None)]
+    for p in patches:
+        p.start()
+    try:
+        one = FakeRound(SETS[name], bs, a.topk, a.steps, a.N, a.device, a.eager)
+        for _ in range(3):
+            one()  # builds the rows, tables, the graph; records the first stats
+        with count_ops() as c:
+            one()
+        times = []
+        for _ in range(a.repeats):
+            t = time.perf_counter()
+            one()
+            times.append((time.perf_counter() - t) * 1e6)
+        breakdown = None
+        if a.breakdown:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(a.repeats):
+                one()
+            prof.disable()
+            st = pstats.Stats(prof)
+            top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]  # own time
+            breakdown = [(f"{os.path.basename(f)}:{ln} {fn}", round(1e6 * tt / a.repeats, 1))
+                         for (f, ln, fn), (_, _, tt, _, _) in top]
+    finally:
+        for p in reversed(patches):
+            p.stop()
+    return statistics.median(times), c.ops, c.reads, breakdown, one
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bs", default="1,16,64")
+    ap.add_argument("--sets", default="native,eagle2,mix")
+    ap.add_argument("--select", default="graph", choices=draft_select.SELECT_MODES)
+    ap.add_argument("--eager", action="store_true", help="an eager draft (organize's hook runs on the host)")
+    ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--N", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--metrics", action="store_true", help="the plugin's Prometheus series on")
+    ap.add_argument("--breakdown", action="store_true", help="the functions with the most own time (cProfile)")
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if a.metrics:
+        metrics.enable_scheduler({"model_name": "bench"})
+    from treespec_sglang.engine.cost import _cpu_name
+    machine = f"{_cpu_name()}, torch {torch.__version__}, device {a.device}"
+    print(f"# hooks' host cost per round, select {a.select}{' (eager draft)' if a.eager else ''}, topk {a.topk}, "
+          f"steps {a.steps}, N {a.N}, metrics {'on' if a.metrics else 'off'}; {machine}")
+    out = []
+    for bs in (int(b) for b in a.bs.split(",")):
+        for name in a.sets.split(","):
+            us, ops, reads, breakdown, _ = measure(name, bs, a)
+            row = dict(set=name, bs=bs, us=round(us, 1), ops=ops, reads=reads)
+            out.append(dict(row, breakdown=breakdown))
+            print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+            for fn, us_own in breakdown or ():
+                print(f"    {us_own:8.1f} us  {fn}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(machine=machine, args=vars(a), rows=out), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

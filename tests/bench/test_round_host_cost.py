@@ -1,0 +1,42 @@
+"""``bench/round_host_cost.py``: its stand-in round goes through the plugin's real hooks (a treespec batch is
+selected, unlinked and recorded every round; a native one calls straight through), with only the device work
+stubbed."""
+
+import argparse
+from unittest import mock
+
+import pytest
+
+pytest.importorskip("triton")
+from bench import round_host_cost  # noqa: E402
+from treespec_sglang.plugin import draft_select, select_graph  # noqa: E402
+
+
+def args(**kw):
+    return argparse.Namespace(**{**dict(select="graph", eager=False, topk=2, steps=3, N=6, repeats=3, device="cpu",
+                                        breakdown=False), **kw})
+
+
+@pytest.mark.parametrize("select,eager", [("graph", False), ("graph", True), ("triton", False), ("torch", False)])
+def test_a_treespec_round_selects_unlinks_and_records_through_the_hooks(select, eager):
+    a = args(select=select, eager=eager)
+    unlinks, real = [], draft_select.unlink_filler_fused
+    with mock.patch.object(draft_select, "unlink_filler_fused", lambda *x: unlinks.append(1) or real(*x)), \
+            mock.patch.object(select_graph, "GRAPHS", {}):
+        us, ops, reads, _, one = round_host_cost.measure("mix", 7, a)
+    rounds = 3 + 1 + a.repeats  # warm-up, counted, timed
+    assert us > 0 and ops > 0
+    for i, req in enumerate(one.reqs):
+        info = req.customized_info
+        if i % len(round_host_cost.SETS["mix"]) == 0:  # the native requests of the mix
+            assert info is None
+            continue
+        assert len(info["treespec_accept_lengths"]) == rounds == len(info["treespec_verify_tokens"])
+        assert len(info["treespec_tree_sizes"]) >= rounds - 1  # the last round's sizes land at the next flush
+    torch_unlink = select == "torch"
+    assert len(unlinks) == (0 if torch_unlink else rounds)  # the fused unlink (its launch stubbed)
+
+
+def test_a_native_round_calls_straight_through():
+    us, ops, reads, _, one = round_host_cost.measure("native", 5, args())
+    assert (ops, reads) == (0, 0) and all(r.customized_info is None for r in one.reqs)
