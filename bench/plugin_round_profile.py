@@ -11,12 +11,15 @@ printed per set beside native: ms per round, the plugin's share, and the parts t
 On the CPU the engine is SGLang's CPU engine with our stand-ins (float32); with ``--device cuda`` it is an
 in-process ``sgl.Engine`` with CUDA graphs on (``--attention triton|flashinfer``, ``--dtype``), and ``--sync``
 charges each part the device time of the work it queued (``TREESPEC_PROFILE_SYNC``). ``--select torch,triton``
-runs one engine per selection (``TREESPEC_SELECT``), side by side in one run. With ``--plain`` every set's greedy
+runs one engine per selection (``TREESPEC_SELECT``), side by side in one run; ``--ragged 0,1`` one per ragged
+verify setting too (``TREESPEC_RAGGED_VERIFY``: with ``--attention flashinfer``, padded in the verify graph
+against ragged and eager, per batch size); ``--draft demo-eagle3`` serves the shipped EAGLE-3 head. With ``--plain`` every set's greedy
 outputs are compared with the plain engine's (``== plain``: the requests that differ, each at its first differing
 token, as ``request@position:token/plain's``); native runs first and again last, so its spread shows beside the gaps.
 
     python bench/plugin_round_profile.py --bs 1,4 --out bench/measured/<machine>/plugin_round_profile.json
     python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --plain --select auto,torch
+    python bench/plugin_round_profile.py --device cuda --attention flashinfer --bs 1,16,64 --prompts 64 --ragged 0,1
 """
 
 from __future__ import annotations
@@ -80,11 +83,12 @@ def per_round(prof: dict) -> dict:
 def start(a, env: dict, speculative: bool = True):
     """An engine whose processes profile into ``env["TREESPEC_PROFILE"]`` (``speculative=False``: plain decoding):
     ``(generate(ids, params) -> outputs, stop())``."""
-    from treespec_sglang.engine.loading import demo_draft_dir
+    from treespec_sglang.engine.loading import demo_draft_dir, eagle3_draft_dir
     from treespec_sglang.models.demo import demo_target
     from treespec_sglang.plugin.cpu.host import EngineHost, cpu_engine_kwargs, eagle_kwargs
 
-    spec = eagle_kwargs(demo_draft_dir(), a.topk, a.steps, a.num_draft_tokens) if speculative else {}
+    draft = eagle3_draft_dir() if a.draft == "demo-eagle3" else demo_draft_dir()
+    spec = eagle_kwargs(draft, a.topk, a.steps, a.num_draft_tokens) if speculative else {}
     if a.device == "cpu":
         host = EngineHost("profile", cpu_engine_kwargs(demo_target(), **spec), tempfile.mkdtemp(), env=env)
         return lambda ids, sp: host.generate(input_ids=ids, sampling_params=sp), host.close
@@ -129,15 +133,28 @@ def run_plain(a, prompt_ids) -> dict:
         stop()
 
 
-def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None) -> dict:
+def engines(a) -> dict:
+    """``{label: environment}``: one engine per ``--select`` x ``--ragged`` value (the label names the ragged
+    setting only when more than one, or a non-default one, is asked for)."""
+    ragged = a.ragged.split(",")
+    out = {}
+    for select in a.select.split(","):
+        for r in ragged:
+            label = select if ragged == ["auto"] else f"{select} ragged={r}"
+            out[label] = {"TREESPEC_SELECT": select, "TREESPEC_RAGGED_VERIFY": r}
+    return out
+
+
+def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None, env: dict = None) -> dict:
     """``{bs: {set: {kind: per_round(...), "tok_s", "tau", "seconds", "differing"}}}`` from one engine (``ops``:
-    the op-counting engine; ``select``: its ``TREESPEC_SELECT``; ``plain``: :func:`run_plain`'s, whose outputs
-    each set's are compared with: ``differing`` as :func:`differences`, None without ``plain``)."""
+    the op-counting engine; ``select``: its label; ``env``: its settings (:func:`engines`; default
+    ``TREESPEC_SELECT=select``); ``plain``: :func:`run_plain`'s, whose outputs each set's are compared with:
+    ``differing`` as :func:`differences`, None without ``plain``)."""
     from treespec_sglang.plugin.profile import read_profile
 
     d = tempfile.mkdtemp()
     env = {"TREESPEC_PROFILE": d, "TREESPEC_PROFILE_OPS": "1" if ops else "0",
-           "TREESPEC_PROFILE_SYNC": "1" if a.sync else "0", "TREESPEC_SELECT": select}
+           "TREESPEC_PROFILE_SYNC": "1" if a.sync else "0", **(env or {"TREESPEC_SELECT": select})}
     generate, stop = start(a, env)
     out = {}
     try:
@@ -220,6 +237,8 @@ def main(argv=None):
     ap.add_argument("--no-ops", action="store_true", help="skip the op-counting engine")
     ap.add_argument("--plain", action="store_true", help="also a plain engine (no speculation): its tok/s")
     ap.add_argument("--select", default="torch", help="comma list of TREESPEC_SELECT values, one engine each")
+    ap.add_argument("--ragged", default="auto", help="comma list of TREESPEC_RAGGED_VERIFY values, one engine each")
+    ap.add_argument("--draft", default="demo", choices=("demo", "demo-eagle3"), help="the shipped EAGLE / EAGLE-3 head")
     ap.add_argument("--out", default=None, help="JSON file for the figures")
     a = ap.parse_args(argv)
     from treespec_sglang.data.prompts import humaneval, mtbench
@@ -230,10 +249,10 @@ def main(argv=None):
     prompt_ids = SpecEngine.from_pretrained("smollm2-135m", draft=None).encode(prompts)
     plain = run_plain(a, prompt_ids) if a.plain else {}
     timed, counted, tables = {}, {}, []
-    for select in a.select.split(","):
-        timed[select] = run_sets(a, prompt_ids, ops=False, select=select, plain=plain)
-        counted[select] = {} if a.no_ops else run_sets(a, prompt_ids, ops=True, select=select)
-        tables.append(report(timed[select], counted[select], plain, select))
+    for label, env in engines(a).items():
+        timed[label] = run_sets(a, prompt_ids, ops=False, select=label, plain=plain, env=env)
+        counted[label] = {} if a.no_ops else run_sets(a, prompt_ids, ops=True, select=label, env=env)
+        tables.append(report(timed[label], counted[label], plain, label))
     table = "\n".join(tables)
     print(table)
     if a.out:

@@ -16,3 +16,16 @@ def test_native_runs_first_and_last_around_every_policy_and_the_mix():
     names = list(sets)
     assert names[0] == "native" and names[-1] == "native_again" and sets["native_again"] == [None]
     assert {"eagle2", "talon", "salf", "c2t", "chain", "mix"} <= set(names[1:-1])
+
+
+def test_one_engine_per_selection_and_ragged_setting():
+    from argparse import Namespace
+
+    from bench.plugin_round_profile import engines
+
+    assert engines(Namespace(select="auto,torch", ragged="auto")) == {
+        "auto": {"TREESPEC_SELECT": "auto", "TREESPEC_RAGGED_VERIFY": "auto"},
+        "torch": {"TREESPEC_SELECT": "torch", "TREESPEC_RAGGED_VERIFY": "auto"}}
+    both = engines(Namespace(select="auto", ragged="0,1"))
+    assert both == {"auto ragged=0": {"TREESPEC_SELECT": "auto", "TREESPEC_RAGGED_VERIFY": "0"},
+                    "auto ragged=1": {"TREESPEC_SELECT": "auto", "TREESPEC_RAGGED_VERIFY": "1"}}

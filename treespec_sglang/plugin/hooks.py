@@ -188,9 +188,12 @@ def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
     per = getattr(batch_result, "num_correct_drafts_per_req_cpu", None)  # host list, set by the hooked body
     if per is None:
         return result
+    policies = _policies(batch.reqs)
+    if not any(policies):
+        return result  # a native batch
     # retracted and finished requests commit nothing (SGLang commits nothing for them either)
     policies = [None if name is None or req.is_retracted or req.finished() else name
-                for req, name in zip(batch.reqs, _policies(batch.reqs))]
+                for req, name in zip(batch.reqs, policies)]
     record_rounds(batch.reqs, policies, "treespec_accept_lengths", per)
     return result
 

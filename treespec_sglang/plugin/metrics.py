@@ -24,7 +24,7 @@ round is counted once per group, as SGLang counts its ``sglang:spec_accept_lengt
 from __future__ import annotations
 
 import re
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Sequence
 
 __all__ = ["SchedulerSeries", "refused_field", "enable_scheduler", "enable_tokenizer", "scheduler_series",
            "count_refused", "TREE_SIZE_BUCKETS", "ACCEPT_LENGTH_BUCKETS"]
@@ -72,17 +72,22 @@ class SchedulerSeries:
     def new_request(self, policy: str) -> None:
         self._of(policy)[0].inc()
 
-    def drafted(self, policy: str, tree_size: int) -> None:
-        self._of(policy)[4].observe(tree_size)
+    def drafted(self, policy: str, tree_sizes: Sequence[int]) -> None:
+        """One round's tree sizes of a policy's requests (one value per request)."""
+        observe = self._of(policy)[4].observe
+        for n in tree_sizes:
+            observe(n)
 
-    def verified_tokens(self, policy: str, n: int) -> None:
-        self._of(policy)[3].inc(n)
+    def verified_tokens(self, policy: str, counts: Sequence[int]) -> None:
+        self._of(policy)[3].inc(sum(counts))
 
-    def accepted_round(self, policy: str, accept_length: int) -> None:
+    def accepted_round(self, policy: str, accept_lengths: Sequence[int]) -> None:
+        """One round's accept lengths of a policy's requests: a round each, their sum, each length observed."""
         _, rounds, accepted, _, _, length = self._of(policy)
-        rounds.inc()
-        accepted.inc(accept_length)
-        length.observe(accept_length)
+        rounds.inc(len(accept_lengths))
+        accepted.inc(sum(accept_lengths))
+        for n in accept_lengths:
+            length.observe(n)
 
 
 def enable_scheduler(labels: Mapping) -> SchedulerSeries:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import functools
 import os
-from typing import Deque, Optional, Sequence
+from typing import Deque, Dict, Optional, Sequence
 
 import torch
 
@@ -73,10 +73,12 @@ def record_rounds(reqs: Sequence, policies: Sequence[Optional[str]], key: str, v
     """:func:`record_round` for one round of a batch: ``values[i]`` for ``reqs[i]`` under its policy
     ``policies[i]`` (None: not ours, skipped). The environment, the metrics series and ``key``'s columns are
     looked up once per call, not per request: a hook calls this once per round for the whole batch."""
+    if not any(policies):  # a native batch (names are never empty)
+        return
     cap, series = max_rounds(), scheduler_series()
     total, method = ROUND_KEYS[key]
     rounds = key == "treespec_accept_lengths"
-    observe = None if series is None else getattr(series, method)
+    by_policy: Dict[str, list] = {}  # the round's values per policy, for the series (one call per policy)
     for req, policy, value in zip(reqs, policies, values):
         if policy is None:
             continue
@@ -95,8 +97,10 @@ def record_rounds(reqs: Sequence, policies: Sequence[Optional[str]], key: str, v
         summary[total] += value
         if rounds:
             summary["rounds"] += 1
-        if observe is not None:
-            observe(policy, value)
+        if series is not None:
+            by_policy.setdefault(policy, []).append(value)
+    for policy, vals in by_policy.items():
+        getattr(series, method)(policy, vals)
 
 
 def _first_round(req, info: Optional[dict], policy: str, series) -> dict:
