@@ -222,7 +222,7 @@ def machine(device: str) -> str:
     return f"{_cpu_name()} ({cpu_bf16()[1]}), {os.cpu_count()} cores, torch {torch.__version__}"
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--attention", default="triton", help="CUDA: SGLang's attention backend (triton, flashinfer)")
@@ -240,7 +240,11 @@ def main(argv=None):
     ap.add_argument("--ragged", default="auto", help="comma list of TREESPEC_RAGGED_VERIFY values, one engine each")
     ap.add_argument("--draft", default="demo", choices=("demo", "demo-eagle3"), help="the shipped EAGLE / EAGLE-3 head")
     ap.add_argument("--out", default=None, help="JSON file for the figures")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    a = parser().parse_args(argv)
     from treespec_sglang.data.prompts import humaneval, mtbench
     from treespec_sglang.engine import SpecEngine
 

@@ -30,8 +30,8 @@ import torch
 from .metrics import scheduler_series
 from ..policies.registry import registration_of
 
-__all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "record_rounds", "max_rounds", "PendingSizes",
-           "policy_name"]
+__all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "record_rounds", "max_rounds",
+           "PendingSizes", "policy_name"]
 
 PREFIX = "treespec_"
 SUMMARY = "treespec_summary"
@@ -49,7 +49,7 @@ def max_rounds() -> int:
 
 
 @functools.lru_cache(maxsize=4)
-def _parse_max_rounds(raw: str) -> int:  # parsed once per value: record_round runs every round
+def _parse_max_rounds(raw: str) -> int:  # parsed once per value: record_rounds runs every round
     try:
         n = int(raw) if raw else 4096
     except ValueError:

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The plugin's GPU checks, most needed first, each under its own time limit; logs and JSON under $OUT.
+#
+# Run from the repository root on a GPU machine whose python imports sglang 0.5.23 with CUDA (docs/gpu.md:
+# the test bed's environment). A device call may run for 10 minutes, so pick the steps per call:
+#
+#   STEPS=tests,profile bash bench/gpu_session.sh        # GPU tests, then auto vs torch selection vs native
+#   STEPS=flashinfer,bf16,eagle3 bash bench/gpu_session.sh
+#
+# Steps: tests (pytest -m gpu), profile (float32, Triton attention, selection auto vs torch, beside native and
+# plain, outputs compared with plain), flashinfer (padded against ragged verify per batch size), bf16, eagle3
+# (the shipped EAGLE-3 head). Each profile runs concurrency 1, 16 and 64 over 64 held-out prompts.
+set -uo pipefail
+OUT=${OUT:-bench/measured/gpu-run}
+STEPS=${STEPS:-tests,profile,flashinfer,bf16,eagle3}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/card.txt" 2>&1 || true
+PROFILE=(python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --no-ops)
+
+step() {  # step NAME SECONDS COMMAND...: run it when STEPS names it; its log in $OUT/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    case ",$STEPS," in *",$name,"*) ;; *) return 0 ;; esac
+    local start=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    echo "$name: rc $? in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
+    tail -n 4 "$OUT/$name.log"
+}
+
+step tests 240 python -m pytest -q -m gpu tests/plugin tests/training -p no:cacheprovider
+step profile 540 "${PROFILE[@]}" --plain --select auto,torch --out "$OUT/profile.json"
+step flashinfer 360 "${PROFILE[@]}" --attention flashinfer --select auto --ragged 0,1 --out "$OUT/flashinfer_ragged.json"
+step bf16 240 "${PROFILE[@]}" --dtype bfloat16 --plain --select auto --out "$OUT/bf16.json"
+step eagle3 240 "${PROFILE[@]}" --draft demo-eagle3 --select auto --out "$OUT/eagle3.json"
