@@ -134,14 +134,15 @@ def run_plain(a, prompt_ids) -> dict:
 
 
 def engines(a) -> dict:
-    """``{label: environment}``: one engine per ``--select`` x ``--ragged`` value (the label names the ragged
-    setting only when more than one, or a non-default one, is asked for)."""
-    ragged = a.ragged.split(",")
+    """``{label: environment}``: one engine per ``--select`` value, times one per ``--ragged`` value when given (the
+    label then names it; without ``--ragged`` the operator's ``TREESPEC_RAGGED_VERIFY``, if any, stays)."""
     out = {}
     for select in a.select.split(","):
-        for r in ragged:
-            label = select if ragged == ["auto"] else f"{select} ragged={r}"
-            out[label] = {"TREESPEC_SELECT": select, "TREESPEC_RAGGED_VERIFY": r}
+        for r in (a.ragged.split(",") if a.ragged else [None]):
+            env = {"TREESPEC_SELECT": select}
+            if r is not None:
+                env["TREESPEC_RAGGED_VERIFY"] = r
+            out[select if r is None else f"{select} ragged={r}"] = env
     return out
 
 
@@ -237,7 +238,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-ops", action="store_true", help="skip the op-counting engine")
     ap.add_argument("--plain", action="store_true", help="also a plain engine (no speculation): its tok/s")
     ap.add_argument("--select", default="torch", help="comma list of TREESPEC_SELECT values, one engine each")
-    ap.add_argument("--ragged", default="auto", help="comma list of TREESPEC_RAGGED_VERIFY values, one engine each")
+    ap.add_argument("--ragged", default=None, help="comma list of TREESPEC_RAGGED_VERIFY values, one engine each")
     ap.add_argument("--draft", default="demo", choices=("demo", "demo-eagle3"), help="the shipped EAGLE / EAGLE-3 head")
     ap.add_argument("--out", default=None, help="JSON file for the figures")
     return ap

@@ -23,9 +23,8 @@ def test_one_engine_per_selection_and_ragged_setting():
 
     from bench.plugin_round_profile import engines
 
-    assert engines(Namespace(select="auto,torch", ragged="auto")) == {
-        "auto": {"TREESPEC_SELECT": "auto", "TREESPEC_RAGGED_VERIFY": "auto"},
-        "torch": {"TREESPEC_SELECT": "torch", "TREESPEC_RAGGED_VERIFY": "auto"}}
+    assert engines(Namespace(select="auto,torch", ragged=None)) == {  # the operator's ragged setting stays
+        "auto": {"TREESPEC_SELECT": "auto"}, "torch": {"TREESPEC_SELECT": "torch"}}
     both = engines(Namespace(select="auto", ragged="0,1"))
     assert both == {"auto ragged=0": {"TREESPEC_SELECT": "auto", "TREESPEC_RAGGED_VERIFY": "0"},
                     "auto ragged=1": {"TREESPEC_SELECT": "auto", "TREESPEC_RAGGED_VERIFY": "1"}}

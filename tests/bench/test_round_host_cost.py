@@ -1,15 +1,17 @@
-"""``bench/round_host_cost.py``: its stand-in round goes through the plugin's real hooks (a treespec batch is
-selected, unlinked and recorded every round; a native one calls straight through), with only the device work
-stubbed."""
+"""``bench/round_host_cost.py``: its stand-in round goes through the plugin's real hooks (a treespec batch gets its
+selection's inputs staged, its filler unlinked and its stats recorded every round; a native one calls straight
+through), with only the device work stubbed (so the trees themselves are not checked here)."""
 
 import argparse
 from unittest import mock
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 from bench import round_host_cost  # noqa: E402
 from treespec_sglang.plugin import draft_select, select_graph  # noqa: E402
+from treespec_sglang.plugin.rows import policy_rows  # noqa: E402
 
 
 def args(**kw):
@@ -18,11 +20,11 @@ def args(**kw):
 
 
 @pytest.mark.parametrize("select,eager", [("graph", False), ("graph", True), ("triton", False), ("torch", False)])
-def test_a_treespec_round_selects_unlinks_and_records_through_the_hooks(select, eager):
+def test_a_treespec_round_stages_unlinks_and_records_through_the_hooks(select, eager):
     a = args(select=select, eager=eager)
     unlinks, real = [], draft_select.unlink_filler_fused
     with mock.patch.object(draft_select, "unlink_filler_fused", lambda *x: unlinks.append(1) or real(*x)), \
-            mock.patch.object(select_graph, "GRAPHS", {}):
+            mock.patch.object(select_graph, "GRAPHS", {}) as graphs:
         us, ops, reads, _, one = round_host_cost.measure("mix", 7, a)
     rounds = 3 + 1 + a.repeats  # warm-up, counted, timed
     assert us > 0 and ops > 0
@@ -32,7 +34,11 @@ def test_a_treespec_round_selects_unlinks_and_records_through_the_hooks(select, 
             assert info is None
             continue
         assert len(info["treespec_accept_lengths"]) == rounds == len(info["treespec_verify_tokens"])
-        assert len(info["treespec_tree_sizes"]) >= rounds - 1  # the last round's sizes land at the next flush
+        assert len(info["treespec_tree_sizes"]) == rounds  # on the CPU a round's sizes are ready at its accepts
+    if select == "graph" and not eager:  # the replayed selection's static input holds this batch's row table
+        graph, = graphs.values()
+        params = [r._treespec_params for r in one.reqs]
+        assert torch.equal(graph.rows_in[:7], policy_rows(params, "cpu", [p is not None for p in params]))
     torch_unlink = select == "torch"
     assert len(unlinks) == (0 if torch_unlink else rounds)  # the fused unlink (its launch stubbed)
 

@@ -117,3 +117,7 @@ def test_a_batch_round_records_each_request_under_its_own_policy(series):
     assert _sample(reg, "treespec:requests_total", "talon") == 1 == _sample(reg, "treespec:requests_total", "salf")
     assert _sample(reg, "treespec:accepted_draft_tokens_total", "salf") == 4
     assert _sample(reg, "treespec:tree_size_sum", "talon") == 9 and _sample(reg, "treespec:rounds_total", "talon") == 2
+    S.record_rounds([_req()], ["c2t"], "treespec_tree_sizes", [4])  # a series appears with its first value only
+    labels = {"model_name": "m", "tp_rank": "0", "policy": "c2t"}
+    assert reg.get_sample_value("treespec:tree_size_count", labels) == 1
+    assert reg.get_sample_value("treespec:rounds_total", labels) is None

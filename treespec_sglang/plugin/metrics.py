@@ -56,38 +56,35 @@ class SchedulerSeries:
                                    buckets=TREE_SIZE_BUCKETS)
         self.accept_length = Histogram("treespec:accept_length", "Accepted draft tokens per round", names,
                                        buckets=ACCEPT_LENGTH_BUCKETS)
-        self._children: Dict[str, tuple] = {}  # policy -> its labelled children, looked up once per policy
+        self._children: Dict[tuple, object] = {}  # (series, policy) -> its labelled child, looked up once
 
-    def _of(self, policy: str) -> tuple:
-        """``(requests, rounds, accepted, verified, tree_size, accept_length)`` labelled for ``policy``:
-        ``labels()`` validates and locks on every call, and the rounds' hooks observe per request."""
-        children = self._children.get(policy)
-        if children is None:
-            labels = {**self.labels, "policy": policy}
-            children = self._children[policy] = tuple(
-                m.labels(**labels) for m in (self.requests, self.rounds, self.accepted, self.verified,
-                                             self.tree_size, self.accept_length))
-        return children
+    def _child(self, series, policy: str):
+        """``series`` labelled for ``policy``, created on its first value (as ``labels()`` would) and kept:
+        ``labels()`` validates and locks on every call, and the rounds' hooks observe every round."""
+        child = self._children.get((series, policy))
+        if child is None:
+            child = self._children[(series, policy)] = series.labels(**self.labels, policy=policy)
+        return child
 
     def new_request(self, policy: str) -> None:
-        self._of(policy)[0].inc()
+        self._child(self.requests, policy).inc()
 
     def drafted(self, policy: str, tree_sizes: Sequence[int]) -> None:
         """One round's tree sizes of a policy's requests (one value per request)."""
-        observe = self._of(policy)[4].observe
+        observe = self._child(self.tree_size, policy).observe
         for n in tree_sizes:
             observe(n)
 
     def verified_tokens(self, policy: str, counts: Sequence[int]) -> None:
-        self._of(policy)[3].inc(sum(counts))
+        self._child(self.verified, policy).inc(sum(counts))
 
     def accepted_round(self, policy: str, accept_lengths: Sequence[int]) -> None:
         """One round's accept lengths of a policy's requests: a round each, their sum, each length observed."""
-        _, rounds, accepted, _, _, length = self._of(policy)
-        rounds.inc(len(accept_lengths))
-        accepted.inc(sum(accept_lengths))
+        self._child(self.rounds, policy).inc(len(accept_lengths))
+        self._child(self.accepted, policy).inc(sum(accept_lengths))
+        observe = self._child(self.accept_length, policy).observe
         for n in accept_lengths:
-            length.observe(n)
+            observe(n)
 
 
 def enable_scheduler(labels: Mapping) -> SchedulerSeries:
