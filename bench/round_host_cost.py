@@ -79,9 +79,9 @@ class FakeRound:
         scores, tokens, parents = sglang_pool(bs, k, S, device)
         self.lists = ([scores[:, :k].view(bs, 1, k), scores[:, k:].reshape(bs, -1, k)],
                       [tokens[:, :k], tokens[:, k:]], [parents[:, :k + 1], parents[:, k + 1:], None])
-        draft_select.stash_pool(*self.lists)  # what the captured draft graph's organize writes on each replay
         # SGLang's own selection: (parent_list, top_scores_index [bs, N-1], draft_tokens [bs, N-1])
         self.native = pool.select_on_pool(pool.PoolView.from_flat(scores, tokens, parents, k), N, [None] * bs)[:3]
+        draft_select.stash_pool(*self.lists, self.native[1])  # what the captured draft graph's organize writes
         self.chains = [torch.full((bs, N), -1, dtype=torch.long, device=device) for _ in range(2)]  # [bs, N] each
         self.worker = SimpleNamespace(topk=k, speculative_num_steps=S, speculative_num_draft_tokens=N, device=device)
         self.runner = SimpleNamespace(bs=bs)  # SGLang's draft graph runner (a replay of a bs-row graph)

@@ -72,12 +72,14 @@ def test_graph_mode_after_a_replayed_draft_runs_one_selection_graph_per_draft_sh
     monkeypatch.setattr(select_graph, "SelectionGraph", lambda *a, **k: made.append(a[3]) or real(*a, **k))
     for seed, bs in ((5, 5), (6, 3)):
         sl, tl, pl = pools(8, seed)
-        stash_pool(sl, tl, pl)  # what the replay's captured copy writes
+        # what the replay's captured copies write: the pool and SGLang's own selection beside it
+        stash_pool(sl, tl, pl, select_from_pool(sl, tl, pl, N, K, [None] * 8)[1])
         params = [parse_spec(s) if s else None for s in SPECS[seed - 5:seed - 5 + bs]]
         mine = [[t[:bs] for t in part] for part in (sl, tl, pl)]
         native = select_from_pool(*mine, N, K, [None] * bs)[:3]
         step = DraftStep(params, K)
-        top, toks = select_after_draft(step, 8, native[1], native[2], N, S)
+        stale = torch.zeros_like(native[1])  # the graph reads SGLang's selection from the stash, not this
+        top, toks = select_after_draft(step, 8, stale, native[2], N, S)
         ref = select_from_pool(*mine, N, K, params, native=native)
         assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3]), seed
     assert len(made) == 1 and len(select_graph.GRAPHS) == 1  # captured once (the c2t row's classifier in it)
@@ -125,10 +127,10 @@ def test_a_bad_or_unloadable_selection_is_refused_at_start(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["torch", "graph"])
 def test_a_replayed_draft_graph_feeds_the_selection_the_new_pool(monkeypatch, mode):
-    """A stand-in draft loop (pool from input buffers, SGLang's selection, the pool stashed as the hooked
+    """A stand-in draft loop (pool from input buffers, SGLang's selection, both stashed as the hooked
     organize_draft_results does) captured for 8 rows, replayed for 5 requests on new inputs: the
-    selection after the replay (torch, or the captured selection graph) equals the selection on those 5
-    requests' pool computed eagerly."""
+    selection after the replay (torch, or the captured selection graph, which reads SGLang's selection from the
+    stash) equals the selection on those 5 requests' pool computed eagerly."""
     monkeypatch.setenv(draft_select.ENV_SELECT, mode)
     lists = [pools(8, seed) for seed in (3, 4)]
     inputs = [[t.cuda() for t in part] for part in lists[0]]
@@ -136,7 +138,7 @@ def test_a_replayed_draft_graph_feeds_the_selection_the_new_pool(monkeypatch, mo
     def draft_loop():
         sl, tl, pl = ([t * 1 for t in part] for part in inputs)  # computed from the graph's input buffers
         out = select_from_pool(sl, tl, pl, N, K, [None] * 8)[:3]  # SGLang's own selection
-        stash_pool(sl, tl, pl)
+        stash_pool(sl, tl, pl, out[1])
         return out
 
     graph, outs = capture(draft_loop)

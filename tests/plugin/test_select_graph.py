@@ -152,6 +152,32 @@ def test_a_steady_batch_does_not_copy_its_rows_again():
     assert (got[2].sum(-1) == 3).all() and torch.equal(g.rows_in, policy_rows(eagle, "cpu"))
 
 
+def test_a_graph_reads_sglangs_selection_where_the_replay_stashed_it():
+    """With the stash of SGLang's own selection (``native``) the graph reads it in place: no copy in a steady round,
+    the native rows follow what the replay wrote there, and a graph without that stash needs it passed."""
+    from treespec_sglang.utils.syncs import count_ops
+
+    k, S, N = 4, 3, 8
+    pool, params = batch(k, S, N, 6, seed=13)
+    params[0] = params[3] = None  # native rows: they take SGLang's selection verbatim
+    stash, rows, native = stash_of(pool, 6), policy_rows(params, "cpu"), native_of(pool, N)[1]
+    want = [t.clone() for t in SelectionGraph(stash, k, N, capture=False).run(rows, native)]
+    buf = native.clone()  # [rows, N-1], what the draft replay writes beside the pool
+    g, own = SelectionGraph(stash, k, N, capture=False, native=buf), SelectionGraph(stash, k, N, capture=False)
+    assert all(torch.equal(a, b) for a, b in zip(want, g.run(rows)))
+    own.run(rows, native)
+    with count_ops() as c:
+        got = g.run(rows)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    with count_ops() as c_own:
+        own.run(rows, native)
+    assert c.names["aten::copy_"] + 1 == c_own.names["aten::copy_"]  # the copy of SGLang's selection, gone
+    buf[0] = buf[0].flip(0)  # the next replay's selection for row 0
+    assert torch.equal(g.run(rows)[0][0], buf[0]) and not torch.equal(buf[0], want[0][0])
+    with pytest.raises(ValueError, match="native_top is required"):
+        SelectionGraph(stash, k, N, capture=False).run(rows)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_captured_graph_replays_the_planned_trees_on_cuda():

@@ -2,8 +2,9 @@
 
 SGLang captures its whole draft loop, ``organize_draft_results`` included, in one CUDA graph per batch
 size; hooks do not run inside a replay. So the plugin leaves SGLang's loop as it is and works on its
-output: ``organize_draft_results``' hook copies the candidate pool (scores, tokens, parent table) into a
-*stash*, one set of buffers per pool shape, and returns SGLang's own selection. In eager mode the copy
+output: ``organize_draft_results``' hook copies the candidate pool (scores, tokens, parent table) and SGLang's own
+selection (``top_scores_index``) into a *stash*, one set of buffers per pool shape, and returns SGLang's
+selection. In eager mode the copy
 runs every round; during capture it is recorded into the graph, so every replay writes the pool into the
 same buffers. After the draft, :func:`select_after_draft` reads the stash (the rows of this batch,
 cloned at the boundary as SGLang does for ``draft_probs``), runs every request's policy on it
@@ -43,6 +44,8 @@ SELECT_MODES = ("torch", "auto", "triton", "graph")
 
 # (rows, P, W, device) -> (scores [rows, P] float32, tokens [rows, P] int64, parent_list [rows, W] int64)
 _STASH: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+# the pool's stash key -> SGLang's own top_scores_index [rows, N-1] int64 on that pool, written beside it
+_NATIVE: Dict[tuple, torch.Tensor] = {}
 
 
 def capturing(t: Optional[torch.Tensor] = None) -> bool:
@@ -120,13 +123,15 @@ def check_selection(device, topk: int, steps: int, num_draft_tokens: int) -> str
     return mode
 
 
-def stash_pool(score_list, token_list, parents_list) -> tuple:
+def stash_pool(score_list, token_list, parents_list, native_top: Optional[torch.Tensor] = None) -> tuple:
     """Copy SGLang's pool into the stash of its shape (inside ``organize_draft_results``, eager or captured).
 
     Parameters
     ----------
     score_list : S tensors, ``[rows, 1, k]`` then ``[rows, k, k]``; token_list : ``[rows, k]`` then
         ``[rows, k*k]``; parents_list : S tensors, SGLang's parent table pieces (``[rows, k + 1]``, ``[rows, k]``).
+    native_top : optional ``[rows, N-1]``, SGLang's own ``top_scores_index`` on that pool: stashed too (a
+        replayed selection graph reads it there, :mod:`.select_graph`, instead of copying it each round).
 
     Returns
     -------
@@ -147,6 +152,13 @@ def stash_pool(score_list, token_list, parents_list) -> tuple:
     bufs[0].copy_(scores)
     bufs[1].copy_(tokens)
     bufs[2].copy_(parent_list)
+    if native_top is None:
+        _NATIVE.pop(key, None)  # none beside this pool: a stashed one would be another pool's
+        return key
+    native = _NATIVE.get(key)
+    if native is None or native.shape[1] != native_top.shape[1]:
+        native = _NATIVE[key] = torch.empty(rows, native_top.shape[1], dtype=torch.long, device=scores.device)
+    native.copy_(native_top)
     return key
 
 
@@ -216,7 +228,8 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
 def _select_replayed(step, rows: int, rows_t: torch.Tensor, native_top: torch.Tensor, num_draft_tokens: int,
                      steps: int, group):
     """``TREESPEC_SELECT=graph`` (or ``auto`` on CUDA) after a replayed draft: the selection graph of the draft's stash
-    (:func:`~.select_graph.graph_for`) with this batch's rows. Returns ``(top [bs, N-1], tokens [bs, N-1],
+    (:func:`~.select_graph.graph_for`) with this batch's rows; SGLang's own selection is read where the replay
+    stashed it (``native_top`` is copied in only for a draft graph captured without that stash). Returns ``(top [bs, N-1], tokens [bs, N-1],
     keep [bs, N], scores [bs, P])``, ``scores`` a view of the stash (read before the next replay)."""
     bs, N = native_top.shape[0], num_draft_tokens
     key, stash = _stash_of(rows, step.topk, steps, native_top.device)
@@ -229,5 +242,9 @@ def _select_replayed(step, rows: int, rows_t: torch.Tensor, native_top: torch.Te
     if "custom" in plan.stages:  # the custom rules' own keep, computed on the host as select_on_pool does
         pool = PoolView.from_flat(*(t[:bs] for t in stash), step.topk)
         extra = plan.custom_keep(pool, rows_t, N)
-    top, tokens, keep = graph_for(stash, key, step.topk, N, plan.clf_ids).run(rows_t, native_top, extra)
+    native = _NATIVE.get(key)  # SGLang's selection as the replay wrote it beside the pool
+    if native is not None and native.shape[1] != N - 1:
+        native = None
+    graph = graph_for(stash, key, step.topk, N, plan.clf_ids, native)
+    top, tokens, keep = graph.run(rows_t, None if native is not None else native_top, extra)
     return top, tokens, keep, scores

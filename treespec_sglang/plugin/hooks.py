@@ -131,10 +131,11 @@ def _draft_loop(original, self, forward_batch, *args, **kwargs):
 
 
 def _organize(original, score_list, token_list, parents_list, num_draft_token, *args, **kwargs):
-    # SGLang's own selection stays (inside its graph when captured); the pool is copied aside for ours
+    # SGLang's own selection stays (inside its graph when captured); the pool and that selection
+    # (out: parent_list, top_scores_index, draft_tokens) are copied aside for ours
     out = original(score_list, token_list, parents_list, num_draft_token, *args, **kwargs)
     if drafting_step() is not None or capturing(score_list[0]):
-        stash_pool(score_list, token_list, parents_list)
+        stash_pool(score_list, token_list, parents_list, out[1])
     return out
 
 
@@ -270,8 +271,8 @@ HOOKS_IN_ORDER: List[Hook] = [
          "captured graph with ``TREESPEC_CHAIN_STOP_GRAPH=1``; :mod:`.chain_stop`)"),
     Hook(f"{_SPEC}.eagle_utils.organize_draft_results", "AROUND", _organize,
          ["score_list", "token_list", "parents_list", "num_draft_token"],
-         "SGLang's own selection (kept inside its draft graph); the pool is copied into per-shape buffers "
-         "(:mod:`.draft_select`)"),
+         "SGLang's own selection (kept inside its draft graph); the pool and that selection are copied into "
+         "per-shape buffers (:mod:`.draft_select`)"),
     Hook(_BUILD, "AROUND", _build_verify_input,
          ["batch", "draft_input", "parent_list", "top_scores_index", "draft_tokens", "draft_probs", "target_worker",
           "topk", "num_steps", "num_draft_tokens", "tree_mask_mode", "device"],

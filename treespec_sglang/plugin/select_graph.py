@@ -9,9 +9,10 @@ replay, whatever the batch holds:
 
 1. ``run`` writes this round's inputs into the graph's static buffers: the ``bs`` request rows of the row
    table (:func:`.pool.policy_rows`, one op into rows ``[:bs]``, none when the batch's table is the one the
-   previous round wrote: a steady batch's is cached, read-only; the padding rows stay native), SGLang's own
-   ``top_scores_index`` (native rows take it verbatim) and, only when the batch has a custom pool rule, that
-   rule's keep (computed on the host as :func:`.pool.select_on_pool` does);
+   previous round wrote: a steady batch's is cached, read-only; the padding rows stay native) and, only when the
+   batch has a custom pool rule, that rule's keep (computed on the host as :func:`.pool.select_on_pool` does).
+   SGLang's own ``top_scores_index`` (native rows take it verbatim) is read where the draft replay stashed it
+   beside the pool; a graph without that stash copies it in each round. A steady batch's round copies nothing;
 2. one replay: the pool's view of the stash (:meth:`.pool.PoolView.from_flat`) and the launch with the
    batch-independent runtime ints of :func:`.pool_kernels.graph_args`, which select the same trees as a
    launch planned for the batch;
@@ -56,10 +57,13 @@ class SelectionGraph:
     topk, num_draft_tokens : the server's k and N
     clf_ids : the classifier ids (the row table's ``clf``) the graph scores with, ascending
     capture : capture a CUDA graph (on CUDA devices; False: launch uncaptured, e.g. to compare)
+    native : optional ``[rows, N-1]`` int64, the buffer the draft replay writes SGLang's own selection into beside
+        the pool (:func:`.draft_select.stash_pool`): read in place, so ``run`` copies none in; without it ``run``
+        takes SGLang's selection each round and copies it into a buffer of its own
     """
 
     def __init__(self, stash: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], topk: int, num_draft_tokens: int,
-                 clf_ids: Sequence[int] = (), capture: bool = True):
+                 clf_ids: Sequence[int] = (), capture: bool = True, native: Optional[torch.Tensor] = None):
         scores, tokens, _ = stash
         rows, P = scores.shape
         dev, N = scores.device, num_draft_tokens
@@ -69,7 +73,8 @@ class SelectionGraph:
         self.rows_in = self._native_row.expand(rows, -1).clone()  # [rows, F]; rows past a batch stay native
         self._filled = 0  # rows of rows_in the last batch wrote
         self._rows_seen: Optional[torch.Tensor] = None  # the row table rows_in holds (kept: no id reuse)
-        self.native_in = torch.zeros(rows, N - 1, dtype=torch.int64, device=dev)  # [rows, N-1]
+        self.native = native  # the stash's [rows, N-1] (None: native_in is the graph's own, copied in by run)
+        self.native_in = native if native is not None else torch.zeros(rows, N - 1, dtype=torch.int64, device=dev)
         self.extra_in = torch.zeros(rows, P, dtype=torch.bool, device=dev)  # [rows, P]
         self._extra_written = 0  # rows of extra_in a custom keep wrote last (zeroed before the next round)
         self.out = (torch.zeros(rows, N - 1, dtype=torch.int64, device=dev),  # top [rows, N-1]
@@ -91,13 +96,15 @@ class SelectionGraph:
         pool = PoolView.from_flat(*self.stash, self.k)
         launch(self.mod, pool, self.rows_in, self.stages, self.clf, self.native_in, self.extra_in, self.out, self.args)
 
-    def run(self, rows: torch.Tensor, native_top: torch.Tensor, extra_keep: Optional[torch.Tensor] = None):
+    def run(self, rows: torch.Tensor, native_top: Optional[torch.Tensor] = None,
+            extra_keep: Optional[torch.Tensor] = None):
         """This round's selection for the stash's first ``bs`` rows.
 
         Parameters
         ----------
         rows : ``[bs, F]`` float32, the batch's row table (:func:`.pool.policy_rows`)
-        native_top : ``[bs, N-1]`` SGLang's ``top_scores_index`` (native rows take it verbatim)
+        native_top : ``[bs, N-1]`` SGLang's ``top_scores_index`` (native rows take it verbatim); None for a graph
+            that reads it from the stash (``native``), which requires it
         extra_keep : optional ``[bs, P]`` bool, the custom pool rules' keep (OR'ed in before the padding)
 
         Returns
@@ -111,7 +118,10 @@ class SelectionGraph:
             if bs < self._filled:  # rows a bigger batch wrote last: native again (their pool rows are padding)
                 self.rows_in[bs:self._filled].copy_(self._native_row)  # [1, F] broadcast
             self._filled, self._rows_seen = bs, rows
-        self.native_in[:bs].copy_(native_top)
+        if native_top is not None:
+            self.native_in[:bs].copy_(native_top)
+        elif self.native is None:
+            raise ValueError("SelectionGraph.run: native_top is required when the graph has no stashed selection")
         if self._extra_written:
             self.extra_in[:self._extra_written].zero_()
             self._extra_written = 0
@@ -126,12 +136,13 @@ class SelectionGraph:
 
 
 def graph_for(stash: Tuple[torch.Tensor, ...], key: tuple, topk: int, num_draft_tokens: int,
-              clf_ids: Sequence[int]) -> SelectionGraph:
+              clf_ids: Sequence[int], native: Optional[torch.Tensor] = None) -> SelectionGraph:
     """The selection graph of stash ``key`` (``(rows, P, W, device)``) at N = ``num_draft_tokens``, captured on first
-    use and again (with the union of classifier ids) when a batch names a classifier it was not captured with."""
+    use and again when a batch names a classifier it was not captured with (with the union) or when the stash of
+    SGLang's own selection (``native``) is not the one it reads."""
     gkey = (key, num_draft_tokens, topk)
     g = GRAPHS.get(gkey)
-    if g is None or not set(clf_ids) <= set(g.clf_ids):
+    if g is None or not set(clf_ids) <= set(g.clf_ids) or g.native is not native:
         ids = sorted(set(clf_ids) | set(g.clf_ids if g is not None else ()))
-        g = GRAPHS[gkey] = SelectionGraph(stash, topk, num_draft_tokens, ids)
+        g = GRAPHS[gkey] = SelectionGraph(stash, topk, num_draft_tokens, ids, native=native)
     return g
