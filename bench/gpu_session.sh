@@ -4,15 +4,16 @@
 # Run from the repository root on a GPU machine whose python imports sglang 0.5.23 with CUDA (docs/gpu.md:
 # the test bed's environment). A device call may run for 10 minutes, so pick the steps per call:
 #
-#   STEPS=tests,profile bash bench/gpu_session.sh        # GPU tests, then auto vs torch selection vs native
+#   STEPS=tests,host,profile bash bench/gpu_session.sh   # GPU tests, hooks' host time, auto vs torch vs native
 #   STEPS=flashinfer,bf16,eagle3 bash bench/gpu_session.sh
 #
-# Steps: tests (pytest -m gpu), profile (float32, Triton attention, selection auto vs torch, beside native and
+# Steps: tests (pytest -m gpu), host (the hooks' host time per round, bench/round_host_cost.py, on this GPU's host
+# with real CUDA dispatch; the selection's device work stubbed), profile (float32, Triton attention, selection auto vs torch, beside native and
 # plain, outputs compared with plain), flashinfer (padded against ragged verify per batch size), bf16, eagle3
 # (the shipped EAGLE-3 head). Each profile runs concurrency 1, 16 and 64 over 64 held-out prompts.
 set -uo pipefail
 OUT=${OUT:-bench/measured/gpu-run}
-STEPS=${STEPS:-tests,profile,flashinfer,bf16,eagle3}
+STEPS=${STEPS:-tests,host,profile,flashinfer,bf16,eagle3}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/card.txt" 2>&1 || true
 PROFILE=(python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --no-ops)
@@ -28,6 +29,7 @@ step() {  # step NAME SECONDS COMMAND...: run it when STEPS names it; its log in
 }
 
 step tests 240 python -m pytest -q -m gpu tests/plugin tests/training -p no:cacheprovider
+step host 90 python bench/round_host_cost.py --device cuda --json "$OUT/round_host_cost.json"
 step profile 540 "${PROFILE[@]}" --plain --select auto,torch --out "$OUT/profile.json"
 step flashinfer 360 "${PROFILE[@]}" --attention flashinfer --select auto --ragged 0,1 --out "$OUT/flashinfer_ragged.json"
 step bf16 240 "${PROFILE[@]}" --dtype bfloat16 --plain --select auto --out "$OUT/bf16.json"

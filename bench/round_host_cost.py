@@ -152,7 +152,7 @@ def measure(name, bs, a):
     return statistics.median(times), c.ops, c.reads, breakdown, one
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bs", default="1,16,64")
     ap.add_argument("--sets", default="native,eagle2,mix")
@@ -166,7 +166,11 @@ def main(argv=None):
     ap.add_argument("--metrics", action="store_true", help="the plugin's Prometheus series on")
     ap.add_argument("--breakdown", action="store_true", help="the functions with the most own time (cProfile)")
     ap.add_argument("--json")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    a = parser().parse_args(argv)
     torch.set_num_threads(1)
     if a.metrics:
         metrics.enable_scheduler({"model_name": "bench"})

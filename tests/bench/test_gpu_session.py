@@ -1,5 +1,5 @@
 """``bench/gpu_session.sh``: it runs the steps ``STEPS`` names, in order, each logged with its exit status, and every
-profile it starts takes its arguments (a typo would cost a GPU session's call). ``python`` is a stand-in here that
+benchmark it starts takes its arguments (a typo would cost a GPU session's call). ``python`` is a stand-in here that
 records its arguments."""
 
 import os
@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from bench import round_host_cost
 from bench.plugin_round_profile import parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,15 +30,17 @@ def run_script(tmp_path, steps):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
 def test_every_profile_step_parses_and_runs_in_order(tmp_path):
-    done, calls, out = run_script(tmp_path, "eagle3,profile,flashinfer,bf16,tests")
+    done, calls, out = run_script(tmp_path, "eagle3,profile,flashinfer,bf16,host,tests")
     assert done.returncode == 0, done.stderr
-    assert [c.split()[0] for c in calls] == ["-m"] + ["bench/plugin_round_profile.py"] * 4  # the script's order
-    for c in calls[1:]:
+    assert [c.split()[0] for c in calls] == ["-m", "bench/round_host_cost.py"] + \
+        ["bench/plugin_round_profile.py"] * 4  # the script's order
+    for c in calls[2:]:
         a = parser().parse_args(c.split()[1:])
         assert a.device == "cuda" and a.bs == [1, 16, 64] and a.out.startswith(str(out))
-    assert "--ragged 0,1" in calls[2] and "--attention flashinfer" in calls[2] and "--draft demo-eagle3" in calls[4]
+    assert "--ragged 0,1" in calls[3] and "--attention flashinfer" in calls[3] and "--draft demo-eagle3" in calls[5]
+    assert round_host_cost.parser().parse_args(calls[1].split()[1:]).device == "cuda"
     status = (out / "steps.txt").read_text().splitlines()
-    assert [s.split(":")[0] for s in status] == ["tests", "profile", "flashinfer", "bf16", "eagle3"]
+    assert [s.split(":")[0] for s in status] == ["tests", "host", "profile", "flashinfer", "bf16", "eagle3"]
     assert all("rc 0" in s for s in status) and (out / "profile.log").read_text().startswith("ran ")
 
 
