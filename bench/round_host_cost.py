@@ -41,21 +41,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from treespec_sglang.plugin import draft_select, hooks, metrics, pool, pool_kernels, select_graph  # noqa: E402
 from treespec_sglang.utils.syncs import count_ops  # noqa: E402
+from bench.select_host_cost import pool_lists, sglang_pool  # noqa: E402
 
 SETS = {"native": [None],
         "eagle2": [{"policy": "eagle2"}],
         "mix": [None, {"policy": "eagle2"}, {"policy": "talon", "mu": 0.03}, {"policy": "salf", "th": 0.1},
                 {"policy": "c2t", "beta": 0.5}, {"policy": "chain"}]}
-
-
-def sglang_pool(bs, k, S, device, seed=0):
-    """A draft pool of SGLang's shape (the stash's tensors): scores [bs, P], tokens [bs, P], parent_list [bs, W]."""
-    g = torch.Generator().manual_seed(seed)
-    P, W = k + (S - 1) * k * k, 1 + (S - 1) * k
-    scores = torch.rand(bs, P, generator=g).sort(-1, descending=True).values
-    parents = [-1] + list(range(k)) + [k + (i - 1) * k * k + j * k for i in range(1, S - 1) for j in range(k)]
-    return (scores.to(device), torch.randint(0, 32000, (bs, P), generator=g).to(device),
-            torch.tensor([parents[:W]] * bs, device=device))
 
 
 class Req:
@@ -77,8 +68,7 @@ class FakeRound:
         self.k, self.S, self.N, self.eager = k, S, N, eager
         self.reqs = [Req(specs[i % len(specs)]) for i in range(bs)]
         scores, tokens, parents = sglang_pool(bs, k, S, device)
-        self.lists = ([scores[:, :k].view(bs, 1, k), scores[:, k:].reshape(bs, -1, k)],
-                      [tokens[:, :k], tokens[:, k:]], [parents[:, :k + 1], parents[:, k + 1:], None])
+        self.lists = pool_lists(scores, tokens, parents, k)
         # SGLang's own selection: (parent_list, top_scores_index [bs, N-1], draft_tokens [bs, N-1])
         self.native = pool.select_on_pool(pool.PoolView.from_flat(scores, tokens, parents, k), N, [None] * bs)[:3]
         draft_select.stash_pool(*self.lists, self.native[1])  # what the captured draft graph's organize writes

@@ -56,13 +56,20 @@ def sglang_pool(bs, k, S, device, seed=0):
             torch.tensor([parents[:W]] * bs, device=device))
 
 
+def pool_lists(scores, tokens, parents, k):
+    """:func:`sglang_pool`'s tensors as ``organize_draft_results`` receives them (``score_list``, ``token_list``,
+    ``parents_list``): the first draft step's ``[bs, 1, k]`` / ``[bs, k]`` / ``[bs, k + 1]``, then the rest."""
+    bs = scores.shape[0]
+    return ([scores[:, :k].view(bs, 1, k), scores[:, k:].reshape(bs, -1, k)], [tokens[:, :k], tokens[:, k:]],
+            [parents[:, :k + 1], parents[:, k + 1:], None])
+
+
 def measure(mode, bs, a, cached):
     """``(us per round, ops, reads, copies)`` of ``select_after_draft`` in ``mode`` for ``bs`` requests."""
     k, S, N = a.topk, a.steps, a.N
     params = [None if s is None else parse_spec(s) for s in (SPECS[i % len(SPECS)] for i in range(bs))]
     scores, tokens, parents = sglang_pool(bs, k, S, a.device)
-    draft_select.stash_pool([scores[:, :k].view(bs, 1, k), scores[:, k:].reshape(bs, -1, k)],
-                            [tokens[:, :k], tokens[:, k:]], [parents[:, :k + 1], parents[:, k + 1:], None])
+    draft_select.stash_pool(*pool_lists(scores, tokens, parents, k))
     native = pool.select_on_pool(pool.PoolView.from_flat(scores, tokens, parents, k), N, [None] * bs)
     rows = bs if mode == "graph" else None  # graph: the draft replayed (a stash of its shape); else eager
     env = {draft_select.ENV_SELECT: "triton" if mode == "triton" else mode}

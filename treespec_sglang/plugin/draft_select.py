@@ -4,9 +4,8 @@ SGLang captures its whole draft loop, ``organize_draft_results`` included, in on
 size; hooks do not run inside a replay. So the plugin leaves SGLang's loop as it is and works on its
 output: ``organize_draft_results``' hook copies the candidate pool (scores, tokens, parent table) and SGLang's own
 selection (``top_scores_index``) into a *stash*, one set of buffers per pool shape, and returns SGLang's
-selection. In eager mode the copy
-runs every round; during capture it is recorded into the graph, so every replay writes the pool into the
-same buffers. After the draft, :func:`select_after_draft` reads the stash (the rows of this batch,
+selection. In eager mode the copy runs every round; during capture it is recorded into the graph, so every
+replay writes the pool into the same buffers. After the draft, :func:`select_after_draft` reads the stash (the rows of this batch,
 cloned at the boundary as SGLang does for ``draft_probs``), runs every request's policy on it
 (:func:`~.pool.select_on_pool`, sync-free) and hands ``build_eagle_verify_input`` the policy trees in
 place of SGLang's ``top_scores_index`` / ``draft_tokens``. One code path on the CPU (eager) and the GPU
@@ -227,10 +226,11 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
 
 def _select_replayed(step, rows: int, rows_t: torch.Tensor, native_top: torch.Tensor, num_draft_tokens: int,
                      steps: int, group):
-    """``TREESPEC_SELECT=graph`` (or ``auto`` on CUDA) after a replayed draft: the selection graph of the draft's stash
-    (:func:`~.select_graph.graph_for`) with this batch's rows; SGLang's own selection is read where the replay
-    stashed it (``native_top`` is copied in only for a draft graph captured without that stash). Returns ``(top [bs, N-1], tokens [bs, N-1],
-    keep [bs, N], scores [bs, P])``, ``scores`` a view of the stash (read before the next replay)."""
+    """``TREESPEC_SELECT=graph`` (or ``auto`` on CUDA) after a replayed draft: the selection graph of the draft's
+    stash (:func:`~.select_graph.graph_for`) with this batch's rows; SGLang's own selection is read where the replay
+    stashed it (``native_top`` is copied in only for a draft graph captured without that stash). Returns
+    ``(top [bs, N-1], tokens [bs, N-1], keep [bs, N], scores [bs, P])``, ``scores`` a view of the stash (read
+    before the next replay)."""
     bs, N = native_top.shape[0], num_draft_tokens
     key, stash = _stash_of(rows, step.topk, steps, native_top.device)
     scores = stash[0][:bs]

@@ -181,7 +181,8 @@ def _runner_forward(original, self, forward_batch, *args, **kwargs):
 
 
 def _record_verify_tokens(reqs, per_request) -> None:
-    record_rounds(reqs or (), _policies(reqs or ()), "treespec_verify_tokens", per_request)
+    reqs = reqs or ()
+    record_rounds(reqs, _policies(reqs), "treespec_verify_tokens", per_request)
 
 
 def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
