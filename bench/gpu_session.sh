@@ -18,17 +18,20 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/card.txt" 2>&1 || true
 PROFILE=(python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --no-ops)
 
-step() {  # step NAME SECONDS COMMAND...: run it when STEPS names it; its log in $OUT/NAME.log
+step() {  # step NAME SECONDS COMMAND...: run it when STEPS names it; its output on stdout and in $OUT/NAME.log
     local name=$1 limit=$2
     shift 2
     case ",$STEPS," in *",$name,"*) ;; *) return 0 ;; esac
     local start=$SECONDS
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-    echo "$name: rc $? in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
-    tail -n 4 "$OUT/$name.log"
+    # streamed, not only logged: after a hang the device machine may not hand $OUT back (seen on an H100), and
+    # the call's stdout is then all that returns; -k: a step that ignores the TERM is killed 20 s later
+    timeout -k 20 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    echo "$name: rc ${PIPESTATUS[0]} in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
 }
 
-step tests 240 python -m pytest -q -m gpu tests/plugin tests/training -p no:cacheprovider
+# -v and faulthandler_timeout: a test stuck on the device names itself (its stack is dumped after 60 s)
+step tests 240 python -m pytest -v -m gpu tests/plugin tests/training tests/attention -p no:cacheprovider \
+    -o faulthandler_timeout=60
 step host 90 python bench/round_host_cost.py --device cuda --json "$OUT/round_host_cost.json"
 step profile 540 "${PROFILE[@]}" --plain --select auto,torch --out "$OUT/profile.json"
 step flashinfer 360 "${PROFILE[@]}" --attention flashinfer --select auto --ragged 0,1 --out "$OUT/flashinfer_ragged.json"

@@ -42,6 +42,9 @@ def test_every_profile_step_parses_and_runs_in_order(tmp_path):
     status = (out / "steps.txt").read_text().splitlines()
     assert [s.split(":")[0] for s in status] == ["tests", "host", "profile", "flashinfer", "bf16", "eagle3"]
     assert all("rc 0" in s for s in status) and (out / "profile.log").read_text().startswith("ran ")
+    # every step's output also reaches the call's stdout (what returns when $OUT does not), in the steps' order
+    assert [ln for ln in done.stdout.splitlines() if ln.startswith("ran ")] == [f"ran {c.split()[0]}" for c in calls]
+    assert "faulthandler_timeout=" in calls[0] and " -v " in f" {calls[0]} "  # a stuck GPU test names itself
 
 
 def test_only_the_named_steps_run(tmp_path):
