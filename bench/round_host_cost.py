@@ -25,6 +25,7 @@ ATen ops dispatched, host reads; ``--breakdown`` adds the 12 functions with the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
 import os
@@ -39,7 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from treespec_sglang.plugin import draft_select, hooks, metrics, pool, pool_kernels, select_graph  # noqa: E402
+from treespec_sglang.plugin import draft_select, hooks, metrics, pool, pool_kernels, select_graph, settings  # noqa: E402
 from treespec_sglang.utils.syncs import count_ops  # noqa: E402
 from bench.select_host_cost import pool_lists, sglang_pool  # noqa: E402
 
@@ -103,8 +104,9 @@ class FakeRound:
         hooks._eagle_round(lambda w, b: self._round(w, b), self.worker, self.batch)
 
 
-def measure(name, bs, a):
-    """``(us per round, ops, reads, breakdown, the FakeRound)`` of a round of set ``name`` at ``bs`` requests."""
+@contextlib.contextmanager
+def patched(a):
+    """The stand-ins of :func:`measure` (``a.select`` in the environment, the device work stubbed), undone after."""
     patches = [mock.patch.dict(os.environ, {draft_select.ENV_SELECT: a.select}),
                mock.patch.object(select_graph.SelectionGraph, "_body", lambda self: None),
                mock.patch.object(pool_kernels, "launch", lambda *x, **y: None),
@@ -112,33 +114,45 @@ def measure(name, bs, a):
                # in a server the verify group is a dict read of SGLang's parallel context; outside one its lookup
                # takes an exception path that would cost more than the rest of the hooks (ranks.verify_group)
                mock.patch.object(draft_select, "verify_group", lambda: None)]
-    for p in patches:
-        p.start()
-    try:
-        one = FakeRound(SETS[name], bs, a.topk, a.steps, a.N, a.device, a.eager)
-        for _ in range(3):
-            one()  # builds the rows, tables, the graph; records the first stats
-        with count_ops() as c:
-            one()
-        times = []
-        for _ in range(a.repeats):
-            t = time.perf_counter()
-            one()
-            times.append((time.perf_counter() - t) * 1e6)
-        breakdown = None
-        if a.breakdown:
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(a.repeats):
+    with contextlib.ExitStack() as stack:
+        for p in patches:
+            stack.enter_context(p)
+        yield
+
+
+def measure(name, bs, a, env="frozen"):
+    """``(us per round, ops, reads, breakdown, the FakeRound)`` of a round of set ``name`` at ``bs`` requests;
+    ``env``: ``frozen`` (the settings read from the snapshot the draft worker's start takes, as in a server) or
+    ``live`` (every read from ``os.environ``, as before the snapshot existed)."""
+    if env not in ("frozen", "live"):
+        raise ValueError(f"--env takes frozen or live, got {env!r}")
+    with patched(a):
+        if env == "frozen":
+            settings.freeze()
+        try:
+            one = FakeRound(SETS[name], bs, a.topk, a.steps, a.N, a.device, a.eager)
+            for _ in range(3):
+                one()  # builds the rows, tables, the graph; records the first stats
+            with count_ops() as c:
                 one()
-            prof.disable()
-            st = pstats.Stats(prof)
-            top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]  # own time
-            breakdown = [(f"{os.path.basename(f)}:{ln} {fn}", round(1e6 * tt / a.repeats, 1))
-                         for (f, ln, fn), (_, _, tt, _, _) in top]
-    finally:
-        for p in reversed(patches):
-            p.stop()
+            times = []
+            for _ in range(a.repeats):
+                t = time.perf_counter()
+                one()
+                times.append((time.perf_counter() - t) * 1e6)
+            breakdown = None
+            if a.breakdown:
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(a.repeats):
+                    one()
+                prof.disable()
+                st = pstats.Stats(prof)
+                top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]  # own time
+                breakdown = [(f"{os.path.basename(f)}:{ln} {fn}", round(1e6 * tt / a.repeats, 1))
+                             for (f, ln, fn), (_, _, tt, _, _) in top]
+        finally:
+            settings.thaw()
     return statistics.median(times), c.ops, c.reads, breakdown, one
 
 
@@ -154,6 +168,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--metrics", action="store_true", help="the plugin's Prometheus series on")
+    ap.add_argument("--env", default="frozen", help="comma list: frozen (the settings' snapshot a server reads "
+                    "once its draft worker started), live (every read from os.environ)")
     ap.add_argument("--breakdown", action="store_true", help="the functions with the most own time (cProfile)")
     ap.add_argument("--json")
     return ap
@@ -171,12 +187,13 @@ def main(argv=None):
     out = []
     for bs in (int(b) for b in a.bs.split(",")):
         for name in a.sets.split(","):
-            us, ops, reads, breakdown, _ = measure(name, bs, a)
-            row = dict(set=name, bs=bs, us=round(us, 1), ops=ops, reads=reads)
-            out.append(dict(row, breakdown=breakdown))
-            print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
-            for fn, us_own in breakdown or ():
-                print(f"    {us_own:8.1f} us  {fn}")
+            for env in a.env.split(","):
+                us, ops, reads, breakdown, _ = measure(name, bs, a, env)
+                row = dict(set=name, bs=bs, env=env, us=round(us, 1), ops=ops, reads=reads)
+                out.append(dict(row, breakdown=breakdown))
+                print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+                for fn, us_own in breakdown or ():
+                    print(f"    {us_own:8.1f} us  {fn}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(machine=machine, args=vars(a), rows=out), f, indent=1)

@@ -9,6 +9,16 @@ def rng():
     return random.Random(1234)
 
 
+@pytest.fixture(autouse=True)
+def _live_settings():
+    """A test that starts a draft worker in-process freezes the plugin's settings (``plugin.settings``): thawed
+    after it, so the next test reads the environment it sets."""
+    yield
+    from treespec_sglang.plugin import settings
+
+    settings.thaw()
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from treespec_sglang.plugin import config as C
+from treespec_sglang.plugin import config as C, settings
 from treespec_sglang.plugin.config import ServerDefaults, configure, import_policy_modules, server_defaults
 
 
@@ -15,6 +15,7 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     C._parse_defaults.cache_clear()
     yield
+    settings.thaw()  # a test that ran the draft worker's start froze them (configure would refuse)
     configure(None)
 
 

@@ -23,6 +23,8 @@ import logging
 import os
 from typing import Dict, Mapping, Optional, Tuple
 
+from .settings import env
+
 __all__ = ["ENV_CLASSIFIERS", "DEFAULT_NAME", "parse_classifier_flags", "registered", "resolve_request_classifier",
            "classifier_digests", "load_registry"]
 
@@ -64,7 +66,7 @@ def parse_classifier_flags(flags) -> Dict[str, str]:
 
 
 def _env_files() -> str:
-    return os.environ.get(ENV_CLASSIFIERS) or "{}"
+    return env(ENV_CLASSIFIERS) or "{}"
 
 
 @functools.lru_cache(maxsize=4)

@@ -27,6 +27,7 @@ from typing import Optional, Sequence, Union
 
 from ..policies import parse_spec
 from .classifiers import ENV_CLASSIFIERS, load_registry, parse_classifier_flags, resolve_request_classifier
+from .settings import env, frozen
 
 __all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_TOKEN_CAP", "ENV_POLICY_MODULES", "ServerDefaults",
            "configure", "server_defaults", "draft_algorithm_mismatch", "import_policy_modules", "env_switch"]
@@ -56,7 +57,7 @@ def env_switch(name: str, default: Union[bool, str] = False, extra: Sequence[str
     False
     >>> del os.environ["TREESPEC_EXAMPLE"]
     """
-    raw = os.environ.get(name, "")
+    raw = env(name)
     v = raw.strip().lower()
     if not v:
         return default
@@ -111,7 +112,15 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None,
     'salf'
     >>> configure(None).active
     False
+
+    Raises
+    ------
+    RuntimeError
+        In a process that already serves (its settings are frozen, :mod:`.settings`): it would change nothing.
     """
+    if frozen():
+        raise RuntimeError("treespec.configure: this process already serves with the settings it started with "
+                           "(frozen when its draft worker started); call configure before starting the server")
     if classifiers is not None:  # None leaves the registry as it is (e.g. TREESPEC_CLASSIFIERS set by hand)
         files = parse_classifier_flags(f"{k}={v}" for k, v in dict(classifiers).items())
         load_registry(json.dumps(files))  # every file loads (hash logged) before it is exported; a bad one fails here
@@ -136,9 +145,9 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None,
 def server_defaults() -> ServerDefaults:
     """Read the defaults from the environment (validated; errors name the variable).
 
-    Called on every draft step: each distinct (policy, config) pair is parsed and validated once."""
-    return _parse_defaults(os.environ.get(ENV_POLICY) or None, os.environ.get(ENV_CONFIG) or "{}",
-                           os.environ.get(ENV_TOKEN_CAP) or None)
+    Called on every draft step (:func:`.settings.env`: a dict read once the server serves): each distinct
+    (policy, config) pair is parsed and validated once."""
+    return _parse_defaults(env(ENV_POLICY) or None, env(ENV_CONFIG) or "{}", env(ENV_TOKEN_CAP) or None)
 
 
 @functools.lru_cache(maxsize=8)

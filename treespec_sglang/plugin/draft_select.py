@@ -25,7 +25,6 @@ shape (8, P, W) holds 8 rows after the replay and the selection reads its first 
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -34,6 +33,7 @@ from .pool import BatchPlan, PoolView, policy_rows, select_on_pool, share_token_
 from .pool_kernels import check_unlink, select_on_pool_fused, unlink_filler_fused, warm_up
 from .select_graph import graph_for
 from .ranks import agree, perturbed, record_digest, verify_group
+from .settings import env
 
 __all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing", "ENV_SELECT", "selection_mode",
            "selection", "check_selection", "replays_selection", "unlink"]
@@ -63,7 +63,7 @@ def selection_mode() -> str:
     ValueError
         Naming the variable and the allowed values.
     """
-    raw = os.environ.get(ENV_SELECT, "")
+    raw = env(ENV_SELECT)
     mode = raw.strip().lower() or "auto"
     if mode not in SELECT_MODES:
         raise ValueError(f"{ENV_SELECT} must be one of {list(SELECT_MODES)}, got {raw!r}")

@@ -44,6 +44,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from .settings import env
+
 logger = logging.getLogger("treespec_sglang.plugin")
 
 __all__ = ["verify_group", "agree", "settings_digest", "check_settings_agree", "cpu_parallel_group",
@@ -153,7 +155,7 @@ def record_digest(own: Sequence[torch.Tensor], agreed: Sequence[torch.Tensor], g
     """With ``TREESPEC_RANK_DIGESTS=DIR``: append ``"<own hash> <agreed hash>"`` for this round to
     ``DIR/<what>rank<k>.txt`` (own: this rank's tree, or with ``what="verify-"`` its verify outcome; agreed:
     rank 0's, which it uses). Debug only: one host read per round."""
-    out = os.environ.get(ENV_DIGESTS)
+    out = env(ENV_DIGESTS)
     if not out:
         return
     rank = int(getattr(group, "rank_in_group", 0)) if group is not None else 0
@@ -169,8 +171,8 @@ def perturbed(score_list: List[torch.Tensor], group=None) -> List[torch.Tensor]:
     return [-s for s in score_list]
 
 
-def _faulty(env: str, group) -> bool:
-    want = os.environ.get(env)
+def _faulty(name: str, group) -> bool:
+    want = env(name)
     return bool(want) and group is not None and int(getattr(group, "rank_in_group", 0)) == int(want)
 
 

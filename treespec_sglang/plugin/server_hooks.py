@@ -18,6 +18,7 @@ from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .ragged import ragged_setting
 from .ranks import check_settings_agree, shard_hot_head, verify_group
+from .settings import freeze
 from .request import (ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason,
                       validate_custom_params)
 
@@ -81,6 +82,7 @@ def check_environment() -> None:
 
 
 def _draft_head(original, self, *args, **kwargs):
+    freeze()  # the TREESPEC_* settings checked and agreed on below are the ones every round reads (.settings)
     check_environment()
     # the draft's class must fit the algorithm (an EAGLE-3 head under EAGLE runs and accepts nothing)
     runner = getattr(self, "draft_runner", None)

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 from typing import Deque, Dict, Optional, Sequence
 
 import torch
 
 from .metrics import scheduler_series
+from .settings import env
 from ..policies.registry import registration_of
 
 __all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "record_rounds", "max_rounds",
@@ -45,7 +45,7 @@ _SENT = "_treespec_sent"  # on the Req: {key: how many values earlier chunks car
 
 def max_rounds() -> int:
     """The per-round lists' cap (``TREESPEC_STATS_MAX_ROUNDS``, default 4096; 0 keeps summaries only)."""
-    return _parse_max_rounds(os.environ.get(ENV_MAX_ROUNDS, "").strip())
+    return _parse_max_rounds(env(ENV_MAX_ROUNDS).strip())
 
 
 @functools.lru_cache(maxsize=4)
