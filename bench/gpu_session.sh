@@ -7,7 +7,7 @@
 #   STEPS=tests,host,profile bash bench/gpu_session.sh   # GPU tests, hooks' host time, auto vs torch vs native
 #   STEPS=flashinfer,bf16,eagle3 bash bench/gpu_session.sh
 #
-# Steps: tests (pytest -m gpu), host (the hooks' host time per round, bench/round_host_cost.py, on this GPU's host
+# Steps: tests (pytest -m gpu, one file per process: bench/gpu_tests.sh), host (the hooks' host time per round, bench/round_host_cost.py, on this GPU's host
 # with real CUDA dispatch; the selection's device work stubbed), profile (float32, Triton attention, selection auto vs torch, beside native and
 # plain, outputs compared with plain), flashinfer (padded against ragged verify per batch size), bf16, eagle3
 # (the shipped EAGLE-3 head). Each profile runs concurrency 1, 16 and 64 over 64 held-out prompts.
@@ -29,9 +29,7 @@ step() {  # step NAME SECONDS COMMAND...: run it when STEPS names it; its output
     echo "$name: rc ${PIPESTATUS[0]} in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
 }
 
-# -v and faulthandler_timeout: a test stuck on the device names itself (its stack is dumped after 60 s)
-step tests 240 python -m pytest -v -m gpu tests/plugin tests/training tests/attention -p no:cacheprovider \
-    -o faulthandler_timeout=60
+step tests 330 bash bench/gpu_tests.sh  # one file per process, each under its own limit
 step host 90 python bench/round_host_cost.py --device cuda --json "$OUT/round_host_cost.json"
 step profile 540 "${PROFILE[@]}" --plain --select auto,torch --out "$OUT/profile.json"
 step flashinfer 360 "${PROFILE[@]}" --attention flashinfer --select auto --ragged 0,1 --out "$OUT/flashinfer_ragged.json"

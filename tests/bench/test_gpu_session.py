@@ -15,15 +15,26 @@ from bench.plugin_round_profile import parser
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_script(tmp_path, steps):
+# the stand-in python: records its arguments; a collection lists two test files; a run of a file named in $HANG
+# sleeps (a test stuck on the device)
+FAKE = """#!/bin/sh
+printf "%s\\n" "$*" >> {calls}
+case "$*" in *--collect-only*) printf "tests/plugin/test_a.py::t[cuda]\\ntests/training/test_b.py::u\\n"; exit 0;; esac
+case "$*" in *"$HANG"*) [ -n "$HANG" ] && sleep 30;; esac
+echo "ran $1"
+"""
+
+
+def run_script(tmp_path, steps, script="bench/gpu_session.sh", **env):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.txt"
     fake = bin_dir / "python"
-    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {shlex.quote(str(calls))}\necho "ran $1"\n')
+    fake.write_text(FAKE.format(calls=shlex.quote(str(calls))))
     fake.chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), STEPS=steps)
-    done = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), STEPS=steps,
+               **dict(dict(HANG=""), **env))
+    done = subprocess.run(["bash", script], cwd=ROOT, env=env, capture_output=True, text=True)
     lines = calls.read_text().splitlines() if calls.exists() else []
     return done, lines, (tmp_path / "out")
 
@@ -32,19 +43,30 @@ def run_script(tmp_path, steps):
 def test_every_profile_step_parses_and_runs_in_order(tmp_path):
     done, calls, out = run_script(tmp_path, "eagle3,profile,flashinfer,bf16,host,tests")
     assert done.returncode == 0, done.stderr
-    assert [c.split()[0] for c in calls] == ["-m", "bench/round_host_cost.py"] + \
+    tests, calls = calls[:3], calls[3:]  # the GPU tests: a collection, then one run per file (bench/gpu_tests.sh)
+    assert "--collect-only" in tests[0] and [t.split()[-5] for t in tests[1:]] == \
+        ["tests/plugin/test_a.py", "tests/training/test_b.py"]
+    assert [c.split()[0] for c in calls] == ["bench/round_host_cost.py"] + \
         ["bench/plugin_round_profile.py"] * 4  # the script's order
-    for c in calls[2:]:
+    for c in calls[1:]:
         a = parser().parse_args(c.split()[1:])
         assert a.device == "cuda" and a.bs == [1, 16, 64] and a.out.startswith(str(out))
-    assert "--ragged 0,1" in calls[3] and "--attention flashinfer" in calls[3] and "--draft demo-eagle3" in calls[5]
-    assert round_host_cost.parser().parse_args(calls[1].split()[1:]).device == "cuda"
+    assert "--ragged 0,1" in calls[2] and "--attention flashinfer" in calls[2] and "--draft demo-eagle3" in calls[4]
+    assert round_host_cost.parser().parse_args(calls[0].split()[1:]).device == "cuda"
     status = (out / "steps.txt").read_text().splitlines()
     assert [s.split(":")[0] for s in status] == ["tests", "host", "profile", "flashinfer", "bf16", "eagle3"]
     assert all("rc 0" in s for s in status) and (out / "profile.log").read_text().startswith("ran ")
     # every step's output also reaches the call's stdout (what returns when $OUT does not), in the steps' order
-    assert [ln for ln in done.stdout.splitlines() if ln.startswith("ran ")] == [f"ran {c.split()[0]}" for c in calls]
-    assert "faulthandler_timeout=" in calls[0] and " -v " in f" {calls[0]} "  # a stuck GPU test names itself
+    ran = [ln for ln in done.stdout.splitlines() if ln.startswith("ran ")]
+    assert ran == ["ran -m"] * 2 + [f"ran {c.split()[0]}" for c in calls]
+    assert all("faulthandler_timeout=" in t and " -v " in t for t in tests[1:])  # a stuck GPU test names itself
+
+
+def test_a_test_file_that_hangs_costs_its_limit_and_the_next_file_still_runs(tmp_path):
+    done, calls, _ = run_script(tmp_path, "", script="bench/gpu_tests.sh", HANG="test_a.py", GPU_TEST_FILE_S="2")
+    assert done.returncode == 124, done.stdout  # timeout's status, passed on
+    assert "gpu tests: tests/plugin/test_a.py rc 124" in done.stdout
+    assert "gpu tests: tests/training/test_b.py rc 0" in done.stdout and len(calls) == 3
 
 
 def test_only_the_named_steps_run(tmp_path):
