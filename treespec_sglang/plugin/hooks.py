@@ -68,17 +68,13 @@ def _draft(original, self, batch, *args, **kwargs):
         with opened(getattr(batch, "reqs", None)):
             return _draft(original, self, batch, *args, **kwargs)
     _PENDING.flush()
-    defaults = server_defaults()
     reqs = getattr(batch, "reqs", None) or []
-    params = [_req_params(r, defaults) for r in reqs]
-    if not any(p is not None for p in params):
+    cols = batch_columns(reqs, server_defaults())
+    if not cols.any_policy:
         return original(self, batch, *args, **kwargs)  # native SGLang
-    # a request with speculation off ({"policy": "none"}) verifies its root alone and shares nothing
-    shares = [p is not None and not isinstance(p, NoneParams) and _req_shares(r)
-              for r, p in zip(reqs, params)]
-    step = DraftStep(params, self.topk, shares, defaults.token_cap)
+    step = DraftStep(cols.params, self.topk, cols.shares, cols.defaults.token_cap)
     if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)
-        stopper = ChainStopper(params, self.speculative_num_steps, getattr(self, "device", "cpu"))
+        stopper = ChainStopper(cols.params, self.speculative_num_steps, getattr(self, "device", "cpu"))
         step.chain = stopper if stopper.active else None
         if step.chain is None:
             return original(self, batch, *args, **kwargs)
@@ -89,9 +85,47 @@ def _draft(original, self, batch, *args, **kwargs):
     finally:
         r.drafting = False
     sizes = step.sizes  # [bs]
-    if sizes is not None:  # a copy of reqs: SGLang edits batch.reqs in place
-        _PENDING.push(list(reqs), [_drafted(r, p) for r, p in zip(reqs, params)], sizes)
+    if sizes is not None:  # the batch's requests as drafted (a tuple: SGLang edits batch.reqs in place)
+        _PENDING.push(cols.reqs, cols.drafted(), sizes)
     return out
+
+
+@dataclass
+class BatchColumns:
+    """A decode batch's per-request policy columns: ``params`` (None: native), ``shares`` (under the token cap),
+    and once drafted the policies' names. SGLang keeps a decode batch's requests from round to round and a
+    request's policy never changes, so the columns are built once (O(bs) Python) and reused while the batch holds
+    the same requests in the same order under the same defaults (an O(bs) identity check in C)."""
+
+    reqs: tuple
+    defaults: object  # the ServerDefaults they were resolved under
+    params: list
+    shares: list
+    any_policy: bool
+    names: Optional[list] = None
+
+    def drafted(self) -> list:
+        """Each request's policy name (None: native), the requests marked drafted (:func:`_drafted`) the first
+        time."""
+        if self.names is None:
+            self.names = [_drafted(r, p) for r, p in zip(self.reqs, self.params)]
+        return self.names
+
+
+_COLUMNS: List[Optional[BatchColumns]] = [None]  # the last batch's (one decode batch per scheduler process)
+
+
+def batch_columns(reqs, defaults) -> BatchColumns:
+    """The columns of the batch ``reqs`` (:class:`BatchColumns`): the last batch's when it holds the same
+    requests, else built."""
+    key, last = tuple(reqs), _COLUMNS[0]
+    if last is not None and last.defaults is defaults and last.reqs == key:
+        return last
+    params = [_req_params(r, defaults) for r in key]
+    # a request with speculation off ({"policy": "none"}) verifies its root alone and shares nothing
+    shares = [p is not None and not isinstance(p, NoneParams) and _req_shares(r) for r, p in zip(key, params)]
+    cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(p is not None for p in params))
+    return cols
 
 
 def _drafted(req, p) -> Optional[str]:

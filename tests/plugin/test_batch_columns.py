@@ -1,0 +1,66 @@
+"""``hooks.batch_columns``: a decode batch's per-request policy columns, built once and reused while the batch holds
+the same requests in the same order under the same defaults; rebuilt on any change."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from treespec_sglang.plugin import hooks
+from treespec_sglang.plugin.config import ServerDefaults
+from treespec_sglang.policies import parse_spec
+
+SPECS = [None, {"policy": "talon", "budget": 8}, {"policy": "none"}, {"policy": "salf", "budget": 8}]
+
+
+def req(spec):
+    params = parse_spec(spec) if spec else None
+    return SimpleNamespace(_treespec_params=params, _treespec_shares=bool(spec) and spec["policy"] == "talon")
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """Counts the per-request parses (``_req_params``) behind ``batch_columns``; no columns from another test."""
+    monkeypatch.setattr(hooks, "_COLUMNS", [None])
+    calls = []
+    real = hooks._req_params
+    monkeypatch.setattr(hooks, "_req_params", lambda r, d: calls.append(r) or real(r, d))
+    return calls
+
+
+def test_the_same_requests_reuse_the_columns_and_any_change_rebuilds_them(built):
+    d = ServerDefaults()
+    reqs = [req(s) for s in SPECS]
+    first = hooks.batch_columns(reqs, d)
+    assert [p is None for p in first.params] == [True, False, False, False] and first.any_policy
+    assert first.shares == [False, True, False, False]  # "none" never shares
+    assert len(built) == 4
+    assert hooks.batch_columns(list(reqs), d) is first and len(built) == 4  # another list, same requests
+    cases = [reqs[:3],  # one left the batch (SGLang filters the list in place)
+             [reqs[1], reqs[0]] + reqs[2:],  # reordered
+             reqs[:3] + [req(SPECS[3])],  # one replaced by another with the same policy
+             reqs]
+    for case in cases:
+        cols = hooks.batch_columns(case, d)
+        assert cols.reqs == tuple(case) and [p is None for p in cols.params] == [r._treespec_params is None
+                                                                                 for r in case]
+    n = len(built)
+    assert hooks.batch_columns(reqs, ServerDefaults("salf", {"budget": 8})) is not hooks.batch_columns(reqs, d)
+    assert len(built) == n + 8  # new defaults: rebuilt (twice: there and back)
+
+
+def test_names_mark_the_requests_drafted_once(built):
+    reqs = [req(s) for s in SPECS]
+    cols = hooks.batch_columns(reqs, ServerDefaults())
+    assert not any(hasattr(r, hooks.DRAFTED) for r in reqs)  # nothing marked before a draft
+    assert cols.drafted() == [None, "talon", "none", "salf"]
+    assert [getattr(r, hooks.DRAFTED, None) for r in reqs] == [None, "talon", "none", "salf"]
+    assert cols.drafted() is cols.drafted()
+
+
+def test_a_native_batch_has_no_policy_unless_the_server_has_a_default(built):
+    def fresh():  # a request whose custom_params carry no policy, not parsed yet
+        return SimpleNamespace(sampling_params=SimpleNamespace(custom_params=None))
+
+    assert not hooks.batch_columns([fresh(), fresh()], ServerDefaults()).any_policy
+    cols = hooks.batch_columns([fresh()], ServerDefaults("talon", {"budget": 8}))
+    assert cols.any_policy and cols.drafted() == ["talon"]
