@@ -121,3 +121,86 @@ def test_a_batch_round_records_each_request_under_its_own_policy(series):
     labels = {"model_name": "m", "tp_rank": "0", "policy": "c2t"}
     assert reg.get_sample_value("treespec:tree_size_count", labels) == 1
     assert reg.get_sample_value("treespec:rounds_total", labels) is None
+
+
+def _buckets(reg, name, labels):
+    """``{le: cumulative count}``, the count and the sum of histogram ``name`` as the registry exports them."""
+    out = {}
+    for metric in reg.collect():
+        for smp in metric.samples:
+            if smp.name.startswith(name) and not smp.name.endswith("_created") and \
+                    all(smp.labels.get(k) == v for k, v in labels.items()):
+                out[(smp.name[len(name):], smp.labels.get("le"))] = smp.value
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bulk_observe_equals_observing_one_value_at_a_time(seed):
+    """``observe_all`` against the library's own ``observe`` per value on a twin histogram: every bucket (values on
+    the bounds, between them, above the last, repeated), the count and the sum."""
+    import random
+
+    import prometheus_client
+
+    rng = random.Random(seed)
+    reg = prometheus_client.CollectorRegistry()
+    ours, twin = (prometheus_client.Histogram(n, "h", ["policy"], buckets=M.TREE_SIZE_BUCKETS, registry=reg)
+                  for n in ("ours", "twin"))
+    child = ours.labels(policy="p")
+    assert M.bulk_observable(child)
+    for _ in range(4):  # rounds
+        values = [rng.choice([0, 1, 2, 3, 8, 9, 64, 100, 1024, 1025, 5000]) for _ in range(rng.randint(0, 70))]
+        M.observe_all(child, values)
+        for v in values:
+            twin.labels(policy="p").observe(v)
+    got, want = _buckets(reg, "ours", {"policy": "p"}), _buckets(reg, "twin", {"policy": "p"})
+    assert got == want and got[("_count", None)] > 0
+
+
+def test_an_unknown_histogram_layout_observes_one_value_at_a_time_and_says_so(series, caplog):
+    s, reg = series
+
+    class Observed:  # a histogram child without the layout the bulk path writes into
+        def __init__(self):
+            self.values = []
+
+        def observe(self, v):
+            self.values.append(v)
+
+    child = Observed()
+    assert not M.bulk_observable(child)
+    s._children[(s.tree_size, "talon")] = child
+    with caplog.at_level("WARNING", logger="treespec_sglang.plugin"):
+        s.drafted("talon", [4, 8, 4])
+    assert child.values == [4, 8, 4] and s.bulk is False
+    assert "observe one value at a time" in caplog.text
+
+
+def test_bulk_observe_in_multiprocess_mode_as_sglang_runs_it(tmp_path):
+    """SGLang's ``--enable-metrics`` runs prometheus_client in multiprocess mode (mmapped values, aggregated by the
+    HTTP server's collector): a scheduler process's bulk rounds aggregate to the per-value twin's buckets."""
+    import subprocess
+    import sys
+
+    code = """
+import prometheus_client
+from treespec_sglang.plugin import metrics as M
+s = M.SchedulerSeries({"model_name": "m"})
+twin = prometheus_client.Histogram("twin", "h", ["model_name", "policy"], buckets=M.ACCEPT_LENGTH_BUCKETS)
+for values in ([0, 1, 1, 7, 64, 65], [3, 3, 3], []):
+    s.accepted_round("salf", values)
+    for v in values:
+        twin.labels(model_name="m", policy="salf").observe(v)
+assert s.bulk is True, s.bulk
+"""
+    env = dict(__import__("os").environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    import prometheus_client
+    from prometheus_client import multiprocess
+
+    reg = prometheus_client.CollectorRegistry()
+    multiprocess.MultiProcessCollector(reg, path=str(tmp_path))
+    got = _buckets(reg, "treespec:accept_length", {"policy": "salf"})
+    want = _buckets(reg, "twin", {"policy": "salf"})
+    assert got == want and got[("_count", None)] == 9 and got[("_sum", None)] == 147

@@ -23,10 +23,15 @@ round is counted once per group, as SGLang counts its ``sglang:spec_accept_lengt
 
 from __future__ import annotations
 
+import bisect
+import collections
+import logging
 import re
 from typing import Dict, Mapping, Optional, Sequence
 
-__all__ = ["SchedulerSeries", "refused_field", "enable_scheduler", "enable_tokenizer", "scheduler_series",
+logger = logging.getLogger("treespec_sglang.plugin")
+
+__all__ = ["SchedulerSeries", "observe_all", "bulk_observable", "refused_field", "enable_scheduler", "enable_tokenizer", "scheduler_series",
            "count_refused", "TREE_SIZE_BUCKETS", "ACCEPT_LENGTH_BUCKETS"]
 
 TREE_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -38,6 +43,36 @@ _refused = None  # (Counter, labels) in a tokenizer process with metrics on
 
 def _labels(labels: Mapping) -> Dict[str, str]:
     return {str(k): "" if v is None else str(v) for k, v in dict(labels or {}).items()}
+
+
+def bulk_observable(child) -> bool:
+    """Whether :func:`observe_all` can update the histogram ``child`` in bulk: the ``prometheus_client``
+    histogram layout it relies on (``_upper_bounds``, one ``_buckets`` value per bound, ``_sum``; 0.x to 0.26)."""
+    bounds, buckets = getattr(child, "_upper_bounds", None), getattr(child, "_buckets", None)
+    return (isinstance(bounds, (list, tuple)) and isinstance(buckets, list) and len(bounds) == len(buckets) > 0
+            and hasattr(child, "_sum") and all(hasattr(b, "inc") for b in buckets + [child._sum]))
+
+
+def observe_all(child, values: Sequence[int], bulk: bool = True) -> None:
+    """Observe every value of ``values`` on the histogram ``child``, to the same bucket counts and sum as
+    ``observe`` called once per value: the values counted per bucket first (``observe`` puts a value in the first
+    bucket whose bound is >= it), then one increment per bucket hit and one of the sum. In multiprocess mode
+    each increment is a locked write to a mmapped file, so a round of 64 requests costs a handful of writes
+    instead of 128. ``bulk=False`` (a layout :func:`bulk_observable` does not know): ``observe`` per value."""
+    if not bulk:
+        for v in values:
+            child.observe(v)
+        return
+    if not values:
+        return
+    bounds, buckets, hits = child._upper_bounds, child._buckets, {}
+    # counted in C first when there are many (few distinct values: tree sizes, accept lengths), else one by one
+    for v, n in (collections.Counter(values).items() if len(values) > 16 else ((v, 1) for v in values)):
+        i = bisect.bisect_left(bounds, v)
+        hits[i] = hits.get(i, 0) + n
+    child._sum.inc(sum(values))
+    for i, n in hits.items():
+        buckets[i].inc(n)
 
 
 class SchedulerSeries:
@@ -57,6 +92,7 @@ class SchedulerSeries:
         self.accept_length = Histogram("treespec:accept_length", "Accepted draft tokens per round", names,
                                        buckets=ACCEPT_LENGTH_BUCKETS)
         self._children: Dict[tuple, object] = {}  # (series, policy) -> its labelled child, looked up once
+        self.bulk: Optional[bool] = None  # observe_all's bulk path, decided on the first histogram child
 
     def _child(self, series, policy: str):
         """``series`` labelled for ``policy``, created on its first value (as ``labels()`` would) and kept:
@@ -71,9 +107,7 @@ class SchedulerSeries:
 
     def drafted(self, policy: str, tree_sizes: Sequence[int]) -> None:
         """One round's tree sizes of a policy's requests (one value per request)."""
-        observe = self._child(self.tree_size, policy).observe
-        for n in tree_sizes:
-            observe(n)
+        self._observe(self.tree_size, policy, tree_sizes)
 
     def verified_tokens(self, policy: str, counts: Sequence[int]) -> None:
         self._child(self.verified, policy).inc(sum(counts))
@@ -82,9 +116,16 @@ class SchedulerSeries:
         """One round's accept lengths of a policy's requests: a round each, their sum, each length observed."""
         self._child(self.rounds, policy).inc(len(accept_lengths))
         self._child(self.accepted, policy).inc(sum(accept_lengths))
-        observe = self._child(self.accept_length, policy).observe
-        for n in accept_lengths:
-            observe(n)
+        self._observe(self.accept_length, policy, accept_lengths)
+
+    def _observe(self, histogram, policy: str, values: Sequence[int]) -> None:
+        child = self._child(histogram, policy)
+        if self.bulk is None:
+            self.bulk = bulk_observable(child)
+            if not self.bulk:
+                logger.warning("treespec: prometheus_client's histogram layout is not the one known here: the "
+                               "treespec:tree_size / accept_length histograms observe one value at a time")
+        observe_all(child, values, self.bulk)
 
 
 def enable_scheduler(labels: Mapping) -> SchedulerSeries:
