@@ -19,6 +19,7 @@ per verify round, inherent to a ragged batch.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -184,12 +185,18 @@ def ragged_mode(model_runner) -> Optional[str]:
     env = ragged_setting()
     if env is False:
         return None
-    names = {c.__name__ for c in type(getattr(model_runner, "attn_backend", None)).__mro__}
+    kind = _backend_kind(type(getattr(model_runner, "attn_backend", None)))
+    return kind if kind == "cpu" or (kind == "flashinfer" and env is True) else None
+
+
+@functools.lru_cache(maxsize=16)
+def _backend_kind(cls) -> Optional[str]:
+    """``"cpu"`` for SGLang's ``IntelAMXAttnBackend`` (or a subclass), ``"flashinfer"`` for its
+    ``FlashInferAttnBackend``, else None: by class name along the MRO (no sglang import), once per class."""
+    names = {c.__name__ for c in cls.__mro__}
     if "IntelAMXAttnBackend" in names:
         return "cpu"
-    if "FlashInferAttnBackend" in names and env is True:
-        return "flashinfer"
-    return None
+    return "flashinfer" if "FlashInferAttnBackend" in names else None
 
 
 def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, *args, **kwargs):
