@@ -4,16 +4,19 @@
 # Run from the repository root on a GPU machine whose python imports sglang 0.5.23 with CUDA (docs/gpu.md:
 # the test bed's environment). A device call may run for 10 minutes, so pick the steps per call:
 #
-#   STEPS=tests,host,profile bash bench/gpu_session.sh   # GPU tests, hooks' host time, auto vs torch vs native
+#   STEPS=tests,host,random bash bench/gpu_session.sh    # GPU tests, hooks' host time, round times (no model files)
+#   STEPS=profile bash bench/gpu_session.sh               # the demo target: auto vs torch vs native vs plain
 #   STEPS=flashinfer,bf16,eagle3 bash bench/gpu_session.sh
 #
-# Steps: tests (pytest -m gpu, one file per process: bench/gpu_tests.sh), host (the hooks' host time per round, bench/round_host_cost.py, on this GPU's host
-# with real CUDA dispatch; the selection's device work stubbed), profile (float32, Triton attention, selection auto vs torch, beside native and
-# plain, outputs compared with plain), flashinfer (padded against ragged verify per batch size), bf16, eagle3
-# (the shipped EAGLE-3 head). Each profile runs concurrency 1, 16 and 64 over 64 held-out prompts.
+# Steps: tests (pytest -m gpu, one file per process: bench/gpu_tests.sh); host (the hooks' host time per round,
+# bench/round_host_cost.py, on this GPU's host with real CUDA dispatch, the selection's device work stubbed); random
+# (the profile below on a random-weight target of the demo target's shape: round times and outputs == plain, no
+# accept lengths); profile (float32, Triton attention, selection auto vs torch, beside native and plain, outputs
+# compared with plain); flashinfer (padded against ragged verify per batch size); bf16; eagle3 (the shipped EAGLE-3
+# head). Each profile runs concurrency 1, 16 and 64 over 64 prompts (held-out ones on the demo target).
 set -uo pipefail
 OUT=${OUT:-bench/measured/gpu-run}
-STEPS=${STEPS:-tests,host,profile,flashinfer,bf16,eagle3}
+STEPS=${STEPS:-tests,host,random,profile,flashinfer,bf16,eagle3}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/card.txt" 2>&1 || true
 PROFILE=(python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --no-ops)
@@ -31,6 +34,8 @@ step() {  # step NAME SECONDS COMMAND...: run it when STEPS names it; its output
 
 step tests 330 bash bench/gpu_tests.sh  # one file per process, each under its own limit
 step host 90 python bench/round_host_cost.py --device cuda --json "$OUT/round_host_cost.json"
+# before the demo target's files are there: the round times on a random target of its shape (no tokenizer)
+step random 300 "${PROFILE[@]}" --target random --plain --select auto --out "$OUT/random.json"
 step profile 540 "${PROFILE[@]}" --plain --select auto,torch --out "$OUT/profile.json"
 step flashinfer 360 "${PROFILE[@]}" --attention flashinfer --select auto --ragged 0,1 --out "$OUT/flashinfer_ragged.json"
 step bf16 240 "${PROFILE[@]}" --dtype bfloat16 --plain --select auto --out "$OUT/bf16.json"

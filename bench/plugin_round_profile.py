@@ -13,7 +13,9 @@ in-process ``sgl.Engine`` with CUDA graphs on (``--attention triton|flashinfer``
 charges each part the device time of the work it queued (``TREESPEC_PROFILE_SYNC``). ``--select torch,triton``
 runs one engine per selection (``TREESPEC_SELECT``), side by side in one run; ``--ragged 0,1`` one per ragged
 verify setting too (``TREESPEC_RAGGED_VERIFY``: with ``--attention flashinfer``, padded in the verify graph
-against ragged and eager, per batch size); ``--draft demo-eagle3`` serves the shipped EAGLE-3 head. With ``--plain`` every set's greedy
+against ragged and eager, per batch size); ``--draft demo-eagle3`` serves the shipped EAGLE-3 head; ``--target random``
+a target of the demo target's shape with random weights and no tokenizer (round times and outputs only, accept
+lengths mean nothing; no demo target files needed). With ``--plain`` every set's greedy
 outputs are compared with the plain engine's (``== plain``: the requests that differ, each at its first differing
 token, as ``request@position:token/plain's``); native runs first and again last, so its spread shows beside the gaps.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import tempfile
 import time
 
@@ -83,27 +86,61 @@ def per_round(prof: dict) -> dict:
 def start(a, env: dict, speculative: bool = True):
     """An engine whose processes profile into ``env["TREESPEC_PROFILE"]`` (``speculative=False``: plain decoding):
     ``(generate(ids, params) -> outputs, stop())``."""
-    from treespec_sglang.engine.loading import demo_draft_dir, eagle3_draft_dir
     from treespec_sglang.models.demo import demo_target
     from treespec_sglang.plugin.cpu.host import EngineHost, cpu_engine_kwargs, eagle_kwargs
 
-    draft = eagle3_draft_dir() if a.draft == "demo-eagle3" else demo_draft_dir()
+    draft = draft_dir(a)
     spec = eagle_kwargs(draft, a.topk, a.steps, a.num_draft_tokens) if speculative else {}
+    model = getattr(a, "model_path", None) or demo_target()
+    if a.target == "random":
+        spec["skip_tokenizer_init"] = True  # a random target ships no tokenizer: ids in, ids out
     if a.device == "cpu":
-        host = EngineHost("profile", cpu_engine_kwargs(demo_target(), **spec), tempfile.mkdtemp(), env=env)
+        host = EngineHost("profile", cpu_engine_kwargs(model, **spec), tempfile.mkdtemp(), env=env)
         return lambda ids, sp: host.generate(input_ids=ids, sampling_params=sp), host.close
     os.environ.update(env)  # inherited by the scheduler processes
     import sglang as sgl
-    llm = sgl.Engine(model_path=demo_target(), dtype=a.dtype, attention_backend=a.attention,
+    llm = sgl.Engine(model_path=model, dtype=a.dtype, attention_backend=a.attention,
                      sampling_backend="flashinfer" if a.attention == "flashinfer" else "pytorch",
                      mem_fraction_static=0.35, cuda_graph_max_bs_decode=max(64, max(a.bs)), random_seed=0,
                      log_level="warning", disable_prefill_cuda_graph=True, **spec)
     return lambda ids, sp: llm.generate(input_ids=ids, sampling_params=sp), llm.shutdown
 
 
-def params_for(specs, n: int, max_new_tokens: int) -> list:
-    """Request i's sampling params: greedy, ``specs[i % len(specs)]`` as its policy (None: native)."""
-    return [{"max_new_tokens": max_new_tokens, "temperature": 0.0,
+def draft_dir(a) -> str:
+    from treespec_sglang.engine.loading import demo_draft_dir, eagle3_draft_dir
+
+    return eagle3_draft_dir() if a.draft == "demo-eagle3" else demo_draft_dir()
+
+
+def random_target(out: str, draft: str, layers: int = 30, seed: int = 0) -> str:
+    """A Llama target of the draft head's dimensions (the demo target's: ``layers`` 30) with random weights and no
+    tokenizer, written to ``out``: what a GPU session can serve without the demo target's files. Its rounds cost
+    what the demo target's do; its accept lengths (a trained draft on a random target) mean nothing."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with open(os.path.join(draft, "config.json")) as f:
+        head = json.load(f)
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings", "hidden_act", "bos_token_id",
+            "eos_token_id", "pad_token_id")
+    cfg = LlamaConfig(**{k: head[k] for k in keep if k in head}, num_hidden_layers=layers, tie_word_embeddings=True,
+                      architectures=["LlamaForCausalLM"])
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(out)
+    return out
+
+
+def random_prompt_ids(n: int, vocab: int, seed: int = 0) -> list:
+    """``n`` prompts of 32-192 random token ids (never the first 3: BOS / EOS / padding), for a random target."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(32, 192))] for _ in range(n)]
+
+
+def params_for(specs, n: int, max_new_tokens: int, ignore_eos: bool = False) -> list:
+    """Request i's sampling params: greedy, ``specs[i % len(specs)]`` as its policy (None: native); ``ignore_eos``
+    (a random target): every request runs ``max_new_tokens``."""
+    return [{"max_new_tokens": max_new_tokens, "temperature": 0.0, **({"ignore_eos": True} if ignore_eos else {}),
              **({"custom_params": {"treespec": specs[i % len(specs)]}} if specs[i % len(specs)] else {})}
             for i in range(n)]
 
@@ -127,7 +164,8 @@ def run_plain(a, prompt_ids) -> dict:
     generate, stop = start(a, {}, speculative=False)
     try:
         generate(prompt_ids[:1], params_for([None], 1, 8))  # warm-up
-        return {bs: serve(generate, prompt_ids, params_for([None], len(prompt_ids), a.max_new_tokens), bs)
+        sp = params_for([None], len(prompt_ids), a.max_new_tokens, a.target == "random")
+        return {bs: serve(generate, prompt_ids, sp, bs)
                 for bs in a.bs}
     finally:
         stop()
@@ -164,7 +202,8 @@ def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None
         for bs in a.bs:
             for name, specs in sets.items():
                 before = read_profile(d)
-                served = serve(generate, prompt_ids, params_for(specs, len(prompt_ids), a.max_new_tokens), bs)
+                sp = params_for(specs, len(prompt_ids), a.max_new_tokens, a.target == "random")
+                served = serve(generate, prompt_ids, sp, bs)
                 got = delta(read_profile(d), before)
                 row = out.setdefault(bs, {})[name] = {kind: per_round(p) for kind, p in got.items()}
                 outputs, ref = served.pop("outputs"), (plain or {}).get(bs)
@@ -239,6 +278,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--plain", action="store_true", help="also a plain engine (no speculation): its tok/s")
     ap.add_argument("--select", default="torch", help="comma list of TREESPEC_SELECT values, one engine each")
     ap.add_argument("--ragged", default=None, help="comma list of TREESPEC_RAGGED_VERIFY values, one engine each")
+    ap.add_argument("--target", default="demo", choices=("demo", "random"),
+                    help="random: the demo target's shape with random weights, no tokenizer (round times only)")
     ap.add_argument("--draft", default="demo", choices=("demo", "demo-eagle3"), help="the shipped EAGLE / EAGLE-3 head")
     ap.add_argument("--out", default=None, help="JSON file for the figures")
     return ap
@@ -249,9 +290,14 @@ def main(argv=None):
     from treespec_sglang.data.prompts import humaneval, mtbench
     from treespec_sglang.engine import SpecEngine
 
-    he, mt = humaneval().every(10), mtbench().every(10)
-    prompts = [x for pair in zip(he.prompts, mt.prompts) for x in pair][:a.prompts]
-    prompt_ids = SpecEngine.from_pretrained("smollm2-135m", draft=None).encode(prompts)
+    if a.target == "random":
+        a.model_path = random_target(tempfile.mkdtemp(), draft_dir(a))
+        with open(os.path.join(a.model_path, "config.json")) as f:
+            prompt_ids = random_prompt_ids(a.prompts, json.load(f)["vocab_size"])
+    else:
+        he, mt = humaneval().every(10), mtbench().every(10)
+        prompts = [x for pair in zip(he.prompts, mt.prompts) for x in pair][:a.prompts]
+        prompt_ids = SpecEngine.from_pretrained("smollm2-135m", draft=None).encode(prompts)
     plain = run_plain(a, prompt_ids) if a.plain else {}
     timed, counted, tables = {}, {}, []
     for label, env in engines(a).items():

@@ -41,20 +41,21 @@ def run_script(tmp_path, steps, script="bench/gpu_session.sh", **env):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
 def test_every_profile_step_parses_and_runs_in_order(tmp_path):
-    done, calls, out = run_script(tmp_path, "eagle3,profile,flashinfer,bf16,host,tests")
+    done, calls, out = run_script(tmp_path, "eagle3,profile,flashinfer,bf16,host,random,tests")
     assert done.returncode == 0, done.stderr
     tests, calls = calls[:3], calls[3:]  # the GPU tests: a collection, then one run per file (bench/gpu_tests.sh)
     assert "--collect-only" in tests[0] and [t.split()[-5] for t in tests[1:]] == \
         ["tests/plugin/test_a.py", "tests/training/test_b.py"]
     assert [c.split()[0] for c in calls] == ["bench/round_host_cost.py"] + \
-        ["bench/plugin_round_profile.py"] * 4  # the script's order
+        ["bench/plugin_round_profile.py"] * 5  # the script's order
     for c in calls[1:]:
         a = parser().parse_args(c.split()[1:])
         assert a.device == "cuda" and a.bs == [1, 16, 64] and a.out.startswith(str(out))
-    assert "--ragged 0,1" in calls[2] and "--attention flashinfer" in calls[2] and "--draft demo-eagle3" in calls[4]
+    assert "--target random" in calls[1] and all("--target" not in c for c in calls[2:])
+    assert "--ragged 0,1" in calls[3] and "--attention flashinfer" in calls[3] and "--draft demo-eagle3" in calls[5]
     assert round_host_cost.parser().parse_args(calls[0].split()[1:]).device == "cuda"
     status = (out / "steps.txt").read_text().splitlines()
-    assert [s.split(":")[0] for s in status] == ["tests", "host", "profile", "flashinfer", "bf16", "eagle3"]
+    assert [s.split(":")[0] for s in status] == ["tests", "host", "random", "profile", "flashinfer", "bf16", "eagle3"]
     assert all("rc 0" in s for s in status) and (out / "profile.log").read_text().startswith("ran ")
     # every step's output also reaches the call's stdout (what returns when $OUT does not), in the steps' order
     ran = [ln for ln in done.stdout.splitlines() if ln.startswith("ran ")]

@@ -28,3 +28,41 @@ def test_one_engine_per_selection_and_ragged_setting():
     both = engines(Namespace(select="auto", ragged="0,1"))
     assert both == {"auto ragged=0": {"TREESPEC_SELECT": "auto", "TREESPEC_RAGGED_VERIFY": "0"},
                     "auto ragged=1": {"TREESPEC_SELECT": "auto", "TREESPEC_RAGGED_VERIFY": "1"}}
+
+
+def test_a_random_target_has_the_drafts_dimensions_and_no_tokenizer(tmp_path):
+    """``--target random``: a Llama of the shipped head's dimensions (its layers as asked), random weights, no
+    tokenizer files; prompts of random ids avoiding the special ids, the same for the same seed."""
+    import json
+    import os
+
+    import pytest
+
+    pytest.importorskip("transformers")
+    from safetensors import safe_open
+
+    from bench.plugin_round_profile import random_prompt_ids, random_target
+    from treespec_sglang.engine.loading import demo_draft_dir
+
+    out = random_target(str(tmp_path / "t"), demo_draft_dir(), layers=2)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    head = json.load(open(os.path.join(demo_draft_dir(), "config.json")))
+    for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+              "head_dim"):
+        assert cfg[k] == head[k], k
+    assert cfg["num_hidden_layers"] == 2 and cfg["architectures"] == ["LlamaForCausalLM"]
+    assert not any(f.startswith("tokenizer") for f in os.listdir(out))
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        emb = f.get_tensor("model.embed_tokens.weight")
+        assert tuple(emb.shape) == (head["vocab_size"], head["hidden_size"]) and float(emb.std()) > 0
+        assert "model.layers.1.mlp.down_proj.weight" in f.keys()
+    ids = random_prompt_ids(5, 100, seed=3)
+    assert ids == random_prompt_ids(5, 100, seed=3) != random_prompt_ids(5, 100, seed=4)
+    assert all(32 <= len(p) <= 192 and min(p) >= 3 and max(p) < 100 for p in ids)
+
+
+def test_a_random_target_runs_every_request_to_its_length():
+    from bench.plugin_round_profile import params_for
+
+    assert all(p["ignore_eos"] for p in params_for([None, {"policy": "salf"}], 3, 8, ignore_eos=True))
+    assert not any("ignore_eos" in p for p in params_for([None], 2, 8))
