@@ -32,7 +32,7 @@ step() {  # step NAME SECONDS COMMAND...: run it when STEPS names it; its output
     echo "$name: rc ${PIPESTATUS[0]} in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
 }
 
-step tests 330 bash bench/gpu_tests.sh  # one file per process, each under its own limit
+step tests 330 env GPU_TESTS_S=300 bash bench/gpu_tests.sh  # one file per process, each under its own limit
 step host 90 python bench/round_host_cost.py --device cuda --json "$OUT/round_host_cost.json"
 # before the demo target's files are there: the round times on a random target of its shape (no tokenizer)
 step random 300 "${PROFILE[@]}" --target random --plain --select auto --out "$OUT/random.json"

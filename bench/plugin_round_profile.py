@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import tempfile
 import time
 
@@ -104,6 +105,9 @@ def start(a, env: dict, speculative: bool = True):
                      mem_fraction_static=0.35, cuda_graph_max_bs_decode=max(64, max(a.bs)), random_seed=0,
                      log_level="warning", disable_prefill_cuda_graph=True, **spec)
     return lambda ids, sp: llm.generate(input_ids=ids, sampling_params=sp), llm.shutdown
+
+
+RANDOM_PREFIX = "treespec-random-target-"  # the folder --target random writes its weights to (removed after)
 
 
 def draft_dir(a) -> str:
@@ -290,14 +294,24 @@ def main(argv=None):
     from treespec_sglang.data.prompts import humaneval, mtbench
     from treespec_sglang.engine import SpecEngine
 
-    if a.target == "random":
-        a.model_path = random_target(tempfile.mkdtemp(), draft_dir(a))
-        with open(os.path.join(a.model_path, "config.json")) as f:
-            prompt_ids = random_prompt_ids(a.prompts, json.load(f)["vocab_size"])
-    else:
-        he, mt = humaneval().every(10), mtbench().every(10)
-        prompts = [x for pair in zip(he.prompts, mt.prompts) for x in pair][:a.prompts]
-        prompt_ids = SpecEngine.from_pretrained("smollm2-135m", draft=None).encode(prompts)
+    scratch = tempfile.mkdtemp(prefix=RANDOM_PREFIX) if a.target == "random" else None  # ~540 MB, removed after
+    try:
+        if scratch is not None:
+            a.model_path = random_target(scratch, draft_dir(a))
+            with open(os.path.join(a.model_path, "config.json")) as f:
+                prompt_ids = random_prompt_ids(a.prompts, json.load(f)["vocab_size"])
+        else:
+            he, mt = humaneval().every(10), mtbench().every(10)
+            prompts = [x for pair in zip(he.prompts, mt.prompts) for x in pair][:a.prompts]
+            prompt_ids = SpecEngine.from_pretrained("smollm2-135m", draft=None).encode(prompts)
+        report_runs(a, prompt_ids)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def report_runs(a, prompt_ids) -> None:
+    """Every engine's runs on ``prompt_ids`` (plain first with ``--plain``), the tables printed, ``--out`` written."""
     plain = run_plain(a, prompt_ids) if a.plain else {}
     timed, counted, tables = {}, {}, []
     for label, env in engines(a).items():
@@ -312,7 +326,6 @@ def main(argv=None):
             json.dump({"machine": machine(a.device), "args": vars(a),
                        "plain_tok_s": {bs: p["tok_s"] for bs, p in plain.items()}, "timed": timed,
                        "counted": counted, "table": table}, f, indent=1)
-
 
 if __name__ == "__main__":
     main()

@@ -19,13 +19,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # sleeps (a test stuck on the device)
 FAKE = """#!/bin/sh
 printf "%s\\n" "$*" >> {calls}
-case "$*" in *--collect-only*) printf "tests/plugin/test_a.py::t[cuda]\\ntests/training/test_b.py::u\\n"; exit 0;; esac
+case "$*" in *--collect-only*) [ -n "$NO_TESTS" ] && exit 5
+    printf "tests/plugin/test_a.py::t[cuda]\\ntests/training/test_b.py::u\\n"; exit 0;; esac
 case "$*" in *"$HANG"*) [ -n "$HANG" ] && sleep 30;; esac
 echo "ran $1"
 """
 
 
-def run_script(tmp_path, steps, script="bench/gpu_session.sh", **env):
+def run_script(tmp_path, steps, script="bench/gpu_session.sh", wrap=(), **env):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.txt"
@@ -33,8 +34,8 @@ def run_script(tmp_path, steps, script="bench/gpu_session.sh", **env):
     fake.write_text(FAKE.format(calls=shlex.quote(str(calls))))
     fake.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), STEPS=steps,
-               **dict(dict(HANG=""), **env))
-    done = subprocess.run(["bash", script], cwd=ROOT, env=env, capture_output=True, text=True)
+               **dict(dict(HANG="", NO_TESTS=""), **env))
+    done = subprocess.run([*wrap, "bash", script], cwd=ROOT, env=env, capture_output=True, text=True)
     lines = calls.read_text().splitlines() if calls.exists() else []
     return done, lines, (tmp_path / "out")
 
@@ -74,3 +75,25 @@ def test_only_the_named_steps_run(tmp_path):
     done, calls, out = run_script(tmp_path, "bf16")
     assert done.returncode == 0 and len(calls) == 1 and "--dtype bfloat16" in calls[0]
     assert (out / "steps.txt").read_text().startswith("bf16: rc 0")
+
+
+def test_the_whole_run_has_a_deadline_and_a_file_after_it_does_not_start(tmp_path):
+    done, calls, _ = run_script(tmp_path, "", script="bench/gpu_tests.sh", HANG="tests/", GPU_TESTS_S="3")
+    assert done.returncode == 124 and len(calls) == 2  # the collection, the first file (cut at the deadline)
+    assert "gpu tests: tests/training/test_b.py not run (GPU_TESTS_S spent)" in done.stdout
+
+
+def test_a_term_from_outside_stops_the_file_running(tmp_path):
+    """An outer ``timeout`` reaches the script only (each file's ``timeout`` has its own process group): the script
+    passes the TERM on, so the call ends at the outer limit, not at the file's."""
+    import time
+
+    t = time.time()
+    done, calls, _ = run_script(tmp_path, "", script="bench/gpu_tests.sh", wrap=("timeout", "2"), HANG="test_a.py",
+                                GPU_TEST_FILE_S="30")
+    assert time.time() - t < 10 and done.returncode == 124 and len(calls) == 2
+
+
+def test_collections_own_status_is_reported(tmp_path):
+    done, calls, _ = run_script(tmp_path, "", script="bench/gpu_tests.sh", NO_TESTS="1")
+    assert done.returncode == 5 and "(collection rc 5)" in done.stdout and len(calls) == 1

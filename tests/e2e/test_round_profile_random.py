@@ -13,6 +13,12 @@ def test_every_set_equals_plain_on_a_random_target(tmp_path):
     pytest.importorskip("sglang")
     from bench import plugin_round_profile
 
+    import glob
+    import os
+    import tempfile
+
+    scratch = os.path.join(tempfile.gettempdir(), plugin_round_profile.RANDOM_PREFIX + "*")
+    before = set(glob.glob(scratch))
     out = tmp_path / "random.json"
     plugin_round_profile.main(["--target", "random", "--bs", "2", "--prompts", "2", "--max-new-tokens", "6",
                                "--no-ops", "--plain", "--out", str(out)])
@@ -23,3 +29,4 @@ def test_every_set_equals_plain_on_a_random_target(tmp_path):
         assert row["differing"] == [], name  # every request equals plain greedy
         assert row["tau"] is not None and row["tok_s"] > 0, name
     assert got["args"]["target"] == "random" and got["plain_tok_s"]["2"] > 0
+    assert set(glob.glob(scratch)) == before  # the random target's weights removed

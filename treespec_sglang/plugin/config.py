@@ -41,7 +41,8 @@ _SWITCH = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false"
 
 
 def env_switch(name: str, default: Union[bool, str] = False, extra: Sequence[str] = ()) -> Union[bool, str]:
-    """An operator's on/off environment variable, the one parser of them all: unset or blank -> ``default``;
+    """An operator's on/off ``TREESPEC_*`` variable (read through :mod:`.settings`, so another name raises
+    KeyError), the one parser of them all: unset or blank -> ``default``;
     1 / true / yes / on -> True; 0 / false / no / off -> False (any case, spaces ignored); a word of ``extra``
     (e.g. ``auto``) -> that word.
 

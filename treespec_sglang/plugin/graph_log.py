@@ -18,6 +18,8 @@ import os
 from collections import Counter
 from typing import Callable, Dict, Optional
 
+from .settings import env
+
 __all__ = ["ENV_GRAPH_LOG", "RUNNERS", "count_decision", "read_counts", "register_counting"]
 
 ENV_GRAPH_LOG = "TREESPEC_GRAPH_LOG"
@@ -32,7 +34,7 @@ _LABEL: Dict[str, Optional[Callable[[], bool]]] = {"treespec_round": None}
 
 def count_decision(result, runner, forward_batch=None, *args, **kwargs):
     """``*CudaGraphRunner.can_run_graph`` AFTER: count the decision; the result is returned unchanged."""
-    out = os.environ.get(ENV_GRAPH_LOG)
+    out = env(ENV_GRAPH_LOG)
     if not out:
         return result
     is_ts = _LABEL["treespec_round"]
@@ -59,9 +61,9 @@ def read_counts(directory: str) -> Counter:
 def register_counting(registry, hook_type, treespec_round: Callable[[], bool]) -> bool:
     """Register :func:`count_decision` on every runner of :data:`RUNNERS` when ``TREESPEC_GRAPH_LOG`` is set
     (``treespec_round()``: whether the round in progress carries a treespec request). Returns whether it did."""
-    if not os.environ.get(ENV_GRAPH_LOG):
+    if not env(ENV_GRAPH_LOG):
         return False
-    os.makedirs(os.environ[ENV_GRAPH_LOG], exist_ok=True)
+    os.makedirs(env(ENV_GRAPH_LOG), exist_ok=True)
     _LABEL["treespec_round"] = treespec_round
     for target in RUNNERS:
         registry.register(target, count_decision, hook_type)

@@ -36,6 +36,7 @@ from collections import defaultdict
 from typing import Callable, Dict, Optional
 
 from .config import env_switch
+from .settings import env
 
 __all__ = ["ENV_PROFILE", "ENV_PROFILE_OPS", "ENV_PROFILE_SYNC", "Profile", "profiled", "read_profile",
            "profile_from_env"]
@@ -220,7 +221,7 @@ def round_stage(batch) -> Optional[str]:
 
 def profile_from_env() -> Optional[Profile]:
     """A :class:`Profile` when ``TREESPEC_PROFILE`` names a directory (created if missing), else None."""
-    out = os.environ.get(ENV_PROFILE)
+    out = env(ENV_PROFILE)
     if not out:
         return None
     os.makedirs(out, exist_ok=True)
