@@ -40,7 +40,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from treespec_sglang.plugin import draft_select, hooks, metrics, pool, pool_kernels, select_graph, settings  # noqa: E402
+from treespec_sglang.plugin import (draft_select, hooks, metrics, pool, pool_kernels, select_graph,  # noqa: E402
+                                     settings)
 from treespec_sglang.utils.syncs import count_ops  # noqa: E402
 from bench.select_host_cost import pool_lists, sglang_pool  # noqa: E402
 

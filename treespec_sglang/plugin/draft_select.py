@@ -5,8 +5,8 @@ size; hooks do not run inside a replay. So the plugin leaves SGLang's loop as it
 output: ``organize_draft_results``' hook copies the candidate pool (scores, tokens, parent table) and SGLang's own
 selection (``top_scores_index``) into a *stash*, one set of buffers per pool shape, and returns SGLang's
 selection. In eager mode the copy runs every round; during capture it is recorded into the graph, so every
-replay writes the pool into the same buffers. After the draft, :func:`select_after_draft` reads the stash (the rows of this batch,
-cloned at the boundary as SGLang does for ``draft_probs``), runs every request's policy on it
+replay writes the pool into the same buffers. After the draft, :func:`select_after_draft` reads the stash (the
+rows of this batch, cloned at the boundary as SGLang does for ``draft_probs``), runs every request's policy on it
 (:func:`~.pool.select_on_pool`, sync-free) and hands ``build_eagle_verify_input`` the policy trees in
 place of SGLang's ``top_scores_index`` / ``draft_tokens``. One code path on the CPU (eager) and the GPU
 (replay).

@@ -61,9 +61,10 @@ def read_counts(directory: str) -> Counter:
 def register_counting(registry, hook_type, treespec_round: Callable[[], bool]) -> bool:
     """Register :func:`count_decision` on every runner of :data:`RUNNERS` when ``TREESPEC_GRAPH_LOG`` is set
     (``treespec_round()``: whether the round in progress carries a treespec request). Returns whether it did."""
-    if not env(ENV_GRAPH_LOG):
+    out = env(ENV_GRAPH_LOG)
+    if not out:
         return False
-    os.makedirs(env(ENV_GRAPH_LOG), exist_ok=True)
+    os.makedirs(out, exist_ok=True)
     _LABEL["treespec_round"] = treespec_round
     for target in RUNNERS:
         registry.register(target, count_decision, hook_type)

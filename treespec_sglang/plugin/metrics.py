@@ -31,8 +31,8 @@ from typing import Dict, Mapping, Optional, Sequence
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
-__all__ = ["SchedulerSeries", "observe_all", "bulk_observable", "refused_field", "enable_scheduler", "enable_tokenizer", "scheduler_series",
-           "count_refused", "TREE_SIZE_BUCKETS", "ACCEPT_LENGTH_BUCKETS"]
+__all__ = ["SchedulerSeries", "observe_all", "bulk_observable", "refused_field", "enable_scheduler",
+           "enable_tokenizer", "scheduler_series", "count_refused", "TREE_SIZE_BUCKETS", "ACCEPT_LENGTH_BUCKETS"]
 
 TREE_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ACCEPT_LENGTH_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
