@@ -12,7 +12,7 @@
 # bench/round_host_cost.py, on this GPU's host with real CUDA dispatch, the selection's device work stubbed); random
 # (the profile below on a random-weight target of the demo target's shape: round times and outputs == plain, no
 # accept lengths); profile (float32, Triton attention, selection auto vs torch, beside native and plain, outputs
-# compared with plain); flashinfer (padded against ragged verify per batch size); bf16; eagle3 (the shipped EAGLE-3
+# compared with plain); flashinfer (padded, ragged and tuned verify per batch size); bf16; eagle3 (the shipped EAGLE-3
 # head). Each profile runs concurrency 1, 16 and 64 over 64 prompts (held-out ones on the demo target).
 set -uo pipefail
 OUT=${OUT:-bench/measured/gpu-run}
@@ -37,6 +37,7 @@ step host 90 python bench/round_host_cost.py --device cuda --json "$OUT/round_ho
 # before the demo target's files are there: the round times on a random target of its shape (no tokenizer)
 step random 300 "${PROFILE[@]}" --target random --plain --select auto --out "$OUT/random.json"
 step profile 540 "${PROFILE[@]}" --plain --select auto,torch --out "$OUT/profile.json"
-step flashinfer 360 "${PROFILE[@]}" --attention flashinfer --select auto --ragged 0,1 --out "$OUT/flashinfer_ragged.json"
+step flashinfer 540 "${PROFILE[@]}" --attention flashinfer --select auto --ragged 0,1,tuned \
+    --out "$OUT/flashinfer_ragged.json"
 step bf16 240 "${PROFILE[@]}" --dtype bfloat16 --plain --select auto --out "$OUT/bf16.json"
 step eagle3 240 "${PROFILE[@]}" --draft demo-eagle3 --select auto --out "$OUT/eagle3.json"

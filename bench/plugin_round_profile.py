@@ -11,7 +11,7 @@ printed per set beside native: ms per round, the plugin's share, and the parts t
 On the CPU the engine is SGLang's CPU engine with our stand-ins (float32); with ``--device cuda`` it is an
 in-process ``sgl.Engine`` with CUDA graphs on (``--attention triton|flashinfer``, ``--dtype``), and ``--sync``
 charges each part the device time of the work it queued (``TREESPEC_PROFILE_SYNC``). ``--select torch,triton``
-runs one engine per selection (``TREESPEC_SELECT``), side by side in one run; ``--ragged 0,1`` one per ragged
+runs one engine per selection (``TREESPEC_SELECT``), side by side in one run; ``--ragged 0,1,tuned`` one per ragged
 verify setting too (``TREESPEC_RAGGED_VERIFY``: with ``--attention flashinfer``, padded in the verify graph
 against ragged and eager, per batch size); ``--draft demo-eagle3`` serves the shipped EAGLE-3 head; ``--target random``
 a target of the demo target's shape with random weights and no tokenizer (round times and outputs only, accept
@@ -21,7 +21,8 @@ token, as ``request@position:token/plain's``); native runs first and again last,
 
     python bench/plugin_round_profile.py --bs 1,4 --out bench/measured/<machine>/plugin_round_profile.json
     python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --plain --select auto,torch
-    python bench/plugin_round_profile.py --device cuda --attention flashinfer --bs 1,16,64 --prompts 64 --ragged 0,1
+    python bench/plugin_round_profile.py --device cuda --attention flashinfer --bs 1,16,64 --prompts 64 \
+        --ragged 0,1,tuned
 """
 
 from __future__ import annotations

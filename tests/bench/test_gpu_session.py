@@ -53,7 +53,8 @@ def test_every_profile_step_parses_and_runs_in_order(tmp_path):
         a = parser().parse_args(c.split()[1:])
         assert a.device == "cuda" and a.bs == [1, 16, 64] and a.out.startswith(str(out))
     assert "--target random" in calls[1] and all("--target" not in c for c in calls[2:])
-    assert "--ragged 0,1" in calls[3] and "--attention flashinfer" in calls[3] and "--draft demo-eagle3" in calls[5]
+    assert "--ragged 0,1,tuned" in calls[3] and "--attention flashinfer" in calls[3]
+    assert "--draft demo-eagle3" in calls[5]
     assert round_host_cost.parser().parse_args(calls[0].split()[1:]).device == "cuda"
     status = (out / "steps.txt").read_text().splitlines()
     assert [s.split(":")[0] for s in status] == ["tests", "host", "random", "profile", "flashinfer", "bf16", "eagle3"]

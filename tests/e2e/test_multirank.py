@@ -31,8 +31,10 @@ def digest_dir(tmp_path_factory):
 def tp2_eagle(host_factory, demo_target_dir, digest_dir):
     kw = cpu_engine_kwargs(demo_target_dir, tp_size=2, **eagle_kwargs(shipped_draft(), TOPK, STEPS, N),
                            treespec_defaults={"policy": None, "token_cap": TOKEN_CAP})
+    # ragged verify tuned (each verify ragged or padded by measured time; tiny warm-up so both paths run)
     h = host_factory("tp2-eagle", kw, env={"TREESPEC_RANK_DIGESTS": digest_dir, "TREESPEC_TEST_PERTURB_RANK": "1",
-                                           "TREESPEC_TEST_PERTURB_VERIFY_RANK": "1"})
+                                           "TREESPEC_TEST_PERTURB_VERIFY_RANK": "1", "TREESPEC_RAGGED_VERIFY": "tuned",
+                                           "TREESPEC_RAGGED_TUNING": "warmup=1,explore_every=3,agree_every=2"})
     yield h
     h.close()
 
@@ -93,8 +95,9 @@ def test_dp2_schedulers_serve_per_request_policies(host_factory, demo_target_dir
 
 def test_tp2_mixed_batch_equals_tp2_plain_and_every_rank_verifies_rank0s_tree(tp2_eagle, tp2_reference, prompt_ids,
                                                                            digest_dir):
-    """Every policy, native and speculation off in one batch, ragged verify and the token cap on, a
-    faulty rank 1: token for token TP = 2 plain greedy; both ranks verified the same tree every round."""
+    """Every policy, native and speculation off in one batch, ragged verify (tuned) and the token cap on, a
+    faulty rank 1: token for token TP = 2 plain greedy; both ranks verified the same tree every round, and ran
+    the same verify path (ragged or padded) although rank 1 proposed the other one."""
     ids = [prompt_ids[i % len(prompt_ids)] for i in range(len(SPECS))]
     outs = tp2_eagle.generate(input_ids=ids, sampling_params=[greedy_params(s) for s in SPECS])
     for i, (o, spec) in enumerate(zip(outs, SPECS)):
@@ -108,6 +111,10 @@ def test_tp2_mixed_batch_equals_tp2_plain_and_every_rank_verifies_rank0s_tree(tp
         verified = meta["treespec_verify_tokens"]  # ragged: a tree verify runs the batch's widest kept tree
         assert len(verified) == len(sizes) and all(s <= v <= N for s, v in zip(sizes, verified))
         assert all(1 <= s <= N for s in sizes) and (spec["policy"] != "none" or set(sizes) == {1})
+    paths = read_digests(digest_dir, "ragged-")  # (own proposal, path run) per verify
+    assert len(paths[0]) == len(paths[1]) > 0
+    assert [r[1] for r in paths[0]] == [r[1] for r in paths[1]] and len({r[1] for r in paths[0]}) == 2
+    assert any(r0[0] != r1[0] for r0, r1 in zip(paths[0], paths[1]))  # rank 1's own proposals were overruled
     trimmed = [s for o, spec in zip(outs, SPECS) if spec and spec["policy"] != "none"
                for s in o["meta_info"]["treespec_tree_sizes"]]
     assert min(trimmed) < N  # the token cap (6 per request on average) trimmed some trees

@@ -118,7 +118,7 @@ def test_ragged_mode_reads_the_env_case_insensitively(monkeypatch, env, want):
 @pytest.mark.parametrize("env", ["2", "flashinfer", "maybe"])
 def test_a_bad_ragged_setting_is_refused_not_read_as_auto(monkeypatch, env):
     monkeypatch.setenv(ENV_RAGGED, env)
-    with pytest.raises(ValueError, match=r"TREESPEC_RAGGED_VERIFY must be one of 1 / 0 .* / auto, got"):
+    with pytest.raises(ValueError, match=r"TREESPEC_RAGGED_VERIFY must be one of 1 / 0 .* / auto / tuned, got"):
         ragged_mode(SimpleNamespace(attn_backend=IntelAMXAttnBackend()))
 
 

@@ -35,7 +35,7 @@ def server_info() -> dict:
         "classifiers": classifier_digests(),
         "default_policy": d.spec,
         "policies": sorted(POLICIES),
-        "ragged_verify": {True: "on", False: "off"}.get(ragged_setting(), "auto"),
+        "ragged_verify": {True: "on", False: "off"}.get(ragged_setting(), ragged_setting()),
         "selection": selection_mode(),
         "sglang": SGLANG_VERSION,
         "stats_max_rounds": max_rounds(),

@@ -27,6 +27,9 @@ import torch
 
 from ..tree import kept_rows, to_grid
 from .config import env_switch
+from .ragged_tuner import bucket, tuner
+from .ranks import ENV_DIGESTS, perturbed_rank, record_digest, verify_group
+from .settings import env
 from .round import current, opened
 
 __all__ = ["RaggedVerify", "plan_ragged", "scatter_rows", "compact_paged_verify_args", "ragged_verify_forward",
@@ -171,22 +174,24 @@ def compact_paged_verify_args(kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
 
 # ------------------------------------------------------------------------ hook bodies (plugin.hooks)
 def ragged_setting() -> Union[bool, str]:
-    """``TREESPEC_RAGGED_VERIFY`` (:func:`.config.env_switch`): ``"auto"`` (unset), True or False; a bad value
-    raises ValueError naming the variable (checked at server start, :func:`.server_hooks.check_environment`)."""
-    return env_switch(ENV_RAGGED, "auto", extra=("auto",))
+    """``TREESPEC_RAGGED_VERIFY`` (:func:`.config.env_switch`): ``"auto"`` (unset), ``"tuned"``, True or False;
+    a bad value raises ValueError naming the variable (checked at server start, with ``TREESPEC_RAGGED_TUNING``,
+    :func:`.server_hooks.check_environment`)."""
+    return env_switch(ENV_RAGGED, "auto", extra=("auto", "tuned"))
 
 
 def ragged_mode(model_runner) -> Optional[str]:
     """Which ragged path applies to this runner's attention backend, or None (padded verify).
 
     ``TREESPEC_RAGGED_VERIFY`` unset / ``auto``: the CPU ``intel_amx`` backend only; ``1``: also SGLang's
-    FlashInfer backend (eager for ragged batches; opt-in until it has been measured on a GPU); ``0``: off.
+    FlashInfer backend (eager for ragged batches; opt-in until it has been measured on a GPU); ``tuned``: both
+    backends, each verify ragged or padded as :mod:`.ragged_tuner` measured faster at its batch size; ``0``: off.
     """
     env = ragged_setting()
     if env is False:
         return None
     kind = _backend_kind(type(getattr(model_runner, "attn_backend", None)))
-    return kind if kind == "cpu" or (kind == "flashinfer" and env is True) else None
+    return kind if kind == "cpu" or (kind == "flashinfer" and env in (True, "tuned")) else None
 
 
 @functools.lru_cache(maxsize=16)
@@ -215,7 +220,26 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, *
     spec = forward_batch.spec_info
     if mode == "flashinfer" and getattr(spec, "custom_mask", None) is None:
         mode = None  # a chain verify without a custom mask: nothing to compact the mask from
-    if mode is None or bool(keep.all()):  # the check is the one size read a ragged batch needs anyway
+    if mode is None:
+        return original(runner, forward_batch, *args, **kwargs), [n] * bs
+    if ragged_setting() != "tuned":
+        return _ragged_forward(mode, original, runner, forward_batch, keep, *args, **kwargs)
+    group = verify_group()
+    t = tuner(contrary=perturbed_rank(group))
+    ragged = t.choose(bs, group)  # the same on every rank of the group
+    if env(ENV_DIGESTS):  # debug: this rank's own proposal for the batch's bucket and the path every rank runs
+        record_digest([torch.tensor([t.proposal(t.buckets[bucket(bs)])])], [torch.tensor([ragged])], group, "ragged-")
+    with t.timed(bs, ragged, keep.device):
+        if not ragged:
+            return original(runner, forward_batch, *args, **kwargs), [n] * bs
+        return _ragged_forward(mode, original, runner, forward_batch, keep, *args, **kwargs)
+
+
+def _ragged_forward(mode: str, original, runner, forward_batch, keep: torch.Tensor, *args, **kwargs):
+    """:func:`ragged_verify_forward` once ragged: compact, forward, scatter (a batch keeping every node runs padded)."""
+    bs, n = keep.shape
+    spec = forward_batch.spec_info
+    if bool(keep.all()):  # the check is the one size read a ragged batch needs anyway
         return original(runner, forward_batch, *args, **kwargs), [n] * bs
     tree = spec.custom_mask.bool() if mode == "cpu" and spec.tree_topk != 1 else None
     plan = plan_ragged(keep, tree, mode, uniform=tree is not None)  # CPU trees: one width (the compiled kernel's rule)

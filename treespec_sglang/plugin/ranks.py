@@ -103,13 +103,16 @@ def agree(tensors: Sequence[torch.Tensor], group=None) -> List[torch.Tensor]:
 def settings_digest() -> str:
     """sha256 of what decides a request's policy on this rank: the server defaults, the registered policies in
     registration order (the row table's kind ids) with their pool stages, the classifier registry (name ->
-    file hash), the stats cap, the selection (``TREESPEC_SELECT``) and whether the draft graph records the chain
-    stop's steps (``TREESPEC_CHAIN_STOP_GRAPH``: it changes what every rank captures). A bad value of either
-    raises here, at server start."""
+    file hash), the stats cap, the selection (``TREESPEC_SELECT``), whether the draft graph records the chain
+    stop's steps (``TREESPEC_CHAIN_STOP_GRAPH``: it changes what every rank captures) and the ragged verify's
+    setting and tuning (``TREESPEC_RAGGED_VERIFY`` / ``_TUNING``: they decide the verify forward's shape). A bad
+    value of any raises here, at server start."""
     from .chain_stop import chain_graph_enabled
     from .classifiers import classifier_digests
     from .config import server_defaults
     from .draft_select import selection_mode
+    from .ragged import ragged_setting
+    from .ragged_tuner import ENV_TUNING, TunerOptions
     from .stats import max_rounds
 
     from ..policies.registry import REGISTRY
@@ -118,7 +121,9 @@ def settings_digest() -> str:
     policies = [[n, r.pool_rule.stage if r.pool_rule else None] for n, r in REGISTRY.items()]  # order: kind ids
     blob = json.dumps({"policy": d.policy, "config": d.config, "token_cap": d.token_cap, "policies": policies,
                        "classifiers": classifier_digests(), "max_rounds": max_rounds(),
-                       "selection": selection_mode(), "chain_stop_graph": chain_graph_enabled()}, sort_keys=True)
+                       "selection": selection_mode(), "chain_stop_graph": chain_graph_enabled(),
+                       "ragged": ragged_setting(), "ragged_tuning": str(TunerOptions.parse(env(ENV_TUNING)))},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -133,7 +138,9 @@ def check_settings_agree(group=None) -> Optional[str]:
     if not torch.equal(first, t):
         raise RuntimeError("treespec: this rank's settings (TREESPEC_POLICY / TREESPEC_CONFIG / TREESPEC_TOKEN_CAP, "
                            "the policies of TREESPEC_POLICY_MODULES, the classifier files of TREESPEC_CLASSIFIERS, "
-                           "TREESPEC_STATS_MAX_ROUNDS) differ from rank "
+                           "TREESPEC_STATS_MAX_ROUNDS, TREESPEC_SELECT, TREESPEC_CHAIN_STOP_GRAPH, "
+                           "TREESPEC_RAGGED_VERIFY / _TUNING) "
+                           "differ from rank "
                            f"0's: sha256 {mine.hex()[:16]} here vs {bytes(first.tolist()).hex()[:16]} on rank 0; "
                            "give every rank the same flags, environment and files")
     return mine.hex()
@@ -169,6 +176,12 @@ def perturbed(score_list: List[torch.Tensor], group=None) -> List[torch.Tensor]:
     if not _faulty(ENV_PERTURB, group):
         return score_list
     return [-s for s in score_list]
+
+
+def perturbed_rank(group) -> bool:
+    """True on the rank ``TREESPEC_TEST_PERTURB_RANK`` names (a test-only fault: its own per-round choices must
+    never be the ones used)."""
+    return _faulty(ENV_PERTURB, group)
 
 
 def _faulty(name: str, group) -> bool:

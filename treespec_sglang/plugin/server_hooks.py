@@ -17,8 +17,9 @@ from .classifiers import parse_classifier_flags
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .ragged import ragged_setting
+from .ragged_tuner import ENV_TUNING, TunerOptions
 from .ranks import check_settings_agree, shard_hot_head, verify_group
-from .settings import freeze
+from .settings import env, freeze
 from .request import (ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason,
                       validate_custom_params)
 
@@ -75,10 +76,11 @@ _DRAFT_TOPK: Dict[str, int] = {}  # the draft worker's topk in this process (cha
 def check_environment() -> None:
     """Every operator switch parsed once at server start (each raises ValueError naming its variable and the
     allowed values), so a bad value stops the start, not a round: ``TREESPEC_CHAIN_STOP_GRAPH`` and
-    ``TREESPEC_RAGGED_VERIFY`` here, ``TREESPEC_SELECT`` in :func:`.draft_select.check_selection`,
+    ``TREESPEC_RAGGED_VERIFY`` / ``_TUNING`` here, ``TREESPEC_SELECT`` in :func:`.draft_select.check_selection`,
     ``TREESPEC_PROFILE_OPS`` / ``_SYNC`` where the hooks are registered."""
     chain_graph_enabled()
     ragged_setting()
+    TunerOptions.parse(env(ENV_TUNING))
 
 
 def _draft_head(original, self, *args, **kwargs):

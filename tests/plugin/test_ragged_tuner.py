@@ -1,0 +1,242 @@
+"""The ragged verify's tuner (``TREESPEC_RAGGED_VERIFY=tuned``): its schedule (warm-up, exploration), decisions
+from measured times (margin, samples still in flight), agreement across ranks, its options, its clocks, and
+the verify hook running each batch the chosen way."""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.plugin.test_ragged_hooks import KEEP, IntelAMXAttnBackend, recording_forward, verify_batch
+from treespec_sglang.plugin import ragged, ragged_tuner
+from treespec_sglang.plugin.ragged import ENV_RAGGED, ragged_verify_forward
+from treespec_sglang.plugin.ragged_tuner import (ENV_TUNING, DeviceClock, HostClock, RaggedTuner, TunerOptions,
+                                                 bucket, clock_for)
+
+
+class FakeClock:
+    """Each timed forward takes ``ms[path]`` (0 padded, 1 ragged) at its bucket; finished only once released
+    (``held``: the device still running it)."""
+
+    def __init__(self, padded, ragged, held=False):
+        self.ms, self.held, self.pending = {0: padded, 1: ragged}, held, []
+
+    def begin(self):
+        return None
+
+    def end(self, _, key):
+        self.pending.append((key, self.ms[key[1]]))
+
+    def finished(self):
+        if self.held:
+            return []
+        out, self.pending = self.pending, []
+        return out
+
+
+def run(t: RaggedTuner, bs: int, rounds: int, group=None) -> list:
+    """The paths ``t`` chose for ``rounds`` verifies at ``bs`` (each timed as that path)."""
+    out = []
+    for _ in range(rounds):
+        r = t.choose(bs, group)
+        with t.timed(bs, r, "cpu"):
+            pass
+        out.append(int(r))
+    return out
+
+
+@pytest.fixture
+def fresh_tuner():
+    ragged_tuner._TUNER[0] = None
+    yield
+    ragged_tuner._TUNER[0] = None
+
+
+@pytest.mark.parametrize("bs, want", [(1, 1), (2, 2), (3, 2), (4, 3), (7, 3), (8, 4), (64, 7), (65, 7), (128, 8)])
+def test_batch_sizes_share_a_bucket_between_powers_of_two(bs, want):
+    assert bucket(bs) == want
+
+
+def test_a_batch_size_below_one_is_refused():
+    with pytest.raises(ValueError, match="batch size must be >= 1, got 0"):
+        bucket(0)
+
+
+def test_warm_up_alternates_the_paths_then_a_faster_ragged_path_is_chosen_and_padded_explored():
+    t = RaggedTuner(TunerOptions(warmup=3, explore_every=5), clock=FakeClock(padded=10.0, ragged=6.0))
+    assert run(t, 8, 16) == [0, 1, 0, 1, 0, 1] + [1, 1, 1, 0, 1, 1, 1, 1, 0, 1]
+    table = t.table()["8-15"]
+    assert table["ragged"] and table["padded_ms"] == 10.0 and table["ragged_ms"] == 6.0 and table["samples"] == [5, 11]
+
+
+def test_a_faster_padded_path_stays_and_ragged_is_only_explored():
+    t = RaggedTuner(TunerOptions(warmup=2, explore_every=4), clock=FakeClock(padded=5.0, ragged=9.0))
+    assert run(t, 1, 12) == [0, 1, 0, 1] + [0, 0, 0, 1, 0, 0, 0, 1]
+    assert not t.table()["1"]["ragged"]
+
+
+@pytest.mark.parametrize("ragged_ms, want", [(9.8, 0), (9.6, 1)])
+def test_the_other_path_must_win_by_the_margin(ragged_ms, want):
+    t = RaggedTuner(TunerOptions(warmup=1, explore_every=100, margin=0.03), clock=FakeClock(10.0, ragged_ms))
+    assert run(t, 4, 4)[2:] == [want, want]
+
+
+def test_a_decided_path_switches_back_when_the_other_wins_by_the_margin():
+    clock = FakeClock(padded=10.0, ragged=5.0)
+    t = RaggedTuner(TunerOptions(warmup=1, explore_every=2, smoothing=1.0), clock=clock)
+    assert run(t, 2, 4) == [0, 1, 1, 0]  # ragged decided; the 4th verify explores padded
+    clock.ms = {0: 4.0, 1: 5.0}  # padded now faster: the next exploration's sample switches it
+    assert run(t, 2, 4) == [1, 0, 0, 1]
+
+
+def test_buckets_decide_apart():
+    t = RaggedTuner(TunerOptions(warmup=1, explore_every=1000), clock=FakeClock(10.0, 5.0))
+    assert run(t, 1, 3) == [0, 1, 1]
+    assert run(t, 16, 3) == [0, 1, 1]  # its own warm-up, not bucket 1's decision
+    assert set(t.table()) == {"1", "16-31"}
+
+
+def test_padded_until_the_samples_have_finished_on_the_device():
+    clock = FakeClock(padded=10.0, ragged=5.0, held=True)
+    t = RaggedTuner(TunerOptions(warmup=2, explore_every=1000), clock=clock)
+    assert run(t, 4, 6) == [0, 1, 0, 1, 0, 0]  # no sample read back yet: undecided is padded
+    clock.held = False
+    assert run(t, 4, 2) == [1, 1]
+
+
+class Bus:
+    """A verify group's CPU channel across tuners called in turn, rank 0 first each round."""
+
+    def __init__(self):
+        self.sent = []
+
+    def member(self, rank):
+        def broadcast_object(obj, src=0):
+            assert src == 0
+            if rank == 0:
+                self.sent.append(obj)
+                return obj
+            return self.sent[-1]
+        return SimpleNamespace(world_size=2, rank_in_group=rank, broadcast_object=broadcast_object)
+
+
+def test_ranks_run_rank_0s_decisions_at_the_agreements_only():
+    """Rank 1 measures the same times but proposes the opposite (a faulty rank): both ranks run the same path
+    every verify; a decision takes effect at the next agreement (every 3 verifies), not before."""
+    opts = TunerOptions(warmup=2, explore_every=6, agree_every=3)
+    bus = Bus()
+    ranks = [RaggedTuner(opts, clock=FakeClock(10.0, 5.0)),
+             RaggedTuner(opts, clock=FakeClock(10.0, 5.0), contrary=True)]
+    groups = [bus.member(0), bus.member(1)]
+    paths = [[], []]
+    for _ in range(14):
+        for k in (0, 1):
+            paths[k] += run(ranks[k], 4, 1, groups[k])
+    assert paths[0] == paths[1]
+    # warm-up 4 (rank 0 has both paths' samples after it, but alone it would decide at verify 5); padded with
+    # ragged explored at verify 6, until the agreement before verify 7; then ragged, padded explored at verify 12
+    assert paths[0] == [0, 1, 0, 1] + [0, 1] + [1, 1, 1, 1, 1, 0, 1, 1]
+    assert ranks[1].proposal(ranks[1].buckets[3]) is False and ranks[0].proposal(ranks[0].buckets[3]) is True
+    assert len(bus.sent) == 5  # before verifies 1, 4, 7, 10, 13
+
+
+def test_alone_a_rank_uses_its_own_proposal_at_once():
+    t = RaggedTuner(TunerOptions(warmup=1, explore_every=1000), clock=FakeClock(10.0, 5.0), contrary=True)
+    assert run(t, 1, 4) == [0, 1, 0, 0]  # its own (contrary) proposal, with no group to overrule it
+
+
+@pytest.mark.parametrize("raw, field", [("warmup=0", "warmup"), ("explore_every=1", "explore_every"),
+                                        ("agree_every=2000000", "agree_every"), ("margin=1", "margin"),
+                                        ("smoothing=0", "smoothing"), ("warmup=x", "warmup"), ("depth=3", "name"),
+                                        ("warmup", "name")])
+def test_bad_tuning_names_the_variable_and_the_field(raw, field):
+    with pytest.raises(ValueError, match=rf"{ENV_TUNING}: .*{field}"):
+        TunerOptions.parse(raw)
+
+
+def test_tuning_parses_each_field_and_defaults_the_rest():
+    o = TunerOptions.parse(" warmup=2 , margin=0.1,")
+    assert (o.warmup, o.margin, o.explore_every) == (2, 0.1, TunerOptions().explore_every)
+    assert TunerOptions.parse("") == TunerOptions()
+
+
+def test_a_bad_tuning_stops_the_server_start(monkeypatch):
+    from treespec_sglang.plugin.server_hooks import check_environment
+
+    monkeypatch.setenv(ENV_TUNING, "warmup=-1")
+    with pytest.raises(ValueError, match="TREESPEC_RAGGED_TUNING: warmup"):
+        check_environment()
+
+
+def test_the_ragged_setting_and_tuning_are_part_of_the_ranks_settings_digest(monkeypatch):
+    from treespec_sglang.plugin.ranks import settings_digest
+
+    base = settings_digest()
+    monkeypatch.setenv(ENV_RAGGED, "tuned")
+    tuned = settings_digest()
+    monkeypatch.setenv(ENV_TUNING, "warmup=7")
+    assert len({base, tuned, settings_digest()}) == 3
+
+
+def test_clocks_by_device():
+    assert isinstance(clock_for("cpu"), HostClock) and isinstance(clock_for(torch.device("cuda", 0)), DeviceClock)
+
+
+def test_the_host_clock_times_the_block():
+    t = RaggedTuner(TunerOptions())
+    with t.timed(1, True, "cpu"):
+        time.sleep(0.02)
+    ((key, ms),) = t.clock.finished()
+    assert key == (1, 1) and 20.0 <= ms < 1000.0 and t.clock.finished() == []
+
+
+def test_a_failed_forward_is_not_a_sample():
+    t = RaggedTuner(TunerOptions(), clock=HostClock())
+    with pytest.raises(RuntimeError):
+        with t.timed(1, True, "cpu"):
+            raise RuntimeError("forward failed")
+    assert t.clock.finished() == []
+
+
+@pytest.mark.gpu
+def test_the_device_clock_reads_finished_events_without_a_sync():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    c = DeviceClock()
+    x = torch.randn(2048, 2048, device="cuda")
+    pair = c.begin()
+    for _ in range(20):
+        x = x @ x / 2048
+    c.end(pair, (1, 0))
+    torch.cuda.synchronize()
+    ((key, ms),) = c.finished()
+    assert key == (1, 0) and ms > 0 and len(c.free) == 1
+    assert c.begin() is pair  # the pair is reused
+
+
+def test_the_verify_hook_runs_each_batch_the_tuned_way(monkeypatch, fresh_tuner):
+    """``tuned`` on SGLang's CPU backend: the tuner's warm-up alternates the plain forward (every node) and the
+    compacted one; the tree sizes recorded follow the path taken."""
+    monkeypatch.setenv(ENV_RAGGED, "tuned")
+    monkeypatch.setenv(ENV_TUNING, "warmup=2")
+    monkeypatch.setattr(ragged, "verify_group", lambda: None)
+    paths, recorded = [], []
+    for _ in range(4):
+        runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
+        seen = []
+        _, sizes = ragged_verify_forward(recording_forward(seen), runner, fb, KEEP)
+        paths.append(seen[0]["plan"] is not None)
+        recorded.append(sizes)
+    assert paths == [False, True, False, True]
+    assert recorded == [[4, 4], [3, 3], [4, 4], [3, 3]]  # a CPU tree batch runs at its widest kept tree
+    t = ragged_tuner._TUNER[0]
+    assert t.options.warmup == 2 and t.table()["2-3"]["samples"] == [2, 2]
+
+
+def test_other_settings_never_make_a_tuner(monkeypatch, fresh_tuner):
+    monkeypatch.setenv(ENV_RAGGED, "auto")
+    runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
+    seen = []
+    ragged_verify_forward(recording_forward(seen), runner, fb, KEEP)
+    assert seen[0]["plan"] is not None and ragged_tuner._TUNER[0] is None
