@@ -64,3 +64,20 @@ def test_a_native_batch_has_no_policy_unless_the_server_has_a_default(built):
     assert not hooks.batch_columns([fresh(), fresh()], ServerDefaults()).any_policy
     cols = hooks.batch_columns([fresh()], ServerDefaults("talon", {"budget": 8}))
     assert cols.any_policy and cols.drafted() == ["talon"]
+
+
+def test_a_rounds_policy_names_come_from_the_batchs_columns_while_it_holds_the_same_requests(built):
+    """The stats hooks' ``_policies``: the columns' names for the batch's requests (no per-request read), a
+    native batch's Nones at once, and each request's own mark for any other list."""
+    d = ServerDefaults()
+    reqs = [req(s) for s in SPECS]
+    cols = hooks.batch_columns(reqs, d)
+    names = cols.drafted()
+    assert hooks._policies(list(reqs)) is names
+    other = reqs[:3]
+    assert hooks._policies(other) == [None, "talon", "none"] and hooks._policies(other) is not names
+    native = [req(None) for _ in range(3)]
+    assert not hooks.batch_columns(native, d).any_policy
+    setattr(native[0], hooks.DRAFTED, "stale")  # never read while the columns say no request has a policy
+    assert hooks._policies(native) == [None, None, None]
+    assert hooks._policies(native[:2]) == ["stale", None]  # another list: read off each request
