@@ -195,3 +195,33 @@ def test_spec_and_logits_without_the_optional_attributes(monkeypatch):
     runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
     lo = ragged_verify_forward(no_hidden, runner, fb, KEEP)[0].logits_output
     assert not hasattr(lo, "hidden_states") and lo.next_token_logits[ROWS, 0].tolist() == [float(r) for r in ROWS]
+
+
+DP_ATTENTION = [SimpleNamespace(enable_dp_attention=True), SimpleNamespace(enable_dp_attention=False, attn_dp_size=2)]
+
+
+@pytest.mark.parametrize("server_args", DP_ATTENTION)
+@pytest.mark.parametrize("env", ["1", "tuned"])
+def test_an_explicit_ragged_verify_is_refused_under_attention_data_parallelism(monkeypatch, env, server_args):
+    from treespec_sglang.plugin.ragged import check_ragged_parallelism
+
+    monkeypatch.setenv(ENV_RAGGED, env)
+    with pytest.raises(ValueError, match=rf"TREESPEC_RAGGED_VERIFY={env} cannot run with attention data parallelism"):
+        check_ragged_parallelism(server_args)
+
+
+@pytest.mark.parametrize("env", [None, "0"])
+def test_auto_and_off_start_under_attention_data_parallelism_and_verify_padded(monkeypatch, env):
+    from treespec_sglang.plugin.ragged import check_ragged_parallelism
+
+    monkeypatch.delenv(ENV_RAGGED, raising=False) if env is None else monkeypatch.setenv(ENV_RAGGED, env)
+    for server_args in DP_ATTENTION:
+        check_ragged_parallelism(server_args)
+        runner = SimpleNamespace(attn_backend=IntelAMXAttnBackend(), server_args=server_args)
+        assert ragged_mode(runner) is None
+    plain = SimpleNamespace(enable_dp_attention=False, attn_dp_size=1)  # DP without DP attention: as before
+    check_ragged_parallelism(plain)
+    assert ragged_mode(SimpleNamespace(attn_backend=IntelAMXAttnBackend(), server_args=plain)) == (
+        None if env == "0" else "cpu")
+    monkeypatch.setenv(ENV_RAGGED, "tuned")
+    check_ragged_parallelism(plain)

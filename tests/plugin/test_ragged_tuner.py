@@ -109,15 +109,16 @@ class Bus:
     """A verify group's CPU channel across tuners called in turn, rank 0 first each round."""
 
     def __init__(self):
-        self.sent = []
+        self.sent, self.received = [], 0
 
     def member(self, rank):
-        def broadcast_object(obj, src=0):
+        def broadcast_object(obj, src=0):  # rank 1's k-th call receives rank 0's k-th message
             assert src == 0
             if rank == 0:
                 self.sent.append(obj)
                 return obj
-            return self.sent[-1]
+            self.received += 1
+            return self.sent[self.received - 1]
         return SimpleNamespace(world_size=2, rank_in_group=rank, broadcast_object=broadcast_object)
 
 
@@ -138,7 +139,7 @@ def test_ranks_run_rank_0s_decisions_at_the_agreements_only():
     # ragged explored at verify 6, until the agreement before verify 7; then ragged, padded explored at verify 12
     assert paths[0] == [0, 1, 0, 1] + [0, 1] + [1, 1, 1, 1, 1, 0, 1, 1]
     assert ranks[1].proposal(ranks[1].buckets[3]) is False and ranks[0].proposal(ranks[0].buckets[3]) is True
-    assert len(bus.sent) == 5  # before verifies 1, 4, 7, 10, 13
+    assert len(bus.sent) == bus.received == 5  # before verifies 1, 4, 7, 10, 13
 
 
 def test_alone_a_rank_uses_its_own_proposal_at_once():
@@ -149,7 +150,7 @@ def test_alone_a_rank_uses_its_own_proposal_at_once():
 @pytest.mark.parametrize("raw, field", [("warmup=0", "warmup"), ("explore_every=1", "explore_every"),
                                         ("agree_every=2000000", "agree_every"), ("margin=1", "margin"),
                                         ("smoothing=0", "smoothing"), ("warmup=x", "warmup"), ("depth=3", "name"),
-                                        ("warmup", "name")])
+                                        ("warmup", "name"), ("warmup=2,warmup=3", "warmup given twice")])
 def test_bad_tuning_names_the_variable_and_the_field(raw, field):
     with pytest.raises(ValueError, match=rf"{ENV_TUNING}: .*{field}"):
         TunerOptions.parse(raw)
@@ -240,3 +241,41 @@ def test_other_settings_never_make_a_tuner(monkeypatch, fresh_tuner):
     seen = []
     ragged_verify_forward(recording_forward(seen), runner, fb, KEEP)
     assert seen[0]["plan"] is not None and ragged_tuner._TUNER[0] is None
+
+
+@pytest.mark.parametrize("keep, reads, want", [(KEEP, 1, [3, 3]), (torch.ones(2, 4, dtype=torch.bool), 1, [4, 4])])
+def test_a_ragged_verify_reads_the_host_once(keep, reads, want):
+    """The kept sizes, read once, give the plan's shape and the verify-token stats (no second read after the
+    forward); a batch that keeps every node runs padded after that one read."""
+    from treespec_sglang.utils.syncs import count_ops
+
+    def forward(runner, fb):  # reads nothing on the host
+        x = fb.input_ids.float()[:, None]
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=x, hidden_states=None))
+
+    runner, fb = verify_batch(IntelAMXAttnBackend(), keep)
+    with count_ops() as c:
+        _, sizes = ragged_verify_forward(forward, runner, fb, keep)
+    assert sizes == want and c.reads == reads
+
+
+def test_a_chosen_ragged_verify_with_nothing_to_compact_is_no_sample(monkeypatch, fresh_tuner):
+    monkeypatch.setenv(ENV_RAGGED, "tuned")
+    monkeypatch.setenv(ENV_TUNING, "warmup=2")
+    monkeypatch.setattr(ragged, "verify_group", lambda: None)
+    full = torch.ones(2, 4, dtype=torch.bool)
+    for keep in (KEEP, full, KEEP, full):  # padded, ragged (full: ran padded), padded, ragged
+        runner, fb = verify_batch(IntelAMXAttnBackend(), keep)
+        ragged_verify_forward(recording_forward([]), runner, fb, keep)
+    assert ragged_tuner._TUNER[0].table()["2-3"]["samples"] == [2, 0]
+
+
+def test_a_rank_out_of_step_raises_at_the_agreement():
+    opts = TunerOptions(warmup=1, agree_every=2)
+    bus = Bus()
+    first, late = RaggedTuner(opts, clock=FakeClock(1.0, 1.0)), RaggedTuner(opts, clock=FakeClock(1.0, 1.0))
+    run(first, 1, 3, bus.member(0))  # agreements before verifies 1 and 3
+    run(late, 1, 1, bus.member(1))
+    with pytest.raises(RuntimeError, match="this rank has run 0 tuned verifies, rank 0 2: the ranks are out of step"):
+        late.verifies = 0  # restarted
+        run(late, 1, 1, bus.member(1))

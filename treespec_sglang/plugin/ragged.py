@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -34,6 +34,7 @@ from .settings import env
 from .round import current, opened
 
 __all__ = ["RaggedVerify", "plan_ragged", "scatter_rows", "compact_paged_verify_args", "ragged_verify_forward",
+           "check_ragged_parallelism", "dp_attention",
            "amx_extend_metadata", "amx_forward_metadata", "flashinfer_verify_args", "eager_while_ragged", "ENV_RAGGED"]
 
 ENV_RAGGED = "TREESPEC_RAGGED_VERIFY"
@@ -58,6 +59,7 @@ class RaggedVerify:
     n : int, SGLang's ``N`` (the padded width).
     keep : ``[bs, N]`` bool kept nodes; mode : which attention path re-plans from this plan.
     width : int, every request's length in a uniform plan (None: each its own).
+    host_lens : ``lens`` on the host (the plan's one host read), what the verify-token stats record.
     """
 
     rows: torch.Tensor
@@ -68,6 +70,7 @@ class RaggedVerify:
     keep: Optional[torch.Tensor] = None  # [bs, N] bool, for the FlashInfer argument compaction
     mode: str = "cpu"  # "cpu" (intel_amx extend metadata) | "flashinfer" (paged verify arguments)
     width: Optional[int] = None  # every request's extend length when uniform (the CPU kernel's max_len_extend)
+    host_lens: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self):
         if self.rows.dim() != 1 or self.lens.dim() != 1 or self.lens.shape != self.starts.shape:
@@ -79,7 +82,7 @@ class RaggedVerify:
 
 
 def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str = "cpu",
-                uniform: bool = False) -> RaggedVerify:
+                uniform: bool = False, host_lens: Optional[Sequence[int]] = None) -> RaggedVerify:
     """Compact SGLang's verify batch to the kept nodes.
 
     Parameters
@@ -89,6 +92,8 @@ def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str
     uniform : every request verifies ``L = max_b n_b`` nodes, its kept ones first and then fillers in index
         order (unlinked: their outputs are never read). SGLang's compiled CPU extend kernel takes a tree mask
         only over uniform extend lengths (``[bs, L, L]``), so the CPU verifies trees this way.
+    host_lens : ``keep``'s kept nodes per request already read to the host (None: read here, the plan's one
+        host read: the compacted batch's shape depends on them).
 
     Example: keep [[1, 1, 0, 1]] -> rows [0, 1, 3], lens [3]; mask rows/cols {0, 1, 3} of the [4, 4] block.
     Uniform, keep [[1, 1, 0, 0], [1, 0, 0, 0]] -> L 2: rows [0, 1, 4, 5], lens [2, 2].
@@ -98,17 +103,19 @@ def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str
     bs, n = keep.shape
     dev = keep.device
     lens = keep.long().sum(-1)  # [bs]
+    host = tuple(lens.tolist() if host_lens is None else host_lens)
     ar = torch.arange(n, device=dev)
     # kept local indices first, each group in index order: sort by (not kept) * N + index
     # e.g. keep [1, 1, 0, 1] -> keys [0, 1, 6, 3] -> sorted [0, 1, 3, 6] -> order [0, 1, 3, 2]
     order = torch.sort(torch.where(keep, ar, n + ar), dim=-1).values % n  # [bs, N]
     width = None
-    if uniform:  # the batch's widest tree is the one host read
-        width = int(lens.max())
+    if uniform:  # the batch's widest tree
+        width = max(host)
+        host = (width,) * bs
         lens = torch.full_like(lens, width)
         rows = (torch.arange(bs, device=dev)[:, None] * n + order[:, :width]).reshape(-1)  # [bs * L]
     else:
-        rows = kept_rows(keep, int(lens.sum()))  # [T]: the compacted batch's shape is the one host read
+        rows = kept_rows(keep, sum(host))  # [T]
     starts = torch.cumsum(lens, 0) - lens
     valid = ar[None, :] < lens[:, None]  # [bs, N] slot i holds a verified node
     mask = None
@@ -120,7 +127,7 @@ def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str
         else:
             pair = valid[:, :, None] & valid[:, None, :]  # [bs, N, N] (i, j) both real
             mask = sub[pair]  # request-major, row-major within a request: [sum n_b^2]
-    return RaggedVerify(rows, lens, starts, mask, n, keep, mode, width)
+    return RaggedVerify(rows, lens, starts, mask, n, keep, mode, width, host)
 
 
 def scatter_rows(x: torch.Tensor, plan: RaggedVerify, bs: int) -> torch.Tensor:
@@ -187,12 +194,33 @@ def ragged_mode(model_runner) -> Optional[str]:
     ``TREESPEC_RAGGED_VERIFY`` unset / ``auto``: the CPU ``intel_amx`` backend only; ``1``: also SGLang's
     FlashInfer backend (eager for ragged batches; opt-in until it has been measured on a GPU); ``tuned``: both
     backends, each verify ragged or padded as :mod:`.ragged_tuner` measured faster at its batch size; ``0``: off.
+    Under attention data parallelism every verify is padded (``auto``; ``1`` and ``tuned`` are refused at start,
+    :func:`check_ragged_parallelism`).
     """
-    env = ragged_setting()
-    if env is False:
+    setting = ragged_setting()
+    if setting is False:
         return None
     kind = _backend_kind(type(getattr(model_runner, "attn_backend", None)))
-    return kind if kind == "cpu" or (kind == "flashinfer" and env in (True, "tuned")) else None
+    if kind is None or dp_attention(getattr(model_runner, "server_args", None)):
+        return None
+    return kind if kind == "cpu" or setting in (True, "tuned") else None
+
+
+def dp_attention(server_args) -> bool:
+    """Whether the server runs attention data parallel (``--enable-dp-attention``, an attention-DP width > 1)."""
+    width = getattr(server_args, "attn_dp_size", None)
+    return bool(getattr(server_args, "enable_dp_attention", False)) or (isinstance(width, int) and width > 1)
+
+
+def check_ragged_parallelism(server_args) -> None:
+    """At server start: ``TREESPEC_RAGGED_VERIFY=1`` / ``tuned`` with attention data parallelism raises ValueError.
+    SGLang fixes every DP group's verify token count (``bs * N``) before the forward and gathers across groups
+    in the MLP, so one group running ragged beside another running padded would not line up."""
+    setting = ragged_setting()
+    if setting in (True, "tuned") and dp_attention(server_args):
+        raise ValueError(f"treespec: {ENV_RAGGED}={env(ENV_RAGGED).strip()} cannot run with attention data "
+                         "parallelism (--enable-dp-attention): every DP group verifies bs * N tokens there; unset it "
+                         "(auto: padded under DP attention) or set 0")
 
 
 @functools.lru_cache(maxsize=16)
@@ -230,20 +258,26 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, *
     ragged = t.choose(bs, group)  # the same on every rank of the group
     if env(ENV_DIGESTS):  # debug: this rank's own proposal for the batch's bucket and the path every rank runs
         record_digest([torch.tensor([t.proposal(t.buckets[bucket(bs)])])], [torch.tensor([ragged])], group, "ragged-")
-    with t.timed(bs, ragged, keep.device):
+    with t.timed(bs, ragged, keep.device) as sample:
         if not ragged:
             return original(runner, forward_batch, *args, **kwargs), [n] * bs
-        return _ragged_forward(mode, original, runner, forward_batch, keep, *args, **kwargs)
+        out, verified = _ragged_forward(mode, original, runner, forward_batch, keep, *args, **kwargs)
+        # a batch with nothing to compact ran SGLang's padded forward after a host read: a sample of neither path
+        sample.kept = verified != [n] * bs
+        return out, verified
 
 
 def _ragged_forward(mode: str, original, runner, forward_batch, keep: torch.Tensor, *args, **kwargs):
-    """:func:`ragged_verify_forward` once ragged: compact, forward, scatter (a batch keeping every node runs padded)."""
+    """:func:`ragged_verify_forward` once ragged: compact, forward, scatter (a batch with nothing to compact runs
+    padded). The kept sizes are the one host read: the compacted batch's shape depends on them."""
     bs, n = keep.shape
     spec = forward_batch.spec_info
-    if bool(keep.all()):  # the check is the one size read a ragged batch needs anyway
+    host_lens = keep.sum(-1).tolist()  # [bs] on the host (a bool sum is int64)
+    if min(host_lens) == n:
         return original(runner, forward_batch, *args, **kwargs), [n] * bs
     tree = spec.custom_mask.bool() if mode == "cpu" and spec.tree_topk != 1 else None
-    plan = plan_ragged(keep, tree, mode, uniform=tree is not None)  # CPU trees: one width (the compiled kernel's rule)
+    # CPU trees: one width (the compiled kernel's rule)
+    plan = plan_ragged(keep, tree, mode, uniform=tree is not None, host_lens=host_lens)
     if plan.total == bs * n:  # the widest tree is N: nothing to compact
         return original(runner, forward_batch, *args, **kwargs), [n] * bs
     full = {f: getattr(forward_batch, f) for f in ("input_ids", "positions", "out_cache_loc")}
@@ -265,7 +299,7 @@ def _ragged_forward(mode: str, original, runner, forward_batch, keep: torch.Tens
     lo.next_token_logits = scatter_rows(lo.next_token_logits, plan, bs)
     if getattr(lo, "hidden_states", None) is not None:
         lo.hidden_states = scatter_rows(lo.hidden_states, plan, bs)
-    return out, plan.lens.tolist()  # the forward's total was checked against the plan in amx_extend_metadata
+    return out, list(plan.host_lens)  # the forward's total was checked against the plan in amx_extend_metadata
 
 
 def amx_extend_metadata(original, backend, forward_batch, *args, **kwargs):

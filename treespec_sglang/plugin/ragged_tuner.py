@@ -27,6 +27,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
 from typing import Deque, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -69,6 +70,8 @@ class TunerOptions:
             name, eq, value = (s.strip() for s in part.partition("="))
             if not eq or name not in kinds:
                 raise ValueError(f"{ENV_TUNING}: expected name=value with a name in {sorted(kinds)}, got {part!r}")
+            if name in values:
+                raise ValueError(f"{ENV_TUNING}: {name} given twice")
             try:
                 values[name] = kinds[name](value)
             except ValueError:
@@ -101,6 +104,9 @@ class HostClock:
     def end(self, start, key) -> None:
         self.done.append((key, (time.perf_counter() - start) * 1e3))
 
+    def cancel(self, start) -> None:
+        pass
+
     def finished(self) -> List[Tuple[object, float]]:
         """``(key, ms)`` of every timed forward finished since the last call."""
         out, self.done = self.done, []
@@ -125,6 +131,9 @@ class DeviceClock:
     def end(self, pair, key) -> None:
         pair[1].record()
         self.pending.append((key, *pair))
+
+    def cancel(self, pair) -> None:
+        self.free.append(pair)  # its start event may be recorded again
 
     def finished(self) -> List[Tuple[object, float]]:
         out = []
@@ -184,13 +193,18 @@ class RaggedTuner:
         return b.ragged != (n % o.explore_every == o.explore_every - 1)
 
     @contextlib.contextmanager
-    def timed(self, bs: int, ragged: bool, device) -> Iterator[None]:
-        """Time the verify forward run inside as a sample of ``ragged`` at ``bs``'s bucket (a failed one is not)."""
+    def timed(self, bs: int, ragged: bool, device) -> Iterator[SimpleNamespace]:
+        """Time the verify forward run inside as a sample of ``ragged`` at ``bs``'s bucket; not one when it fails
+        or sets ``kept = False`` on the object it is given (e.g. it ran the other path after all)."""
         if self.clock is None:
             self.clock = clock_for(device)
         start = self.clock.begin()
-        yield
-        self.clock.end(start, (bucket(bs), int(ragged)))
+        sample = SimpleNamespace(kept=True)
+        yield sample
+        if sample.kept:
+            self.clock.end(start, (bucket(bs), int(ragged)))
+        else:
+            self.clock.cancel(start)
 
     def proposal(self, b: _Bucket) -> bool:
         """This rank's view of bucket ``b``: ragged or padded, from its means (the current decision until both
@@ -203,7 +217,7 @@ class RaggedTuner:
         return want != self.contrary
 
     def table(self) -> Dict[str, dict]:
-        """Per bucket: the decision, each path's mean ms and sample count (logs, ``/server_info``, benchmarks)."""
+        """Per bucket: the decision, each path's mean ms and sample count (tests, benchmarks, debugging)."""
         self._collect()
         return {_span(k): {"ragged": b.ragged, "padded_ms": b.mean[0], "ragged_ms": b.mean[1],
                            "samples": list(b.samples), "verifies": b.verifies}
@@ -218,10 +232,14 @@ class RaggedTuner:
             b.samples[path] += 1
 
     def _agree(self, group) -> None:
-        """Rank 0's proposals on every rank (host-only broadcast on the group's CPU channel)."""
-        own = {k: self.proposal(b) for k, b in self.buckets.items()}
+        """Rank 0's proposals on every rank (host-only broadcast on the group's CPU channel), with its count of
+        verifies: a rank out of step (e.g. restarted) raises RuntimeError instead of running another path."""
+        own = {"verifies": self.verifies, "ragged": {k: self.proposal(b) for k, b in self.buckets.items()}}
         agreed = group.broadcast_object(own, src=0)
-        for k, want in agreed.items():
+        if agreed["verifies"] != self.verifies:
+            raise RuntimeError(f"treespec ragged verify: this rank has run {self.verifies} tuned verifies, rank 0 "
+                               f"{agreed['verifies']}: the ranks are out of step")
+        for k, want in agreed["ragged"].items():
             self._decide(k, self.buckets.setdefault(k, _Bucket()), bool(want))
 
     def _decide(self, k: int, b: _Bucket, ragged: bool) -> None:

@@ -16,7 +16,7 @@ from .draft_select import check_selection
 from .classifiers import parse_classifier_flags
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
-from .ragged import ragged_setting
+from .ragged import check_ragged_parallelism, ragged_setting
 from .ragged_tuner import ENV_TUNING, TunerOptions
 from .ranks import check_settings_agree, shard_hot_head, verify_group
 from .settings import env, freeze
@@ -93,6 +93,7 @@ def _draft_head(original, self, *args, **kwargs):
         reason = draft_algorithm_mismatch(type(runner.model).__name__, bool(algo.is_eagle3()))
         if reason is not None:
             raise ValueError(f"treespec: {reason}")
+    check_ragged_parallelism(getattr(self, "server_args", None))
     # the spec worker is built on every rank after the groups: settings must agree before any round
     check_settings_agree(verify_group())
     if runner is not None and getattr(self, "topk", None) is not None:  # TREESPEC_SELECT valid, its kernel built
