@@ -84,3 +84,54 @@ def test_a_round_reads_no_environment_once_frozen(monkeypatch):
         settings.thaw()
         one()
         assert {draft_select.ENV_SELECT, config.ENV_POLICY, stats.ENV_MAX_ROUNDS} <= set(reads)  # live: read again
+
+
+def test_a_derived_value_is_parsed_once_per_snapshot_and_every_call_while_live(monkeypatch):
+    parsed = []
+
+    @settings.derived
+    def cap(scale=1):
+        parsed.append(scale)
+        raw = settings.env("TREESPEC_TEST_CAP", "4")
+        if not raw.isdigit():
+            raise ValueError(f"TREESPEC_TEST_CAP must be an integer, got {raw!r}")
+        return int(raw) * scale
+
+    monkeypatch.setenv("TREESPEC_TEST_CAP", "5")
+    assert (cap(), cap(), len(parsed)) == (5, 5, 2)  # live: parsed each call
+    settings.freeze()
+    monkeypatch.setenv("TREESPEC_TEST_CAP", "6")
+    assert (cap(), cap(), cap(2), cap(2), len(parsed)) == (5, 5, 10, 10, 4)  # once per snapshot and arguments
+    settings.freeze()  # a new snapshot: parsed again
+    assert (cap(), cap(), len(parsed)) == (6, 6, 5)
+    monkeypatch.setenv("TREESPEC_TEST_CAP", "x")
+    settings.freeze()
+    for _ in range(2):  # a value that raises is not kept: it raises again
+        with pytest.raises(ValueError, match="TREESPEC_TEST_CAP must be an integer, got 'x'"):
+            cap()
+    assert len(parsed) == 7
+    settings.thaw()
+    monkeypatch.setenv("TREESPEC_TEST_CAP", "7")
+    assert cap() == 7
+
+
+def test_a_frozen_round_parses_no_setting_after_its_first(monkeypatch):
+    """After the first round under a snapshot, a round's settings (server defaults, selection, stats cap, ragged
+    switch, debug switches) are kept values: ``settings.env`` is not called at all."""
+    from bench import round_host_cost
+
+    a = round_host_cost.parser().parse_args(["--repeats", "1"])
+    _, _, _, _, one = round_host_cost.measure("eagle2", 2, a)
+    calls = []
+    real = settings.env
+    with round_host_cost.patched(a):
+        settings.freeze()
+        one()
+        monkeypatch.setattr(settings, "env", lambda *k: calls.append(k) or real(*k))
+        for m in (config, draft_select, ragged, ranks, stats):
+            monkeypatch.setattr(m, "env", settings.env)
+        one()
+        assert calls == []
+        settings.thaw()
+        one()
+        assert {(draft_select.ENV_SELECT,), (config.ENV_POLICY,), (stats.ENV_MAX_ROUNDS,)} <= set(calls)

@@ -37,6 +37,7 @@ from .config import env_switch
 from .pool import _Classifiers
 from .rows import COLUMNS, _clf_id, classifier_ids, policy_rows
 from .ranks import agree
+from .settings import derived
 
 __all__ = ["ChainStopper", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH", "ChainLoop", "chain_loop",
            "recording_loop"]
@@ -46,6 +47,7 @@ ENV_CHAIN_GRAPH = "TREESPEC_CHAIN_STOP_GRAPH"
 _STASH: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
 
 
+@derived
 def chain_graph_enabled() -> bool:
     """``TREESPEC_CHAIN_STOP_GRAPH`` (the operator's environment): 1 records the stop's step statistics inside
     SGLang's draft CUDA graph, so C2T chain rounds replay it; unset / 0: those rounds draft eagerly.

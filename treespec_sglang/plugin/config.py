@@ -27,7 +27,7 @@ from typing import Optional, Sequence, Union
 
 from ..policies import parse_spec
 from .classifiers import ENV_CLASSIFIERS, load_registry, parse_classifier_flags, resolve_request_classifier
-from .settings import env, frozen
+from .settings import derived, env, frozen
 
 __all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_TOKEN_CAP", "ENV_POLICY_MODULES", "ServerDefaults",
            "configure", "server_defaults", "draft_algorithm_mismatch", "import_policy_modules", "env_switch"]
@@ -143,11 +143,12 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None,
     return d
 
 
+@derived
 def server_defaults() -> ServerDefaults:
     """Read the defaults from the environment (validated; errors name the variable).
 
-    Called on every draft step (:func:`.settings.env`: a dict read once the server serves): each distinct
-    (policy, config) pair is parsed and validated once."""
+    Called on every draft step (once the server serves, :func:`.settings.derived`: parsed once per snapshot);
+    each distinct (policy, config) pair is parsed and validated once."""
     return _parse_defaults(env(ENV_POLICY) or None, env(ENV_CONFIG) or "{}", env(ENV_TOKEN_CAP) or None)
 
 

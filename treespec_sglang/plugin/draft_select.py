@@ -33,7 +33,7 @@ from .pool import BatchPlan, PoolView, policy_rows, select_on_pool, share_token_
 from .pool_kernels import check_unlink, select_on_pool_fused, unlink_filler_fused, warm_up
 from .select_graph import graph_for
 from .ranks import agree, perturbed, record_digest, verify_group
-from .settings import env
+from .settings import derived, env
 
 __all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing", "ENV_SELECT", "selection_mode",
            "selection", "check_selection", "replays_selection", "unlink"]
@@ -55,6 +55,7 @@ def capturing(t: Optional[torch.Tensor] = None) -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+@derived
 def selection_mode() -> str:
     """``TREESPEC_SELECT`` (the operator's environment): ``auto`` (unset), ``torch``, ``triton`` or ``graph``.
 

@@ -29,8 +29,8 @@ import torch
 from ..tree import kept_rows, to_grid
 from .config import env_switch
 from .ragged_tuner import bucket, tuner
-from .ranks import ENV_DIGESTS, perturbed_rank, record_digest, verify_group
-from .settings import env
+from .ranks import digests_dir, perturbed_rank, record_digest, verify_group
+from .settings import derived, env
 from .round import current, opened
 
 __all__ = ["RaggedVerify", "plan_ragged", "scatter_rows", "compact_paged_verify_args", "ragged_verify_forward",
@@ -181,6 +181,7 @@ def compact_paged_verify_args(kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
 
 
 # ------------------------------------------------------------------------ hook bodies (plugin.hooks)
+@derived
 def ragged_setting() -> Union[bool, str]:
     """``TREESPEC_RAGGED_VERIFY`` (:func:`.config.env_switch`): ``"auto"`` (unset), ``"tuned"``, True or False;
     a bad value raises ValueError naming the variable (checked at server start, with ``TREESPEC_RAGGED_TUNING``,
@@ -256,7 +257,7 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, *
     group = verify_group()
     t = tuner(contrary=perturbed_rank(group))
     ragged = t.choose(bs, group)  # the same on every rank of the group
-    if env(ENV_DIGESTS):  # debug: this rank's own proposal for the batch's bucket and the path every rank runs
+    if digests_dir():  # debug: this rank's own proposal for the batch's bucket and the path every rank runs
         record_digest([torch.tensor([t.proposal(t.buckets[bucket(bs)])])], [torch.tensor([ragged])], group, "ragged-")
     with t.timed(bs, ragged, keep.device) as sample:
         if not ragged:

@@ -44,11 +44,11 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .settings import env
+from .settings import derived, env
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
-__all__ = ["verify_group", "agree", "settings_digest", "check_settings_agree", "cpu_parallel_group",
+__all__ = ["digests_dir", "verify_group", "agree", "settings_digest", "check_settings_agree", "cpu_parallel_group",
            "shard_hot_head", "hot_rows", "BROADCASTS", "record_digest", "perturbed", "agree_verify"]
 
 ENV_DIGESTS = "TREESPEC_RANK_DIGESTS"
@@ -162,7 +162,7 @@ def record_digest(own: Sequence[torch.Tensor], agreed: Sequence[torch.Tensor], g
     """With ``TREESPEC_RANK_DIGESTS=DIR``: append ``"<own hash> <agreed hash>"`` for this round to
     ``DIR/<what>rank<k>.txt`` (own: this rank's tree, or with ``what="verify-"`` its verify outcome; agreed:
     rank 0's, which it uses). Debug only: one host read per round."""
-    out = env(ENV_DIGESTS)
+    out = digests_dir()
     if not out:
         return
     rank = int(getattr(group, "rank_in_group", 0)) if group is not None else 0
@@ -184,8 +184,17 @@ def perturbed_rank(group) -> bool:
     return _faulty(ENV_PERTURB, group)
 
 
+@derived
+def digests_dir() -> str:
+    """``TREESPEC_RANK_DIGESTS``: where :func:`record_digest` writes (empty: off)."""
+    return env(ENV_DIGESTS)
+
+
+_test_fault = derived(env)  # TREESPEC_TEST_PERTURB_*: which rank is faulty (read every round: parsed once)
+
+
 def _faulty(name: str, group) -> bool:
-    want = env(name)
+    want = _test_fault(name)
     return bool(want) and group is not None and int(getattr(group, "rank_in_group", 0)) == int(want)
 
 

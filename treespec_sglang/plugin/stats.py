@@ -27,7 +27,7 @@ from typing import Deque, Dict, Optional, Sequence
 import torch
 
 from .metrics import scheduler_series
-from .settings import env
+from .settings import derived, env
 from ..policies.registry import registration_of
 
 __all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "record_rounds", "max_rounds",
@@ -43,6 +43,7 @@ ENV_MAX_ROUNDS = "TREESPEC_STATS_MAX_ROUNDS"
 _SENT = "_treespec_sent"  # on the Req: {key: how many values earlier chunks carried}
 
 
+@derived
 def max_rounds() -> int:
     """The per-round lists' cap (``TREESPEC_STATS_MAX_ROUNDS``, default 4096; 0 keeps summaries only)."""
     return _parse_max_rounds(env(ENV_MAX_ROUNDS).strip())
