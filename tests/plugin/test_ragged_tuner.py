@@ -279,3 +279,24 @@ def test_a_rank_out_of_step_raises_at_the_agreement():
     with pytest.raises(RuntimeError, match="this rank has run 0 tuned verifies, rank 0 2: the ranks are out of step"):
         late.verifies = 0  # restarted
         run(late, 1, 1, bus.member(1))
+
+
+class DriftClock(FakeClock):
+    """Both paths 1% slower every verify (a growing context); ragged stays 20% slower than padded."""
+
+    def __init__(self):
+        super().__init__(padded=10.0, ragged=12.0)
+        self.t = 0
+
+    def end(self, _, key):
+        self.pending.append((key, self.ms[key[1]] * 1.01 ** self.t))
+        self.t += 1
+
+
+def test_a_growing_context_does_not_make_the_seldom_run_path_look_faster():
+    """The other path is sampled once in ``explore_every`` verifies, so its own mean lags behind the context;
+    each of its samples is compared with the current path's mean when it arrives, which keeps the 20% gap."""
+    t = RaggedTuner(TunerOptions(warmup=2, explore_every=8), clock=DriftClock())
+    paths = run(t, 4, 200)
+    assert paths[4:] == [int(n % 8 == 7) for n in range(4, 200)]  # padded, ragged only explored
+    assert t.table()["4-7"]["ratio"] == pytest.approx(1.2, rel=0.1)  # the current mean lags a few verifies

@@ -13,7 +13,10 @@ measures both on the running server and verifies each batch size the faster way:
 - **Timing**: each verify forward (the whole hook path: compaction, re-plan, forward, scatter) between two
   CUDA events on the forward's stream, read back only once finished (``Event.query``: no device sync); on
   the CPU with ``perf_counter``. Each path keeps an exponential mean per bucket (weight ``smoothing``).
-- **Decision**: switch to the other path when its mean is below ``(1 - margin)`` times the current one's.
+- **Decision**: each sample of the other path is divided by the current path's mean at the time it arrives (a
+  path run every verify has a current mean; the other one's mean would lag behind a growing context), and the
+  bucket switches when the exponential mean of those ratios is below ``1 - margin``; after a switch the ratio
+  is measured afresh.
 - **Ranks**: every rank of the verify group must run the same path (the forward's shape). The schedule
   depends only on counts every rank shares; the decisions are rank 0's, broadcast on the group's CPU
   channel every ``agree_every`` verifies (no device sync); alone, a decision takes effect at once.
@@ -154,6 +157,7 @@ class _Bucket:
     verifies: int = 0  # verifies seen at this bucket (the same on every rank)
     mean: List[Optional[float]] = field(default_factory=lambda: [None, None])  # ms: padded, ragged
     samples: List[int] = field(default_factory=lambda: [0, 0])
+    ratio: Optional[float] = None  # mean of (other path's sample / current path's mean when it arrived)
     ragged: bool = False  # the agreed decision
 
 
@@ -207,19 +211,18 @@ class RaggedTuner:
             self.clock.cancel(start)
 
     def proposal(self, b: _Bucket) -> bool:
-        """This rank's view of bucket ``b``: ragged or padded, from its means (the current decision until both
-        paths have ``warmup`` samples; switched only past the margin)."""
-        if min(b.samples) < self.options.warmup:
+        """This rank's view of bucket ``b``: ragged or padded (the current decision until both paths have
+        ``warmup`` samples and the other one a ratio; switched only past the margin)."""
+        if min(b.samples) < self.options.warmup or b.ratio is None:
             want = b.ragged
         else:
-            cur, other = b.mean[int(b.ragged)], b.mean[int(not b.ragged)]
-            want = (not b.ragged) if other < (1.0 - self.options.margin) * cur else b.ragged
+            want = (not b.ragged) if b.ratio < 1.0 - self.options.margin else b.ragged
         return want != self.contrary
 
     def table(self) -> Dict[str, dict]:
         """Per bucket: the decision, each path's mean ms and sample count (tests, benchmarks, debugging)."""
         self._collect()
-        return {_span(k): {"ragged": b.ragged, "padded_ms": b.mean[0], "ragged_ms": b.mean[1],
+        return {_span(k): {"ragged": b.ragged, "padded_ms": b.mean[0], "ragged_ms": b.mean[1], "ratio": b.ratio,
                            "samples": list(b.samples), "verifies": b.verifies}
                 for k, b in sorted(self.buckets.items())}
 
@@ -227,6 +230,10 @@ class RaggedTuner:
         a = self.options.smoothing
         for (k, path), ms in self.clock.finished() if self.clock is not None else ():
             b = self.buckets.setdefault(k, _Bucket())
+            cur = b.mean[int(b.ragged)]
+            if path != int(b.ragged) and cur:  # the other path against the current one, now
+                r = ms / cur
+                b.ratio = r if b.ratio is None else (1.0 - a) * b.ratio + a * r
             old = b.mean[path]
             b.mean[path] = ms if old is None else (1.0 - a) * old + a * ms
             b.samples[path] += 1
@@ -246,6 +253,7 @@ class RaggedTuner:
         if ragged != b.ragged:
             logger.info("treespec ragged verify, batch size %s: %s (padded %s ms, ragged %s ms a verify)",
                         _span(k), "ragged" if ragged else "padded", _ms(b.mean[0]), _ms(b.mean[1]))
+            b.ratio = None  # the other path is now the one left: its ratio is measured afresh
         b.ragged = ragged
 
 
