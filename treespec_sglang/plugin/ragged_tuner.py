@@ -50,7 +50,7 @@ class TunerOptions:
     warmup: int = 4  # verifies of each path per bucket before its first decision
     explore_every: int = 128  # once decided, one verify in this many runs the other path
     agree_every: int = 64  # verifies (all buckets) between agreements of the decisions across ranks
-    margin: float = 0.03  # switch when the other path's mean time is below (1 - margin) x this one's
+    margin: float = 0.03  # switch when the other path runs below (1 - margin) x this one's time (mean ratio)
     smoothing: float = 0.25  # the weight of a new sample in a path's mean
 
     def __post_init__(self):
