@@ -150,16 +150,21 @@ def params_for(specs, n: int, max_new_tokens: int, ignore_eos: bool = False) -> 
             for i in range(n)]
 
 
-def serve(generate, prompt_ids, sp, bs: int) -> dict:
-    """The prompts ``bs`` at a time (the concurrency): tokens per second and tau over every request."""
+def serve(generate, prompt_ids, sp, bs: int, n: int = 0) -> dict:
+    """The prompts ``bs`` at a time (the concurrency): tokens per second and tau over every request; with ``n``
+    (SGLang's N) also the share of treespec request-rounds the target verified at N tokens (``padded``: ragged
+    verify off, or chosen padded by ``tuned``) and the mean verified tokens (``treespec_verify_tokens``)."""
     t, outs = time.time(), []
     for i in range(0, len(prompt_ids), bs):
         outs += generate(prompt_ids[i:i + bs], sp[i:i + bs])
     seconds = time.time() - t
     meta = [o["meta_info"] for o in outs]
     rounds = sum(m.get("spec_verify_ct", 0) for m in meta)
+    verified = [v for m in meta for v in (m.get("treespec_verify_tokens") or [])]
     return {"seconds": seconds, "tok_s": sum(m["completion_tokens"] for m in meta) / seconds,
             "tau": 1 + sum(m.get("spec_num_correct_drafts", 0) for m in meta) / rounds if rounds else None,
+            "verified": sum(verified) / len(verified) if verified else None,
+            "padded": sum(v == n for v in verified) / len(verified) if verified and n else None,
             "outputs": [list(o["output_ids"]) for o in outs]}
 
 
@@ -208,7 +213,7 @@ def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None
             for name, specs in sets.items():
                 before = read_profile(d)
                 sp = params_for(specs, len(prompt_ids), a.max_new_tokens, a.target == "random")
-                served = serve(generate, prompt_ids, sp, bs)
+                served = serve(generate, prompt_ids, sp, bs, a.num_draft_tokens)
                 got = delta(read_profile(d), before)
                 row = out.setdefault(bs, {})[name] = {kind: per_round(p) for kind, p in got.items()}
                 outputs, ref = served.pop("outputs"), (plain or {}).get(bs)
@@ -218,8 +223,10 @@ def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None
                                   for k, r in row.items() if isinstance(r, dict))
                 eq = "" if row["differing"] is None else \
                     f", == plain {len(prompt_ids) - len(row['differing'])}/{len(prompt_ids)} {row['differing']}"
+                ver = "" if served["verified"] is None else \
+                    f", verified {served['verified']:.2f} ({100 * served['padded']:.0f}% at N)"
                 print(f"{select}{' ops' if ops else ''} bs {bs} {name}: {served['tok_s']:.1f} tok/s, tau "
-                      f"{served['tau'] or 0:.2f}{eq}; {kinds}", flush=True)
+                      f"{served['tau'] or 0:.2f}{ver}{eq}; {kinds}", flush=True)
     finally:
         stop()
     return out

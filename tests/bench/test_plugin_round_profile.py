@@ -66,3 +66,23 @@ def test_a_random_target_runs_every_request_to_its_length():
 
     assert all(p["ignore_eos"] for p in params_for([None, {"policy": "salf"}], 3, 8, ignore_eos=True))
     assert not any("ignore_eos" in p for p in params_for([None], 2, 8))
+
+
+def test_serving_reports_the_verified_tokens_and_the_share_verified_at_n():
+    """``serve``: tau from SGLang's counters; the mean of the treespec verify tokens and the share at N (what
+    tells a ``tuned`` run's ragged verifies from its padded ones); a native request has no treespec keys."""
+    from bench.plugin_round_profile import serve
+
+    metas = [{"completion_tokens": 6, "spec_verify_ct": 2, "spec_num_correct_drafts": 4,
+              "treespec_verify_tokens": [8, 3]},
+             {"completion_tokens": 4, "spec_verify_ct": 2, "spec_num_correct_drafts": 2,
+              "treespec_verify_tokens": [8, 8, 5]},
+             {"completion_tokens": 2, "spec_verify_ct": 1, "spec_num_correct_drafts": 0}]
+
+    def generate(ids, sp):
+        return [{"meta_info": metas[i], "output_ids": [i]} for i in ids]
+
+    got = serve(generate, [0, 1, 2], [None] * 3, 2, n=8)
+    assert got["tau"] == 1 + 6 / 5 and got["verified"] == 32 / 5 and got["padded"] == 3 / 5
+    assert got["outputs"] == [[0], [1], [2]]
+    assert serve(generate, [2], [None], 1, n=8)["verified"] is None  # native only
