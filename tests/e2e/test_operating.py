@@ -9,7 +9,7 @@ import urllib.error
 
 import pytest
 
-from tests.e2e.conftest import get, greedy_params, post, same_tokens
+from tests.e2e.conftest import N, get, greedy_params, post, same_tokens
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 
@@ -18,14 +18,15 @@ C2T_FAST = {"policy": "c2t", "budget": 8, "topk": 4, "beta": 0.3, "classifier": 
 
 
 def scrape(base) -> dict:
-    """``/metrics`` -> {(sample name, policy or field label): value summed over the other labels}."""
+    """``/metrics`` -> {(sample name, policy, field or path label): value summed over the other labels}."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out = {}
     for fam in text_string_to_metric_families(get(base + "/metrics")):
         for s in fam.samples:
             if s.name.startswith("treespec:") and not s.name.endswith("_created"):
-                key = (s.name, s.labels.get("policy", s.labels.get("field")), s.labels.get("le"))
+                label = s.labels.get("policy", s.labels.get("field", s.labels.get("path")))
+                key = (s.name, label, s.labels.get("le"))
                 out[key] = out.get(key, 0.0) + s.value
     return out
 
@@ -73,6 +74,10 @@ def test_metrics_equal_the_sums_of_the_responses(server, prompt_ids):
             assert s["rounds"] == len(i["treespec_accept_lengths"]) and not s["lists_truncated"]
             assert s["accepted_tokens"] == sum(i["treespec_accept_lengths"])
             assert s["tree_nodes"] == sum(i["treespec_tree_sizes"])
+    # one verify forward per treespec round (each request alone): ragged (auto on the CPU) when it ran < N tokens
+    runs = [v for rs in outs.values() for r in rs for v in r["meta_info"]["treespec_verify_tokens"]]
+    assert delta(after, before, "treespec:verify_forwards_total", "ragged") == sum(v < N for v in runs) > 0
+    assert delta(after, before, "treespec:verify_forwards_total", "padded") == sum(v == N for v in runs)
     assert delta(after, before, "treespec:refused_requests_total", "salf.budget") == 1
     assert not any(k[1] is None and k[0].startswith("treespec:requests") for k in after)
 

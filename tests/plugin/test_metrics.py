@@ -3,6 +3,7 @@
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import treespec_sglang.plugin.metrics as M
 import treespec_sglang.plugin.stats as S
@@ -204,3 +205,24 @@ assert s.bulk is True, s.bulk
     got = _buckets(reg, "treespec:accept_length", {"policy": "salf"})
     want = _buckets(reg, "twin", {"policy": "salf"})
     assert got == want and got[("_count", None)] == 9 and got[("_sum", None)] == 147
+
+
+def test_verify_forwards_are_counted_by_the_path_the_target_ran(series, monkeypatch):
+    """``hooks._runner_forward`` on a treespec round's verify: ``ragged`` when any request ran fewer than N
+    tokens, ``padded`` when every one ran N; one increment per forward (the batch's, no policy label)."""
+    from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin.round import DraftStep, opened
+
+    s, reg = series
+    seen = iter([[3, 8], [8, 8], [2, 2]])  # what the verify forward reports per request
+    monkeypatch.setattr(hooks, "ragged_verify_forward", lambda *a, **k: ("out", next(seen)))
+    monkeypatch.setattr(hooks, "_record_verify_tokens", lambda reqs, verified: None)
+    fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True))
+    for _ in range(3):
+        with opened([]) as r:
+            r.step = DraftStep([None, None], 4, [False, False], None)
+            r.step.keep = torch.ones(2, 8, dtype=torch.bool)
+            assert hooks._runner_forward(None, None, fb) == "out"
+    value = lambda path: reg.get_sample_value("treespec:verify_forwards_total",  # noqa: E731
+                                              {"model_name": "m", "tp_rank": "0", "path": path})
+    assert (value("ragged"), value("padded")) == (2.0, 1.0)

@@ -40,6 +40,7 @@ from .profile import profile_from_env, profiled
 from .ragged import amx_extend_metadata, amx_forward_metadata, eager_while_ragged, flashinfer_verify_args, \
     ragged_verify_forward
 from .ranks import agree_verify, cpu_parallel_group, verify_group
+from .metrics import scheduler_series
 from .round import DraftStep, current, drafting_step, opened
 from .server_hooks import (_add_cli_args, _create_generation_req, _draft_graph_vote, _draft_head,
                            _from_cli_args, _handle_batch_request, _req_params, _req_shares, _request_level_key,
@@ -203,6 +204,9 @@ def _runner_forward(original, self, forward_batch, *args, **kwargs):
     if r is not None and r.keep is not None and mode is not None and mode.is_target_verify():
         out, verified = ragged_verify_forward(original, self, forward_batch, r.keep, *args, **kwargs)
         _record_verify_tokens(r.reqs, verified)
+        series = scheduler_series()
+        if series is not None:  # ragged when any request ran fewer than N tokens
+            series.verify_forward(verified != [r.keep.shape[1]] * len(verified))
         return out
     out = original(self, forward_batch, *args, **kwargs)
     loop = recording_loop()

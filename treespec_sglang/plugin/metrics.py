@@ -13,9 +13,12 @@ in the processes where SGLang creates its own collectors, with SGLang's labels (
 | ``treespec:verified_tokens_total`` | counter | tokens the target's verify forward ran for them |
 | ``treespec:tree_size`` | histogram | verified nodes per round, root included |
 | ``treespec:accept_length`` | histogram | accepted draft tokens per round |
+| ``treespec:verify_forwards_total`` | counter | treespec rounds' verify forwards by ``path``: ``ragged`` / ``padded`` |
 | ``treespec:refused_requests_total`` | counter | requests refused for a bad ``custom_params["treespec"]``, by ``field`` |
 
-The counters are the sums of the responses' ``meta_info`` lists (``treespec_accept_lengths``,
+``treespec:verify_forwards_total`` has ``path`` instead of ``policy`` (a forward serves the whole batch):
+``ragged`` when any request ran fewer than N tokens, ``padded`` when all ran N (``TREESPEC_RAGGED_VERIFY``).
+The other counters are the sums of the responses' ``meta_info`` lists (``treespec_accept_lengths``,
 ``treespec_verify_tokens``, ``treespec_tree_sizes``): both are recorded by the same hooks, at the same
 moment. Only SGLang's stats-logging rank of each group (``attn_tp_rank`` 0) has a collector, so a
 round is counted once per group, as SGLang counts its ``sglang:spec_accept_length``.
@@ -91,6 +94,8 @@ class SchedulerSeries:
                                    buckets=TREE_SIZE_BUCKETS)
         self.accept_length = Histogram("treespec:accept_length", "Accepted draft tokens per round", names,
                                        buckets=ACCEPT_LENGTH_BUCKETS)
+        self.verify_forwards = Counter("treespec:verify_forwards", "Target verify forwards of treespec rounds, by "
+                                       "path (ragged: kept nodes only; padded: N per request)", [*self.labels, "path"])
         self._children: Dict[tuple, object] = {}  # (series, policy) -> its labelled child, looked up once
         self.bulk: Optional[bool] = None  # observe_all's bulk path, decided on the first histogram child
 
@@ -101,6 +106,14 @@ class SchedulerSeries:
         if child is None:
             child = self._children[(series, policy)] = series.labels(**self.labels, policy=policy)
         return child
+
+    def verify_forward(self, ragged: bool) -> None:
+        """One target verify forward of a treespec round, ragged or padded."""
+        path = "ragged" if ragged else "padded"
+        child = self._children.get((self.verify_forwards, path))
+        if child is None:
+            child = self._children[(self.verify_forwards, path)] = self.verify_forwards.labels(**self.labels, path=path)
+        child.inc()
 
     def new_request(self, policy: str) -> None:
         self._child(self.requests, policy).inc()
