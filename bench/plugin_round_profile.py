@@ -152,8 +152,9 @@ def params_for(specs, n: int, max_new_tokens: int, ignore_eos: bool = False) -> 
 
 def serve(generate, prompt_ids, sp, bs: int, n: int = 0) -> dict:
     """The prompts ``bs`` at a time (the concurrency): tokens per second and tau over every request; with ``n``
-    (SGLang's N) also the share of treespec request-rounds the target verified at N tokens (``padded``: ragged
-    verify off, or chosen padded by ``tuned``) and the mean verified tokens (``treespec_verify_tokens``)."""
+    (SGLang's N) also the share of treespec request-rounds the target verified at N tokens (``padded``; a request
+    whose tree keeps all N nodes counts too, and a ragged forward can hold one: per forward, one request at a time)
+    and the mean verified tokens (``treespec_verify_tokens``). ``treespec:verify_forwards_total`` counts forwards."""
     t, outs = time.time(), []
     for i in range(0, len(prompt_ids), bs):
         outs += generate(prompt_ids[i:i + bs], sp[i:i + bs])
@@ -224,7 +225,7 @@ def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None
                 eq = "" if row["differing"] is None else \
                     f", == plain {len(prompt_ids) - len(row['differing'])}/{len(prompt_ids)} {row['differing']}"
                 ver = "" if served["verified"] is None else \
-                    f", verified {served['verified']:.2f} ({100 * served['padded']:.0f}% at N)"
+                    f", verified {served['verified']:.2f} ({100 * served['padded']:.0f}% of request-rounds at N)"
                 print(f"{select}{' ops' if ops else ''} bs {bs} {name}: {served['tok_s']:.1f} tok/s, tau "
                       f"{served['tau'] or 0:.2f}{ver}{eq}; {kinds}", flush=True)
     finally:

@@ -300,3 +300,15 @@ def test_a_growing_context_does_not_make_the_seldom_run_path_look_faster():
     paths = run(t, 4, 200)
     assert paths[4:] == [int(n % 8 == 7) for n in range(4, 200)]  # padded, ragged only explored
     assert t.table()["4-7"]["ratio"] == pytest.approx(1.2, rel=0.1)  # the current mean lags a few verifies
+
+
+def test_after_a_switch_one_late_sample_of_the_old_path_does_not_switch_back():
+    """On a GPU the verifies still in flight at a switch report after it: the decision waits for ``warmup``
+    samples of the other path against the new one before switching again."""
+    clock = FakeClock(padded=10.0, ragged=5.0)
+    t = RaggedTuner(TunerOptions(warmup=2, explore_every=1000), clock=clock)
+    assert run(t, 4, 5) == [0, 1, 0, 1, 1]  # ragged decided at the 5th verify
+    clock.pending.append(((bucket(4), 0), 1.0))  # a padded verify's sample arriving late, far faster
+    assert run(t, 4, 1) == [1]
+    clock.pending.append(((bucket(4), 0), 1.0))  # a second one: now the ratio stands on warmup samples
+    assert run(t, 4, 1) == [0]

@@ -16,7 +16,7 @@ measures both on the running server and verifies each batch size the faster way:
 - **Decision**: each sample of the other path is divided by the current path's mean at the time it arrives (a
   path run every verify has a current mean; the other one's mean would lag behind a growing context), and the
   bucket switches when the exponential mean of those ratios is below ``1 - margin``; after a switch the ratio
-  is measured afresh.
+  is measured afresh, over at least ``warmup`` samples.
 - **Ranks**: every rank of the verify group must run the same path (the forward's shape). The schedule
   depends only on counts every rank shares; the decisions are rank 0's, broadcast on the group's CPU
   channel every ``agree_every`` verifies (no device sync); alone, a decision takes effect at once.
@@ -158,6 +158,7 @@ class _Bucket:
     mean: List[Optional[float]] = field(default_factory=lambda: [None, None])  # ms: padded, ragged
     samples: List[int] = field(default_factory=lambda: [0, 0])
     ratio: Optional[float] = None  # mean of (other path's sample / current path's mean when it arrived)
+    ratios: int = 0  # samples in ``ratio`` since the last switch
     ragged: bool = False  # the agreed decision
 
 
@@ -212,8 +213,9 @@ class RaggedTuner:
 
     def proposal(self, b: _Bucket) -> bool:
         """This rank's view of bucket ``b``: ragged or padded (the current decision until both paths have
-        ``warmup`` samples and the other one a ratio; switched only past the margin)."""
-        if min(b.samples) < self.options.warmup or b.ratio is None:
+        ``warmup`` samples and, since the last switch, ``warmup`` ratios: on a GPU the old path's verifies still
+        in flight at a switch arrive after it; switched only past the margin)."""
+        if min(b.samples) < self.options.warmup or b.ratios < self.options.warmup:
             want = b.ragged
         else:
             want = (not b.ragged) if b.ratio < 1.0 - self.options.margin else b.ragged
@@ -234,6 +236,7 @@ class RaggedTuner:
             if path != int(b.ragged) and cur:  # the other path against the current one, now
                 r = ms / cur
                 b.ratio = r if b.ratio is None else (1.0 - a) * b.ratio + a * r
+                b.ratios += 1
             old = b.mean[path]
             b.mean[path] = ms if old is None else (1.0 - a) * old + a * ms
             b.samples[path] += 1
@@ -253,7 +256,7 @@ class RaggedTuner:
         if ragged != b.ragged:
             logger.info("treespec ragged verify, batch size %s: %s (padded %s ms, ragged %s ms a verify)",
                         _span(k), "ragged" if ragged else "padded", _ms(b.mean[0]), _ms(b.mean[1]))
-            b.ratio = None  # the other path is now the one left: its ratio is measured afresh
+            b.ratio, b.ratios = None, 0  # the other path is now the one left: its ratio is measured afresh
         b.ragged = ragged
 
 
