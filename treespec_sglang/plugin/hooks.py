@@ -116,12 +116,19 @@ class BatchColumns:
 _COLUMNS: List[Optional[BatchColumns]] = [None]  # the last batch's (one decode batch per scheduler process)
 
 
+def _last_columns(reqs) -> Optional[BatchColumns]:
+    """The last batch's columns when ``reqs`` are its requests, in order (an identity check in C), else None."""
+    last = _COLUMNS[0]
+    return last if last is not None and len(reqs) == len(last.reqs) and tuple(reqs) == last.reqs else None
+
+
 def batch_columns(reqs, defaults) -> BatchColumns:
     """The columns of the batch ``reqs`` (:class:`BatchColumns`): the last batch's when it holds the same
     requests, else built."""
-    key, last = tuple(reqs), _COLUMNS[0]
-    if last is not None and last.defaults is defaults and last.reqs == key:
+    last = _last_columns(reqs)
+    if last is not None and last.defaults is defaults:
         return last
+    key = tuple(reqs)
     params = [_req_params(r, defaults) for r in key]
     # a request with speculation off ({"policy": "none"}) verifies its root alone and shares nothing
     shares = [p is not None and not isinstance(p, NoneParams) and _req_shares(r) for r, p in zip(key, params)]
@@ -242,8 +249,8 @@ def _policies(reqs) -> list:
     """Each request's policy name, or None for a native request (or one never drafted with its policy): the
     last batch's names (:class:`BatchColumns`) when ``reqs`` are its requests (an identity check in C), else
     read off each request."""
-    cols = _COLUMNS[0]
-    if cols is not None and len(reqs) == len(cols.reqs) and tuple(reqs) == cols.reqs:
+    cols = _last_columns(reqs)
+    if cols is not None:
         if not cols.any_policy:
             return [None] * len(reqs)  # no request of the batch has a policy: none was ever drafted with one
         if cols.names is not None:

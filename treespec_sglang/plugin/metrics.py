@@ -96,24 +96,21 @@ class SchedulerSeries:
                                        buckets=ACCEPT_LENGTH_BUCKETS)
         self.verify_forwards = Counter("treespec:verify_forwards", "Target verify forwards of treespec rounds, by "
                                        "path (ragged: kept nodes only; padded: N per request)", [*self.labels, "path"])
-        self._children: Dict[tuple, object] = {}  # (series, policy) -> its labelled child, looked up once
+        self._children: Dict[tuple, object] = {}  # (series, label value) -> its labelled child, looked up once
         self.bulk: Optional[bool] = None  # observe_all's bulk path, decided on the first histogram child
 
-    def _child(self, series, policy: str):
-        """``series`` labelled for ``policy``, created on its first value (as ``labels()`` would) and kept:
-        ``labels()`` validates and locks on every call, and the rounds' hooks observe every round."""
-        child = self._children.get((series, policy))
+    def _child(self, series, value: str, label: str = "policy"):
+        """``series`` labelled ``label=value`` (beside SGLang's labels), created on its first value (as
+        ``labels()`` would) and kept: ``labels()`` validates and locks on every call, and the rounds' hooks
+        observe every round."""
+        child = self._children.get((series, value))
         if child is None:
-            child = self._children[(series, policy)] = series.labels(**self.labels, policy=policy)
+            child = self._children[(series, value)] = series.labels(**self.labels, **{label: value})
         return child
 
     def verify_forward(self, ragged: bool) -> None:
         """One target verify forward of a treespec round, ragged or padded."""
-        path = "ragged" if ragged else "padded"
-        child = self._children.get((self.verify_forwards, path))
-        if child is None:
-            child = self._children[(self.verify_forwards, path)] = self.verify_forwards.labels(**self.labels, path=path)
-        child.inc()
+        self._child(self.verify_forwards, "ragged" if ragged else "padded", "path").inc()
 
     def new_request(self, policy: str) -> None:
         self._child(self.requests, policy).inc()

@@ -274,13 +274,10 @@ def _ragged_forward(mode: str, original, runner, forward_batch, keep: torch.Tens
     bs, n = keep.shape
     spec = forward_batch.spec_info
     host_lens = keep.sum(-1).tolist()  # [bs] on the host (a bool sum is int64)
-    if min(host_lens) == n:
+    uniform = mode == "cpu" and spec.tree_topk != 1  # CPU trees: one width, the widest (the compiled kernel's rule)
+    if (max(host_lens) if uniform else min(host_lens)) == n:  # nothing to compact
         return original(runner, forward_batch, *args, **kwargs), [n] * bs
-    tree = spec.custom_mask.bool() if mode == "cpu" and spec.tree_topk != 1 else None
-    # CPU trees: one width (the compiled kernel's rule)
-    plan = plan_ragged(keep, tree, mode, uniform=tree is not None, host_lens=host_lens)
-    if plan.total == bs * n:  # the widest tree is N: nothing to compact
-        return original(runner, forward_batch, *args, **kwargs), [n] * bs
+    plan = plan_ragged(keep, spec.custom_mask.bool() if uniform else None, mode, uniform=uniform, host_lens=host_lens)
     full = {f: getattr(forward_batch, f) for f in ("input_ids", "positions", "out_cache_loc")}
     for f, v in full.items():
         setattr(forward_batch, f, v[plan.rows])

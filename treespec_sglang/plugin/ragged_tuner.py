@@ -35,9 +35,10 @@ from typing import Deque, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from .settings import env
+from .settings import derived, env
 
-__all__ = ["TunerOptions", "RaggedTuner", "HostClock", "DeviceClock", "bucket", "clock_for", "tuner", "ENV_TUNING"]
+__all__ = ["TunerOptions", "RaggedTuner", "HostClock", "DeviceClock", "bucket", "clock_for", "tuner", "tuning",
+           "ENV_TUNING"]
 
 ENV_TUNING = "TREESPEC_RAGGED_TUNING"
 logger = logging.getLogger("treespec_sglang.plugin")
@@ -267,8 +268,14 @@ def _ms(x: Optional[float]) -> str:
 _TUNER: List[Optional[RaggedTuner]] = [None]  # one per process (one scheduler, one target)
 
 
+@derived
+def tuning() -> TunerOptions:
+    """``TREESPEC_RAGGED_TUNING`` parsed (checked at server start and compared across ranks)."""
+    return TunerOptions.parse(env(ENV_TUNING))
+
+
 def tuner(contrary: bool = False) -> RaggedTuner:
-    """The process's tuner, made on first use from ``TREESPEC_RAGGED_TUNING`` (checked at server start)."""
+    """The process's tuner, made on first use with :func:`tuning`."""
     if _TUNER[0] is None:
-        _TUNER[0] = RaggedTuner(TunerOptions.parse(env(ENV_TUNING)), contrary=contrary)
+        _TUNER[0] = RaggedTuner(tuning(), contrary=contrary)
     return _TUNER[0]

@@ -112,7 +112,7 @@ def settings_digest() -> str:
     from .config import server_defaults
     from .draft_select import selection_mode
     from .ragged import ragged_setting
-    from .ragged_tuner import ENV_TUNING, TunerOptions
+    from .ragged_tuner import tuning
     from .stats import max_rounds
 
     from ..policies.registry import REGISTRY
@@ -122,7 +122,7 @@ def settings_digest() -> str:
     blob = json.dumps({"policy": d.policy, "config": d.config, "token_cap": d.token_cap, "policies": policies,
                        "classifiers": classifier_digests(), "max_rounds": max_rounds(),
                        "selection": selection_mode(), "chain_stop_graph": chain_graph_enabled(),
-                       "ragged": ragged_setting(), "ragged_tuning": str(TunerOptions.parse(env(ENV_TUNING)))},
+                       "ragged": ragged_setting(), "ragged_tuning": str(tuning())},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -17,9 +17,9 @@ from .classifiers import parse_classifier_flags
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .ragged import check_ragged_parallelism, ragged_setting
-from .ragged_tuner import ENV_TUNING, TunerOptions
+from .ragged_tuner import tuning
 from .ranks import check_settings_agree, shard_hot_head, verify_group
-from .settings import env, freeze
+from .settings import freeze
 from .request import (ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason,
                       validate_custom_params)
 
@@ -80,7 +80,7 @@ def check_environment() -> None:
     ``TREESPEC_PROFILE_OPS`` / ``_SYNC`` where the hooks are registered."""
     chain_graph_enabled()
     ragged_setting()
-    TunerOptions.parse(env(ENV_TUNING))
+    tuning()
 
 
 def _draft_head(original, self, *args, **kwargs):

@@ -21,7 +21,6 @@ The Prometheus series (:mod:`.metrics`) are fed by the same call, so they equal 
 from __future__ import annotations
 
 import collections
-import functools
 from typing import Deque, Dict, Optional, Sequence
 
 import torch
@@ -45,12 +44,9 @@ _SENT = "_treespec_sent"  # on the Req: {key: how many values earlier chunks car
 
 @derived
 def max_rounds() -> int:
-    """The per-round lists' cap (``TREESPEC_STATS_MAX_ROUNDS``, default 4096; 0 keeps summaries only)."""
-    return _parse_max_rounds(env(ENV_MAX_ROUNDS).strip())
-
-
-@functools.lru_cache(maxsize=4)
-def _parse_max_rounds(raw: str) -> int:  # parsed once per value: record_rounds runs every round
+    """The per-round lists' cap (``TREESPEC_STATS_MAX_ROUNDS``, default 4096; 0 keeps summaries only); parsed
+    once per settings snapshot (:func:`.settings.derived`): record_rounds asks every round."""
+    raw = env(ENV_MAX_ROUNDS).strip()
     try:
         n = int(raw) if raw else 4096
     except ValueError:
