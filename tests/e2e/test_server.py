@@ -49,6 +49,11 @@ def test_streaming_generate_matches_the_whole_response(server, prompt_ids):
     # the plugin sends each chunk its new rounds and the tokenizer manager accumulates them
     for key in ("treespec_policy", "treespec_tree_sizes", "treespec_verify_tokens", "treespec_accept_lengths"):
         assert last[key] == full[key], key
+    # the summary goes once, with the last chunk, brought up to date as the request finished
+    assert last["treespec_summary"] == full["treespec_summary"]
+    assert not any(c["meta_info"].get("treespec_summary") for c in chunks[:-1])
+    assert full["treespec_summary"][0]["rounds"] == len(full["treespec_accept_lengths"]) > 1
+    assert full["treespec_summary"][0]["tree_nodes"] == sum(full["treespec_tree_sizes"])
     assert len(full["treespec_tree_sizes"]) == full["spec_verify_ct"] > 1
     seen = [len(c["meta_info"].get("treespec_tree_sizes") or []) for c in chunks]
     assert seen == sorted(seen) and len(set(seen) - {0}) > 1  # the rounds arrive as they run

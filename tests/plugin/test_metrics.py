@@ -23,20 +23,6 @@ def test_refused_field(message, field):
     assert M.refused_field(message) == field
 
 
-@pytest.fixture
-def series(monkeypatch):
-    """Fresh series on a private registry, installed as this process's scheduler series."""
-    import prometheus_client
-
-    reg = prometheus_client.CollectorRegistry()
-    for cls in ("Counter", "Histogram"):
-        real = getattr(prometheus_client, cls)
-        monkeypatch.setattr(prometheus_client, cls, lambda *a, _r=real, **k: _r(*a, registry=reg, **k))
-    s = M.SchedulerSeries({"model_name": "m", "tp_rank": 0})
-    monkeypatch.setattr(M, "_scheduler", s)
-    return s, reg
-
-
 def _sample(reg, name, policy):
     return reg.get_sample_value(name, {"model_name": "m", "tp_rank": "0", "policy": policy}) or 0.0
 
@@ -57,6 +43,7 @@ def test_rounds_feed_lists_summary_and_series_alike(series):
     info = a.customized_info
     assert info["treespec_policy"] == ["talon"] and info["treespec_tree_sizes"] == [5, 3, 8]
     assert info["treespec_accept_lengths"] == [2, 0, 4] and info["treespec_verify_tokens"] == [5, 3, 8]
+    S.summary_of(a)  # what the output hook does when the request finishes
     assert info["treespec_summary"] == [{"rounds": 3, "tree_nodes": 16, "verified_tokens": 16,
                                          "accepted_tokens": 6, "lists_truncated": False}]
     assert _sample(reg, "treespec:requests_total", "talon") == 1 == _sample(reg, "treespec:requests_total", "none")
@@ -79,6 +66,7 @@ def test_lists_are_capped_but_the_summary_counts_every_round(monkeypatch, series
         S.record_round(req, "salf", "treespec_accept_lengths", n)
     info = req.customized_info
     assert info["treespec_accept_lengths"] == [4, 5]
+    assert S.summary_of(req) is info["treespec_summary"][0]
     assert info["treespec_summary"][0]["rounds"] == 4 and info["treespec_summary"][0]["accepted_tokens"] == 22
     assert info["treespec_summary"][0]["lists_truncated"]
     _, reg = series
@@ -113,7 +101,8 @@ def test_a_batch_round_records_each_request_under_its_own_policy(series):
     assert b.customized_info is None
     assert a.customized_info["treespec_tree_sizes"] == [5, 4] and a.customized_info["treespec_accept_lengths"] == [2, 0]
     assert c.customized_info["someone_else"] == [1] and c.customized_info["treespec_policy"] == ["salf"]
-    assert c.customized_info["treespec_summary"] == [{"rounds": 2, "tree_nodes": 9, "verified_tokens": 0,
+    assert S.summary_of(b) is None
+    assert [S.summary_of(c)] == c.customized_info["treespec_summary"] == [{"rounds": 2, "tree_nodes": 9, "verified_tokens": 0,
                                                       "accepted_tokens": 4, "lists_truncated": False}]
     assert _sample(reg, "treespec:requests_total", "talon") == 1 == _sample(reg, "treespec:requests_total", "salf")
     assert _sample(reg, "treespec:accepted_draft_tokens_total", "salf") == 4
@@ -226,3 +215,12 @@ def test_verify_forwards_are_counted_by_the_path_the_target_ran(series, monkeypa
     value = lambda path: reg.get_sample_value("treespec:verify_forwards_total",  # noqa: E731
                                               {"model_name": "m", "tp_rank": "0", "path": path})
     assert (value("ragged"), value("padded")) == (2.0, 1.0)
+
+
+def test_values_past_the_batchs_last_request_are_not_counted(series):
+    """A host list longer than the batch (rows of a padded replay) records and counts the batch's own values only."""
+    s, reg = series
+    a = _req()
+    S.record_rounds([a], ["talon"], "treespec_tree_sizes", [5, 99, 99])
+    assert a.customized_info["treespec_tree_sizes"] == [5]
+    assert _sample(reg, "treespec:tree_size_count", "talon") == 1 and _sample(reg, "treespec:tree_size_sum", "talon") == 5

@@ -260,7 +260,11 @@ def test_draft_hook_stages_policies_and_reports_stats(loaded):
     worker = SimpleNamespace(topk=k, speculative_num_steps=4, speculative_num_draft_tokens=N)
     out = hooks._draft(body, worker, SimpleNamespace(reqs=reqs))
     hooks._PENDING.flush()  # what resolving the round's tokens does
-    assert reqs[0].customized_info == {"treespec_policy": ["talon"], "treespec_tree_sizes": [7], "treespec_summary": [
+    from treespec_sglang.plugin.stats import summary_of
+
+    summary_of(reqs[0])  # what the output hook does when the request finishes
+    assert reqs[0].customized_info == {"treespec_policy": ["talon"], "treespec_tree_sizes": [7],
+                                       "treespec_verify_tokens": [], "treespec_accept_lengths": [], "treespec_summary": [
         {"rounds": 0, "tree_nodes": 7, "verified_tokens": 0, "accepted_tokens": 0, "lists_truncated": False}]}
     assert reqs[1].customized_info is None  # native request: untouched
     assert torch.equal(out.retrieve_next_token[1], seen["chain"][1])
@@ -351,6 +355,9 @@ def test_accept_lengths_per_round_reach_customized_info(loaded):
     assert tokens == [[0, 1, 2], [4]]
     info = reqs[0].customized_info
     assert info["treespec_tree_sizes"] == [7] and info["treespec_accept_lengths"] == [2]
+    from treespec_sglang.plugin.stats import summary_of
+
+    summary_of(reqs[0])
     assert info["treespec_summary"][0]["rounds"] == 1 and info["treespec_summary"][0]["accepted_tokens"] == 2
     assert reqs[1].customized_info is None and reqs[1].spec_num_correct_drafts == 0
     assert reqs[0].spec_num_correct_drafts == 2 and reqs[0].kv.kv_committed_len == 13

@@ -33,3 +33,114 @@ def test_pushing_a_round_reads_nothing_from_the_device():
     with count_ops() as c:
         pending.push([Req()], ["salf"], torch.tensor([4]))
     assert c.reads == 0
+
+
+# ---------------------------------------------------------------------------- the batch record against a plain model
+import random  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import pytest  # noqa: E402
+
+from treespec_sglang.plugin import stats as S  # noqa: E402
+
+KEYS = list(S.ROUND_KEYS)
+
+
+class Client:
+    """A request as the output hook sees it."""
+
+    def __init__(self, policy):
+        self.policy, self.customized_info, self.stream, self.done = policy, None, False, False
+
+    def finished(self):
+        return self.done
+
+
+def oracle_summary(values):
+    """``values``: ``{key: every value recorded}`` -> the summary, summed here from scratch."""
+    totals = {total: sum(values[key]) for key, (total, _) in S.ROUND_KEYS.items()}
+    return dict(totals, rounds=len(values["treespec_accept_lengths"]), lists_truncated=False)
+
+
+@pytest.mark.parametrize("cap,fold", [(4096, 4096), (3, 2), (0, 2), (1, 5)])
+@pytest.mark.parametrize("seed", range(3))
+def test_batched_rounds_equal_a_plain_per_request_record(monkeypatch, series, cap, fold, seed):
+    """Rounds of batches whose requests come and go (kept for several rounds, reordered, some native, a finished
+    request masked out of one key's round): every request's lists are its first ``cap`` values, its summary
+    counts every value (past the cap and folded too), the series' sums equal the values', native requests stay
+    untouched."""
+    s, reg = series
+    monkeypatch.setenv(S.ENV_MAX_ROUNDS, str(cap))
+    monkeypatch.setattr(S, "FOLD", fold)
+    rng = random.Random(seed)
+    clients = [Client(rng.choice(["talon", "salf", None])) for _ in range(10)]
+    seen = {id(c): {k: [] for k in KEYS} for c in clients}
+    totals = {}
+    batch = rng.sample(clients, 5)
+    for _ in range(60):
+        if rng.random() < 0.25:  # the batch changes: a request leaves, another joins, or the order changes
+            batch = rng.sample(clients, rng.randint(1, 7))
+        for key in rng.sample(KEYS, 3):
+            policies = [c.policy for c in batch]
+            if key == "treespec_accept_lengths" and rng.random() < 0.2:
+                policies[rng.randrange(len(batch))] = None  # finished this round: nothing committed
+            values = [rng.randint(0, 9) for _ in batch]
+            S.record_rounds(batch, policies, key, values)
+            for c, p, v in zip(batch, policies, values):
+                if p is not None:
+                    seen[id(c)][key].append(v)
+                    tot = totals.setdefault((p, key), [0, 0])
+                    tot[0] += v
+                    tot[1] += 1
+    for c in clients:
+        if c.policy is None or not any(seen[id(c)].values()):
+            assert c.customized_info is None
+            continue
+        values = seen[id(c)]
+        for key in KEYS:
+            assert c.customized_info[key] == values[key][:cap], key
+        want = oracle_summary(values)
+        want["lists_truncated"] = any(len(v) > cap for v in values.values())
+        assert S.summary_of(c) == want == c.customized_info[S.SUMMARY][0]
+        assert c.customized_info["treespec_policy"] == [c.policy]
+    label = {"model_name": "m", "tp_rank": "0"}
+    for (policy, key), (total, n) in totals.items():
+        name = {"treespec_tree_sizes": "treespec:tree_size_sum", "treespec_verify_tokens":
+                "treespec:verified_tokens_total", "treespec_accept_lengths": "treespec:accepted_draft_tokens_total"}
+        assert reg.get_sample_value(name[key], dict(label, policy=policy)) == total
+        if key == "treespec_accept_lengths":
+            assert reg.get_sample_value("treespec:rounds_total", dict(label, policy=policy)) == n
+
+
+def test_a_batch_is_its_requests_by_identity_not_by_value():
+    a, b = SimpleNamespace(customized_info=None), SimpleNamespace(customized_info=None)
+    assert a == b  # SimpleNamespace compares by value; SGLang's Req by identity
+    batch = S.BatchStats("treespec_tree_sizes", [a], ["talon"], 8)
+    assert batch.holds([a], ["talon"], 8)
+    assert not batch.holds([b], ["talon"], 8) and not batch.holds([a], [None], 8) and not batch.holds([a], ["talon"], 9)
+
+
+def test_the_summary_goes_up_to_date_with_a_finished_requests_output():
+    """The output hook (SGLang's accumulator's ``accept``) brings the summary up to date for a finished request
+    before it is sent: a non-streamed request's as SGLang reads it, a stream's in its last chunk."""
+    seen = []
+
+    def accept(self, req):  # SGLang's accumulator: emits a chunk, reads customized_info as it is when called
+        self.rids.append(req)
+        seen.append(dict(req.customized_info).get(S.SUMMARY))
+
+    for stream in (False, True):
+        req, acc = Client("talon"), SimpleNamespace(rids=[], customized_info={})
+        req.stream = stream
+        S.record_rounds([req], ["talon"], "treespec_accept_lengths", [3])
+        S.stream_accept(accept, acc, req=req)
+        S.record_rounds([req], ["talon"], "treespec_accept_lengths", [2])
+        req.done = True
+        S.stream_accept(accept, acc, req=req)
+        if stream:  # our keys go in the hook's own columns: the summary with the last chunk only
+            assert seen[-2:] == [None, None] and acc.customized_info[S.SUMMARY][0] == []
+            summary = acc.customized_info[S.SUMMARY][1][0]
+        else:
+            assert seen[-2][0]["rounds"] == 0  # running: not sent, left as it was
+            summary = seen[-1][0]
+        assert summary["rounds"] == 2 and summary["accepted_tokens"] == 5, stream

@@ -14,13 +14,19 @@ Non-streamed requests are left to SGLang (request-level keys go out once, when t
 
 Bounded: the per-round lists keep their first ``TREESPEC_STATS_MAX_ROUNDS`` values (default 4096); the
 ``treespec_summary`` (one dict: rounds, tree nodes, verified tokens, accepted draft tokens, and whether
-the lists were cut) always covers every round. A stream carries the summary with its last chunk only.
+the lists were cut) always covers every round. It is derived from the lists when the request finishes
+(:func:`summary_of`), the one time it is sent: a stream carries it with its last chunk only.
 The Prometheus series (:mod:`.metrics`) are fed by the same call, so they equal these sums.
+
+Host cost per round (a decode batch keeps its requests from round to round): each key's values are appended
+to the batch's cached per-request lists (:class:`BatchStats`) in C, with no per-request Python; only a batch
+whose requests or policies changed pays O(bs) Python, once.
 """
 
 from __future__ import annotations
 
 import collections
+import operator
 from typing import Deque, Dict, Optional, Sequence
 
 import torch
@@ -29,8 +35,8 @@ from .metrics import scheduler_series
 from .settings import derived, env
 from ..policies.registry import registration_of
 
-__all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "stream_accept", "record_round", "record_rounds", "max_rounds",
-           "PendingSizes", "policy_name"]
+__all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "FOLD", "stream_accept", "record_round", "record_rounds", "summary_of",
+           "max_rounds", "RequestStats", "BatchStats", "PendingSizes", "policy_name"]
 
 PREFIX = "treespec_"
 SUMMARY = "treespec_summary"
@@ -38,7 +44,11 @@ SUMMARY = "treespec_summary"
 ROUND_KEYS = {"treespec_tree_sizes": ("tree_nodes", "drafted"),
               "treespec_verify_tokens": ("verified_tokens", "verified_tokens"),
               "treespec_accept_lengths": ("accepted_tokens", "accepted_round")}
+ACCEPTS = "treespec_accept_lengths"
 ENV_MAX_ROUNDS = "TREESPEC_STATS_MAX_ROUNDS"
+FOLD = 4096  # values past the cap kept before they are folded into a total
+_STATS = "_treespec_stats"  # on the Req: its RequestStats
+_LAST: Dict[str, "BatchStats"] = {}  # per key, the last batch recorded (one decode batch per scheduler process)
 _SENT = "_treespec_sent"  # on the Req: {key: how many values earlier chunks carried}
 
 
@@ -61,60 +71,132 @@ def record_round(req, policy: str, key: str, value: int) -> None:
 
     The first value of a request also sets ``treespec_policy`` and counts the request in the metrics.
     Example: tree sizes 4, 6 then accept lengths 2, 3 -> ``treespec_tree_sizes [4, 6]``,
-    ``treespec_accept_lengths [2, 3]``, summary ``{"rounds": 2, "tree_nodes": 10, "accepted_tokens": 5, ...}``.
+    ``treespec_accept_lengths [2, 3]``, summary (:func:`summary_of`) ``{"rounds": 2, "tree_nodes": 10,
+    "accepted_tokens": 5, ...}``.
     """
-    record_rounds([req], [policy], key, [value])
+    record_rounds([req], [policy], key, [int(value)])
 
 
 def record_rounds(reqs: Sequence, policies: Sequence[Optional[str]], key: str, values: Sequence[int]) -> None:
-    """:func:`record_round` for one round of a batch: ``values[i]`` for ``reqs[i]`` under its policy
-    ``policies[i]`` (None: not ours, skipped). The environment, the metrics series and ``key``'s columns are
-    looked up once per call, not per request: a hook calls this once per round for the whole batch."""
+    """:func:`record_round` for one round of a batch: ``values[i]`` (a Python int: a host list, ``.tolist()`` or
+    SGLang's) for ``reqs[i]`` under its policy ``policies[i]`` (None: not ours, skipped). A hook calls this once
+    per round and key for the whole batch: while the batch holds the same requests under the same policies its
+    :class:`BatchStats` is reused, so a round costs an identity check and one append per request, both in C."""
     if not any(policies):  # a native batch (names are never empty)
         return
-    cap, series = max_rounds(), scheduler_series()
-    total, method = ROUND_KEYS[key]
-    rounds = key == "treespec_accept_lengths"
-    by_policy: Dict[str, list] = {}  # the round's values per policy, for the series (one call per policy)
-    for req, policy, value in zip(reqs, policies, values):
-        if policy is None:
-            continue
+    cap, last = max_rounds(), _LAST.get(key)
+    if last is None or not last.holds(reqs, policies, cap):
+        last = _LAST[key] = BatchStats(key, reqs, policies, cap)
+    last.record(values, scheduler_series())
+
+
+def summary_of(req) -> Optional[dict]:
+    """The request's ``treespec_summary`` brought up to date (None: not ours). Its totals are derived from the
+    per-round lists, not kept per round: :func:`stream_accept` calls this when the request finishes, the one
+    time the summary is sent (a stream's last chunk, or a non-streamed response)."""
+    stats = getattr(req, _STATS, None)
+    if stats is None:
+        return None
+    summary = stats.summary()
+    stats.info[SUMMARY] = [summary]
+    return summary
+
+
+class RequestStats:
+    """One request's per-round values under each of :data:`ROUND_KEYS`.
+
+    ``lists[key]`` is the list its ``customized_info`` carries (the first ``cap`` values, appended in place); a
+    value past the cap goes to ``overflow[key]``, folded into ``folded[key]`` (count, total) every
+    :data:`FOLD` values, so a long request's memory stays bounded while the summary still counts every round.
+    """
+
+    __slots__ = ("info", "lists", "overflow", "folded")
+
+    def __init__(self, req, policy: str, series):
         info = getattr(req, "customized_info", None)
-        if info is None or SUMMARY not in info:
-            info = _first_round(req, info, policy, series)
-        summary = info[SUMMARY][0]
-        column = info.get(key)
-        if column is None:
-            column = info[key] = []
-        value = int(value)
-        if len(column) < cap:
-            column.append(value)
-        else:
-            summary["lists_truncated"] = True
-        summary[total] += value
-        if rounds:
-            summary["rounds"] += 1
+        self.info = info = {} if info is None else info
+        info["treespec_policy"] = [policy]
+        self.lists = {key: info.setdefault(key, []) for key in ROUND_KEYS}
+        self.overflow = {key: [] for key in ROUND_KEYS}
+        self.folded = {key: (0, 0) for key in ROUND_KEYS}
+        req.customized_info = info
+        setattr(req, _STATS, self)
+        self.info[SUMMARY] = [self.summary()]
         if series is not None:
-            by_policy.setdefault(policy, []).append(value)
-    for policy, vals in by_policy.items():
-        getattr(series, method)(policy, vals)
+            series.new_request(policy)
+
+    def sink(self, key: str, cap: int) -> tuple:
+        """``(the list key's next values go to, how many more it takes)``: the visible list below the cap, else
+        the overflow (folded first when full)."""
+        visible = self.lists[key]
+        if len(visible) < cap:
+            return visible, cap - len(visible)
+        over = self.overflow[key]
+        if len(over) >= FOLD:
+            n, total = self.folded[key]
+            self.folded[key] = (n + len(over), total + sum(over))
+            over.clear()  # in place: a batch's sinks keep pointing at it
+        return over, FOLD - len(over)
+
+    def summary(self) -> dict:
+        """The totals over every round recorded: the lists, the overflow and what was folded."""
+        out = {"rounds": self.folded[ACCEPTS][0] + len(self.lists[ACCEPTS]) + len(self.overflow[ACCEPTS])}
+        for key, (total, _) in ROUND_KEYS.items():
+            out[total] = self.folded[key][1] + sum(self.lists[key]) + sum(self.overflow[key])
+        out["lists_truncated"] = any(self.overflow[k] or self.folded[k][0] for k in ROUND_KEYS)
+        return out
 
 
-def _first_round(req, info: Optional[dict], policy: str, series) -> dict:
-    """A request's first recorded value: its ``treespec_policy`` and zero totals, counted in the metrics."""
-    info = {} if info is None else info
-    info["treespec_policy"] = [policy]
-    info[SUMMARY] = [{"rounds": 0, "tree_nodes": 0, "verified_tokens": 0, "accepted_tokens": 0,
-                      "lists_truncated": False}]
-    req.customized_info = info
-    if series is not None:
-        series.new_request(policy)
-    return info
+class BatchStats:
+    """A batch's stats columns for one key: each of its requests' sink (:meth:`RequestStats.sink`), in batch
+    order, and the policies' positions for the metrics. Built in O(bs) Python when the batch's requests or
+    policies change (a request's first round creates its :class:`RequestStats`); a round then appends its values
+    in C. ``room`` counts the rounds every sink still takes; at 0 the sinks are looked up again (a list reached
+    the cap, or an overflow is folded)."""
+
+    __slots__ = ("key", "cap", "reqs", "policies", "pick", "stats", "sinks", "room", "groups")
+
+    def __init__(self, key: str, reqs: Sequence, policies: Sequence[Optional[str]], cap: int):
+        self.key, self.cap, self.reqs, self.policies = key, cap, tuple(reqs), tuple(policies)
+        ours = [i for i, p in enumerate(policies) if p is not None]
+        series = scheduler_series()
+        self.stats = [getattr(reqs[i], _STATS, None) or RequestStats(reqs[i], policies[i], series) for i in ours]
+        self.pick = None if len(ours) == len(policies) else ours  # the positions of ours, when not all are
+        names = [policies[i] for i in ours]
+        by_policy: Dict[str, list] = {}
+        for j, name in enumerate(names):
+            by_policy.setdefault(name, []).append(j)
+        self.groups = {name: (None if len(ix) == len(names) else ix) for name, ix in by_policy.items()}
+        self.sinks, self.room = [], 0
+
+    def holds(self, reqs: Sequence, policies: Sequence[Optional[str]], cap: int) -> bool:
+        """Whether this is the batch of ``reqs`` (the same objects, in order: identity in C) under ``policies``."""
+        return (cap == self.cap and len(reqs) == len(self.reqs) and all(map(operator.is_, reqs, self.reqs))
+                and tuple(policies) == self.policies)
+
+    def record(self, values: Sequence[int], series) -> None:
+        """One round's ``values`` (one per request of the batch; any past the batch's last are not its own):
+        appended to the sinks, fed to the series."""
+        if self.pick is not None:
+            values = [values[i] for i in self.pick]
+        elif len(values) != len(self.reqs):
+            values = values[:len(self.reqs)]
+        if self.room < 1:
+            looked = [st.sink(self.key, self.cap) for st in self.stats]
+            self.sinks, self.room = [s for s, _ in looked], min((n for _, n in looked), default=0)
+        collections.deque(map(list.append, self.sinks, values), maxlen=0)
+        self.room -= 1
+        if series is not None:
+            method = getattr(series, ROUND_KEYS[self.key][1])
+            for name, ix in self.groups.items():
+                method(name, values if ix is None else [values[j] for j in ix])
 
 
 def stream_accept(original, self, *args, **kwargs):
     """AROUND ``_GenerationStreamAccumulator.accept(self, *, req)``."""
     req = kwargs.get("req", args[0] if args else None)
+    if getattr(req, _STATS, None) is not None and req.finished():
+        summary_of(req)  # the one time it is sent: streamed or not, with the request's last output
     info = getattr(req, "customized_info", None)
     if not getattr(req, "stream", False) or not info or not any(str(k).startswith(PREFIX) for k in info):
         return original(self, *args, **kwargs)
