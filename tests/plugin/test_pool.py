@@ -307,3 +307,24 @@ def test_selection_replays_in_a_cuda_graph_as_it_runs_eagerly(big_pools, bs):
     again = select_from_pool(*[[t.cuda() for t in part] for part in other], 48, 8, params, rows=rows)
     for c, a in zip(captured, again):
         assert torch.equal(c, a)
+
+
+def test_a_c2t_row_naming_no_classifier_takes_the_servers_default_registration(tmp_path, monkeypatch):
+    """``--treespec-classifier default=PATH``: a request naming no classifier is scored by the operator's file
+    (as one naming ``default`` is, and as ``/server_info``'s digest says), not by the shipped classifier."""
+    import json
+
+    from treespec_sglang.plugin import classifiers
+
+    path = tmp_path / "mine.pt"
+    OTHER_CLF.save(str(path))
+    monkeypatch.setenv(classifiers.ENV_CLASSIFIERS, json.dumps({"default": str(path)}))
+    roots = [2]
+    draft, sl, tl, pl, paths = pool(topk=3, steps=4, seed=0, roots=roots)
+    spec = {"policy": "c2t", "budget": 12, "topk": 3, "beta": 0.3}
+    _, top, _, keep = select_from_pool(sl, tl, pl, 14, 3, [parse_spec(spec)])
+    beam = oracles.BeamDraft(draft, sl, paths, 30)
+    mine = oracles.c2t(beam, 2, 12, 3, 0.3, 10, classifiers.registered()["default"])
+    shipped = oracles.c2t(beam, 2, 12, 3, 0.3, 10, load_classifier(None))
+    assert {mine.path(i) for i in range(len(mine.tok))} != {shipped.path(i) for i in range(len(shipped.tok))}
+    assert kept_paths(top, keep, paths, roots, 0) == {mine.path(i) for i in range(len(mine.tok))}

@@ -11,6 +11,7 @@ import torch
 from tests.helpers import random_batch
 from tests.plugin.pools import MIXED_SPECS, OTHER_CLF, chain_oracle, expected_paths, kept_paths, pool, unlink_oracle
 from tests.policies import oracles
+from treespec_sglang.plugin.classifiers import registered
 from treespec_sglang.plugin.pool import COLUMNS, BatchPlan, policy_rows, request_row, select_from_pool, unlink_filler
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.policies.registry import REGISTRY
@@ -174,7 +175,7 @@ def test_request_rows_hold_every_column_of_each_policy():
         ({"policy": "salf", "budget": 7, "batch": 2, "th": 0.0, "max_depth": 3}, False,
          [4, 7, 6, 3, B, 0, 0, 2, 3, -1, -1, 0]),
         ({"policy": "c2t", "budget": 10, "topk": 4, "beta": 0.3, "max_depth": 5}, False,
-         [5, 10, 0, B, 4, 0, 0, 1, 5, 0.3, None, 0]),
+         [5, 10, 0, B, 4, 0, 0, 1, 5, 0.3, registered()["default"], 0]),  # none named: the server's default
         ({"policy": "c2t", "budget": 11, "topk": 2, "beta": 0.6, "classifier": half}, False,
          [5, 11, 0, B, 2, 0, 0, 1, 10, 0.6, half, 0]),
         ({"policy": "chain", "length": 3}, False, [6, 4, 0, B, B, 0, 0, 1, B, -1, -1, 0]),

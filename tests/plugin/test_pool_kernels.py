@@ -231,3 +231,23 @@ def test_without_triton_the_module_imports_and_the_call_names_what_is_missing(mo
     pool = make_pool(2, 3, 1, seed=0)
     with pytest.raises(RuntimeError, match="needs the 'triton' package"):
         mod.select_on_pool_fused(pool, 6, [None])
+
+
+def test_start_compiles_every_classifier_width_the_server_registered(tmp_path, monkeypatch):
+    """``warm_up`` launches once per padded hidden size (``HB``, compile-time) among the registered classifiers,
+    ``default`` included, so no request naming one compiles mid-serving; each launch really runs (interpreter)."""
+    import json
+
+    from treespec_sglang.plugin import classifiers, pool_kernels
+    from treespec_sglang.policies.classifier import C2TClassifier
+
+    files = {}
+    for name, hidden in (("narrow", 8), ("wide", 100), ("wide2", 120), ("widest", 200)):
+        files[name] = str(tmp_path / f"{name}.pt")
+        C2TClassifier(hidden=hidden).save(files[name])
+    monkeypatch.setenv(classifiers.ENV_CLASSIFIERS, json.dumps(files))
+    widths, launch = [], pool_kernels.launch
+    monkeypatch.setattr(pool_kernels, "launch", lambda *a, **k: widths.append(a[4][2]) or launch(*a, **k))
+    pool_kernels.warm_up("cpu", 2, 3, 6)
+    default_hb = max(64, 1 << (classifiers.registered()["default"].fc1.out_features - 1).bit_length())
+    assert sorted(widths) == sorted({default_hb, 64, 128, 256})  # wide and wide2 share 128: one launch

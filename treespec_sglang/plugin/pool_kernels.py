@@ -45,7 +45,7 @@ from ..policies.classifier import C2TClassifier
 from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY
 from .pool import BatchPlan, PoolView, _Classifiers, unlink_filler
-from .rows import policy_rows
+from .rows import _clf_id, policy_rows
 from .pool_rules import salf_pops, static
 
 __all__ = ["select_on_pool_fused", "kernels", "interpreted", "warm_up", "stage_table", "classifier_table", "launch",
@@ -113,11 +113,13 @@ def interpreted(device) -> bool:
 
 
 def warm_up(device, topk: int, steps: int, num_draft_tokens: int) -> None:
-    """One launch on a 2-row pool of the server's shape (EAGLE-2 and C2T rows, the default classifier), so the
-    kernel is loaded and compiled for that geometry at server start, not in the first round that needs it (a
-    compile failure then stops the start with its reason). A classifier of another hidden size compiles once
-    more when a request first names it."""
+    """Launches on a 2-row pool of the server's shape (an EAGLE-2 and a C2T row), so the kernel is loaded and
+    compiled for that geometry at server start, not in the first round that needs it (a compile failure then
+    stops the start with its reason): one per classifier width the server's registered classifiers need (the
+    table's padded hidden size ``HB`` is compile-time), so a request naming any of them never compiles
+    mid-serving, where a compile stalls every request of the batch."""
     from ..policies import parse_spec
+    from .classifiers import registered
 
     kernels(interpreted(device))  # first: a missing triton is named before any device work
     k, S, N = topk, steps, num_draft_tokens
@@ -126,8 +128,14 @@ def warm_up(device, topk: int, steps: int, num_draft_tokens: int) -> None:
     parents = [-1] + list(range(k)) + [k + (i - 1) * k * k + j * k for i in range(1, S - 1) for j in range(k)]
     pool = PoolView.from_flat(scores.to(device), torch.zeros(2, P, dtype=torch.int64, device=device),
                               torch.tensor([parents] * 2, device=device), k)
-    params = [parse_spec({"policy": "eagle2", "budget": N}), parse_spec({"policy": "c2t", "budget": N})]
-    select_on_pool_fused(pool, N, params)
+    widths = set()
+    for name, clf in sorted(registered().items()):  # ``default`` among them: what a request naming none takes
+        hb = classifier_table([_clf_id(clf)], device)[2]
+        if hb not in widths:
+            widths.add(hb)
+            params = [parse_spec({"policy": "eagle2", "budget": N}),
+                      parse_spec({"policy": "c2t", "budget": N, "classifier": clf})]
+            select_on_pool_fused(pool, N, params)
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 

@@ -17,6 +17,7 @@ import torch
 
 from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY, pool_rule_of, registration_of
+from .classifiers import DEFAULT_NAME, registered
 
 __all__ = ["COLUMNS", "kind_id", "request_row", "policy_rows", "per_batch", "classifier_ids"]
 
@@ -31,6 +32,11 @@ _ROWS: Dict[tuple, torch.Tensor] = {}  # (params, shares, device) -> [1, F] row,
 
 
 def _clf_id(spec) -> int:
+    """The ``clf`` number of a classifier spec (a module, a path), numbered on first sight. None, what a request
+    naming no classifier carries, is the server's ``default`` registration: the operator's file when
+    ``--treespec-classifier default=PATH`` maps it, else the shipped classifier (:mod:`.classifiers`)."""
+    if spec is None:
+        spec = registered()[DEFAULT_NAME]
     key = spec if isinstance(spec, (str, type(None))) else ("module", id(spec))
     if key not in _CLF_IDS:
         _CLF_IDS[key] = len(_CLF_SPECS)
