@@ -15,3 +15,29 @@ def series(monkeypatch):
     s = metrics.SchedulerSeries({"model_name": "m", "tp_rank": 0})
     monkeypatch.setattr(metrics, "_scheduler", s)
     return s, reg
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """(sglang tests) sglang's own loader: discovers our entry point and applies every hook."""
+    import logging
+
+    import torch
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    torch._dynamo.config.disable = True  # SGLang torch.compile's select_top_k; run it eagerly on CPU
+
+    records = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    h = Catch(level=logging.DEBUG)
+    logging.getLogger("sglang").addHandler(h)
+    try:
+        load_plugins()
+    finally:
+        logging.getLogger("sglang").removeHandler(h)
+    return HookRegistry, records
