@@ -65,25 +65,29 @@ def oracle_summary(values):
 @pytest.mark.parametrize("cap,fold", [(4096, 4096), (3, 2), (0, 2), (1, 5)])
 @pytest.mark.parametrize("seed", range(3))
 def test_batched_rounds_equal_a_plain_per_request_record(monkeypatch, series, cap, fold, seed):
-    """Rounds of batches whose requests come and go (kept for several rounds, reordered, some native, a finished
-    request masked out of one key's round): every request's lists are its first ``cap`` values, its summary
-    counts every value (past the cap and folded too), the series' sums equal the values', native requests stay
-    untouched."""
+    """Rounds of batches whose requests come and go (kept for several rounds, reordered, some native; a request
+    that finishes commits nothing that round and leaves, its tree size and verify tokens of that round recorded
+    or not, as under SGLang's overlap scheduler): every request's lists are its first ``cap`` values of its
+    committed rounds, its summary counts every committed round (past the cap and folded too), the series' sums
+    equal every value recorded, native requests stay untouched."""
     s, reg = series
     monkeypatch.setenv(S.ENV_MAX_ROUNDS, str(cap))
     monkeypatch.setattr(S, "FOLD", fold)
     rng = random.Random(seed)
-    clients = [Client(rng.choice(["talon", "salf", None])) for _ in range(10)]
+    clients = [Client(rng.choice(["talon", "salf", None])) for _ in range(12)]
     seen = {id(c): {k: [] for k in KEYS} for c in clients}
     totals = {}
-    batch = rng.sample(clients, 5)
+    alive, batch = list(clients), rng.sample(clients, 5)
     for _ in range(60):
-        if rng.random() < 0.25:  # the batch changes: a request leaves, another joins, or the order changes
-            batch = rng.sample(clients, rng.randint(1, 7))
+        if rng.random() < 0.25 and alive:  # the batch changes: a request leaves, another joins, or the order changes
+            batch = rng.sample(alive, rng.randint(1, min(7, len(alive))))
+        if not batch:
+            break
+        finishing = rng.choice(batch) if rng.random() < 0.15 else None
         for key in rng.sample(KEYS, 3):
             policies = [c.policy for c in batch]
-            if key == "treespec_accept_lengths" and rng.random() < 0.2:
-                policies[rng.randrange(len(batch))] = None  # finished this round: nothing committed
+            if key == "treespec_accept_lengths" and finishing is not None:
+                policies[batch.index(finishing)] = None  # finished: the round commits nothing for it
             values = [rng.randint(0, 9) for _ in batch]
             S.record_rounds(batch, policies, key, values)
             for c, p, v in zip(batch, policies, values):
@@ -92,16 +96,21 @@ def test_batched_rounds_equal_a_plain_per_request_record(monkeypatch, series, ca
                     tot = totals.setdefault((p, key), [0, 0])
                     tot[0] += v
                     tot[1] += 1
+        if finishing is not None:
+            finishing.done = True
+            alive.remove(finishing)
+            batch = [c for c in batch if c is not finishing]
     for c in clients:
         if c.policy is None or not any(seen[id(c)].values()):
             assert c.customized_info is None
             continue
-        values = seen[id(c)]
-        for key in KEYS:
-            assert c.customized_info[key] == values[key][:cap], key
+        rounds = len(seen[id(c)]["treespec_accept_lengths"])
+        values = {k: v[:rounds] for k, v in seen[id(c)].items()}  # the finishing round's extra values cut
         want = oracle_summary(values)
         want["lists_truncated"] = any(len(v) > cap for v in values.values())
         assert S.summary_of(c) == want == c.customized_info[S.SUMMARY][0]
+        for key in KEYS:
+            assert c.customized_info[key] == values[key][:cap], key
         assert c.customized_info["treespec_policy"] == [c.policy]
     label = {"model_name": "m", "tp_rank": "0"}
     for (policy, key), (total, n) in totals.items():
@@ -110,6 +119,25 @@ def test_batched_rounds_equal_a_plain_per_request_record(monkeypatch, series, ca
         assert reg.get_sample_value(name[key], dict(label, policy=policy)) == total
         if key == "treespec_accept_lengths":
             assert reg.get_sample_value("treespec:rounds_total", dict(label, policy=policy)) == n
+
+
+def test_a_finished_requests_lists_end_at_its_last_committed_round():
+    """Overlap scheduling: round 3 was drafted and verified before round 2's result showed the request finished;
+    the response's lists stop at round 2, already-sent values untouched, the summary counts rounds 1-2."""
+    req = Client("talon")
+    for key, vals in (("treespec_tree_sizes", [5, 6, 7]), ("treespec_verify_tokens", [8, 8, 8]),
+                      ("treespec_accept_lengths", [2, 3])):
+        for v in vals:
+            S.record_rounds([req], ["talon"], key, [v])
+    assert S.summary_of(req) == {"rounds": 2, "tree_nodes": 11, "verified_tokens": 16, "accepted_tokens": 5,
+                                 "lists_truncated": False}
+    assert req.customized_info["treespec_tree_sizes"] == [5, 6] and req.customized_info["treespec_verify_tokens"] == [8, 8]
+
+
+@pytest.mark.parametrize("values", [[3], [torch.tensor(3), torch.tensor(4)]], ids=["short", "tensors"])
+def test_values_that_are_not_one_int_per_request_are_refused(values):
+    with pytest.raises(ValueError, match="record_rounds\\('treespec_tree_sizes'\\): one Python int per request"):
+        S.record_rounds([Client("talon"), Client("salf")], ["talon", "salf"], "treespec_tree_sizes", values)
 
 
 def test_a_batch_is_its_requests_by_identity_not_by_value():

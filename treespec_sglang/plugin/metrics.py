@@ -20,7 +20,9 @@ in the processes where SGLang creates its own collectors, with SGLang's labels (
 ``ragged`` when any request ran fewer than N tokens, ``padded`` when all ran N (``TREESPEC_RAGGED_VERIFY``).
 The other counters are the sums of the responses' ``meta_info`` lists (``treespec_accept_lengths``,
 ``treespec_verify_tokens``, ``treespec_tree_sizes``): both are recorded by the same hooks, at the same
-moment. Only SGLang's stats-logging rank of each group (``attn_tp_rank`` 0) has a collector, so a
+moment, except for a round drafted and verified for a request that had already stopped (SGLang's overlap
+scheduler, a stop on EOS): the series count that work, the response leaves the round out
+(:meth:`.stats.RequestStats.close`). Only SGLang's stats-logging rank of each group (``attn_tp_rank`` 0) has a collector, so a
 round is counted once per group, as SGLang counts its ``sglang:spec_accept_length``.
 """
 

@@ -91,12 +91,14 @@ def record_rounds(reqs: Sequence, policies: Sequence[Optional[str]], key: str, v
 
 
 def summary_of(req) -> Optional[dict]:
-    """The request's ``treespec_summary`` brought up to date (None: not ours). Its totals are derived from the
-    per-round lists, not kept per round: :func:`stream_accept` calls this when the request finishes, the one
-    time the summary is sent (a stream's last chunk, or a non-streamed response)."""
+    """The finished request's ``treespec_summary`` brought up to date (None: not ours), its lists closed
+    (:meth:`RequestStats.close`). The totals are derived from the per-round lists, not kept per round:
+    :func:`stream_accept` calls this when the request finishes, the one time the summary is sent (a stream's
+    last chunk, or a non-streamed response)."""
     stats = getattr(req, _STATS, None)
     if stats is None:
         return None
+    stats.close()
     summary = stats.summary()
     stats.info[SUMMARY] = [summary]
     return summary
@@ -138,9 +140,31 @@ class RequestStats:
             over.clear()  # in place: a batch's sinks keep pointing at it
         return over, FOLD - len(over)
 
+    def count(self, key: str) -> int:
+        """How many values ``key`` recorded: the list, the overflow and what was folded."""
+        return self.folded[key][0] + len(self.lists[key]) + len(self.overflow[key])
+
+    def close(self) -> None:
+        """At the request's finish: drop the tree sizes and verify tokens of rounds past its last accepted one.
+
+        Under SGLang's overlap scheduler round n + 1 is drafted and verified before round n's result is
+        processed, so a request that stops at round n (an EOS: only length stops are known in advance) was
+        drafted and verified once more, and that round commits nothing (its accept length is never recorded).
+        Those values are the last ones: they are cut from the end, so the response's three lists stay aligned
+        round by round. (The Prometheus series, fed as rounds run, count that verify's work.)
+        """
+        rounds = self.count(ACCEPTS)
+        for key in ROUND_KEYS:
+            extra = self.count(key) - rounds
+            for values in (self.overflow[key], self.lists[key]):  # in place: sinks and customized_info hold them
+                cut = min(extra, len(values))
+                if cut > 0:
+                    del values[len(values) - cut:]
+                    extra -= cut
+
     def summary(self) -> dict:
         """The totals over every round recorded: the lists, the overflow and what was folded."""
-        out = {"rounds": self.folded[ACCEPTS][0] + len(self.lists[ACCEPTS]) + len(self.overflow[ACCEPTS])}
+        out = {"rounds": self.count(ACCEPTS)}
         for key, (total, _) in ROUND_KEYS.items():
             out[total] = self.folded[key][1] + sum(self.lists[key]) + sum(self.overflow[key])
         out["lists_truncated"] = any(self.overflow[k] or self.folded[k][0] for k in ROUND_KEYS)
@@ -177,6 +201,10 @@ class BatchStats:
     def record(self, values: Sequence[int], series) -> None:
         """One round's ``values`` (one per request of the batch; any past the batch's last are not its own):
         appended to the sinks, fed to the series."""
+        if len(values) < len(self.reqs) or (values and type(values[0]) is not int):
+            raise ValueError(f"record_rounds({self.key!r}): one Python int per request of the batch, got "
+                             f"{len(values)} values of type {type(values[0]).__name__ if values else None} for "
+                             f"{len(self.reqs)} requests")
         if self.pick is not None:
             values = [values[i] for i in self.pick]
         elif len(values) != len(self.reqs):
