@@ -12,11 +12,18 @@ def rng():
 @pytest.fixture(autouse=True)
 def _live_settings():
     """A test that starts a draft worker in-process freezes the plugin's settings (``plugin.settings``): thawed
-    after it, so the next test reads the environment it sets."""
+    after it, so the next test reads the environment it sets. ``configure`` exports ``TREESPEC_*`` variables
+    itself: the environment's ``TREESPEC_*`` are put back as they were, so no test serves the next one a default."""
+    import os
+
+    before = {k: v for k, v in os.environ.items() if k.startswith("TREESPEC_")}
     yield
     from treespec_sglang.plugin import settings
 
     settings.thaw()
+    for k in [k for k in os.environ if k.startswith("TREESPEC_") and k not in before]:
+        del os.environ[k]
+    os.environ.update(before)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -83,3 +83,74 @@ def test_a_bad_switch_stops_the_server_at_start_on_one_rank_too(monkeypatch, var
     monkeypatch.setenv(var, "sometimes")
     with pytest.raises(ValueError, match=f"{var} must be one of"):
         hooks._draft_head(lambda self: None, SimpleNamespace())
+
+
+def _flags(policy=None, config=None, token_cap=None, classifier=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(treespec_policy=policy, treespec_config=config, treespec_token_cap=token_cap,
+                           treespec_classifier=classifier)
+
+
+def test_a_flag_sets_its_own_setting_and_the_environment_keeps_the_others(monkeypatch):
+    """``--treespec-policy`` beside ``TREESPEC_TOKEN_CAP`` (and the other way round): each flag replaces its own
+    variable only; before, any flag cleared every variable it did not name."""
+    import os
+
+    from treespec_sglang.plugin.server_hooks import _from_cli_args
+
+    for var in (C.ENV_POLICY, C.ENV_CONFIG, C.ENV_TOKEN_CAP):  # configure exports: restored (unset) at teardown
+        monkeypatch.setenv(var, "")
+    monkeypatch.setenv(C.ENV_TOKEN_CAP, "8")
+    _from_cli_args(None, None, _flags(policy="talon"))
+    assert (os.environ[C.ENV_POLICY], os.environ[C.ENV_TOKEN_CAP]) == ("talon", "8")
+    monkeypatch.setenv(C.ENV_POLICY, "salf")
+    monkeypatch.setenv(C.ENV_CONFIG, '{"th": 0.3}')
+    _from_cli_args(None, None, _flags(token_cap=16))
+    d = C.server_defaults()
+    assert (d.policy, d.config, d.token_cap) == ("salf", {"th": 0.3}, 16)
+    _from_cli_args(None, None, _flags(config='{"th": 0.5}'))  # the environment's policy, the flag's parameters
+    assert C.server_defaults().config == {"th": 0.5} and C.server_defaults().policy == "salf"
+
+
+@pytest.mark.parametrize("config,match", [
+    ([["budget", 8]], "--treespec-config must be a JSON object of the policy's parameters, got list"),
+    ({"policy": "salf", "budget": 8}, "--treespec-config must not name the policy .*got 'policy': 'salf'"),
+])
+def test_a_config_that_is_not_a_parameter_object_is_refused(config, match):
+    with pytest.raises(ValueError, match=match):
+        C.configure("talon", config)
+
+
+@pytest.mark.parametrize("raw", ["null", "[]", "0", '"x"'])
+def test_a_flag_or_variable_config_that_is_not_an_object_is_refused_by_name(monkeypatch, raw):
+    from treespec_sglang.plugin.server_hooks import _from_cli_args
+
+    for var in (C.ENV_POLICY, C.ENV_CONFIG, C.ENV_TOKEN_CAP):  # restored at teardown, should configure export
+        monkeypatch.setenv(var, "")
+    with pytest.raises(ValueError, match="--treespec-config must be a JSON object of the policy's parameters"):
+        _from_cli_args(None, None, _flags(policy="talon", config=raw))
+    monkeypatch.setenv(C.ENV_POLICY, "talon")
+    monkeypatch.setenv(C.ENV_CONFIG, raw)
+    with pytest.raises(ValueError, match="TREESPEC_POLICY/TREESPEC_CONFIG/TREESPEC_TOKEN_CAP: must be a JSON object"):
+        C.server_defaults()
+
+
+def test_defaults_set_in_the_environment_are_checked_at_start_on_one_rank(monkeypatch):
+    """Without flags nothing parsed ``TREESPEC_*`` before the first request, and a single rank compares no
+    digest: a bad token cap then aborted every request, and a tree policy on a chain server every request
+    that had none. The draft worker's start refuses both."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import hooks
+
+    monkeypatch.setenv(C.ENV_TOKEN_CAP, "0")
+    with pytest.raises(ValueError, match=r"--treespec-token-cap must be an integer in \[1, 1024\]"):
+        hooks._draft_head(lambda self: None, SimpleNamespace())
+    monkeypatch.delenv(C.ENV_TOKEN_CAP)
+    monkeypatch.setenv(C.ENV_POLICY, "talon")
+    chain = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE", speculative_eagle_topk=1))
+    with pytest.raises(ValueError, match=r"the default policy \(TREESPEC_POLICY\): talon needs a draft tree"):
+        hooks._draft_head(lambda self: None, chain)
+    tree = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE", speculative_eagle_topk=4))
+    assert hooks._draft_head(lambda self: "built", tree) == "built"

@@ -18,6 +18,10 @@ pytest.importorskip("prometheus_client")
     ("custom_params['treespec']: c2t.classifier must be one of the server's registered classifiers", "c2t.classifier"),
     ("custom_params['treespec']: token_cap must be true or false, got 3", "token_cap"),
     ("something else entirely", "other"),
+    # a label names a registered policy and its field, never a client's string (the series stay bounded)
+    ("custom_params['treespec']: zzz123.abc: a client's own text", "other"),
+    ("custom_params['treespec']: talon.zzz must be", "talon"),
+    ("custom_params['treespec']: policy.budget must be", "other"),
 ])
 def test_refused_field(message, field):
     assert M.refused_field(message) == field
@@ -224,3 +228,12 @@ def test_values_past_the_batchs_last_request_are_not_counted(series):
     S.record_rounds([a], ["talon"], "treespec_tree_sizes", [5, 99, 99])
     assert a.customized_info["treespec_tree_sizes"] == [5]
     assert _sample(reg, "treespec:tree_size_count", "talon") == 1 and _sample(reg, "treespec:tree_size_sum", "talon") == 5
+
+
+def test_an_unknown_policy_naming_a_classifier_is_refused_as_an_unknown_policy():
+    """Refused for its policy, by the field ``policy``: the client's string never becomes a label (it was
+    ``qx7z9.classifier``, one new series per name a client sends)."""
+    from treespec_sglang.plugin.request import diagnose
+
+    msg = diagnose({"treespec": {"policy": "qx7z9", "classifier": "/etc/passwd"}})
+    assert "policy must be one of" in msg and "/etc/passwd" not in msg and M.refused_field(msg) == "policy"

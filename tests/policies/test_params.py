@@ -25,6 +25,12 @@ from treespec_sglang.policies import parse_spec, parse_specs
     ({"policy": "c2t", "classifier": 3}, r"c2t.classifier must be a file path or a C2TClassifier"),
     ({"policy": "chain", "length": -1}, r"chain.length must be in \[0, 64\]"),
     ({"policy": "chain", "classifier": "x.pt"}, r"chain.classifier needs chain.beta"),
+    # an int too large for a float: was an OverflowError (no field, no range; it failed a whole batch request)
+    ({"policy": "talon", "mu": 10 ** 400}, r"talon.mu must be in \[0.0, 1.0\], got 1000000000\.\.\.0{11}$"),
+    ({"policy": "salf", "th": -10 ** 400}, r"salf.th must be in \[0.0, 1.0\], got -100000000\.\.\.0{11}$"),
+    ({"policy": "talon", "budget": "9" * 5000}, r"talon.budget must be an integer in \[1, 1024\], got '9{17}\.\.\.9{18}'$"),
+    ({"policy": "x" * 5000}, r"policy must be one of .*, got 'x{17}\.\.\.x{18}'$"),  # a client's value, cut short
+    ({"policy": "talon", 1: 2, "x": 3}, r"talon: unknown parameter\(s\) \['x', 1\]"),  # was a TypeError (sorting)
 ])
 def test_bad_specs_name_field_and_range(spec, match):
     with pytest.raises(ValueError, match=match):

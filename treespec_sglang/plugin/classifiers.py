@@ -122,12 +122,16 @@ def resolve_request_classifier(spec, modules: Optional[Mapping[str, object]] = N
     >>> resolve_request_classifier({"policy": "talon"})
     {'policy': 'talon'}
     """
+    from ..policies.registry import REGISTRY
+
     if not isinstance(spec, dict) or spec.get("classifier") is None:
         return spec
+    policy = spec.get("policy")
+    if not (isinstance(policy, str) and policy in REGISTRY):
+        return spec  # an unknown policy: parse_spec refuses it by that name (a client's string never names a field)
     modules = registered() if modules is None else modules
     name = spec["classifier"]
     if not isinstance(name, str) or name not in modules:
-        policy = spec.get("policy") if isinstance(spec.get("policy"), str) else "policy"
         # a name-like value is echoed (a typo is then obvious); anything else, a path included, is not:
         # the answer never depends on the server's files, nor repeats a path back
         plausible = isinstance(name, str) and 0 < len(name) <= 64 and set(name) <= _NAME_CHARS

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 from ..policies import parse_spec
+from ..policies.params import shown
 from .classifiers import ENV_CLASSIFIERS, load_registry, parse_classifier_flags, resolve_request_classifier
 from .settings import derived, env, frozen
 
@@ -83,12 +84,16 @@ class ServerDefaults:
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_TOKEN_CAP):
             raise ValueError(f"--treespec-token-cap must be an integer in [1, {MAX_TOKEN_CAP}] (verified tokens "
                              f"per request per round, on average over the batch), got {b!r}")
+        if not isinstance(self.config, dict):
+            raise ValueError(f"--treespec-config must be a JSON object of the policy's parameters, got "
+                             f"{type(self.config).__name__}")
+        if "policy" in self.config:  # one source for the policy's name: it would silently lose to the other
+            raise ValueError(f"--treespec-config must not name the policy (--treespec-policy does), got "
+                             f"'policy': {shown(self.config['policy'])}")
         if self.policy is None:
             if self.config:
                 raise ValueError("--treespec-config needs --treespec-policy")
             return
-        if not isinstance(self.config, dict):
-            raise ValueError(f"--treespec-config must be a JSON object, got {type(self.config).__name__}")
         parse_spec(resolve_request_classifier(self.spec))  # raises ValueError naming the field and its range
 
     @property
@@ -129,7 +134,8 @@ def configure(policy: Optional[str] = None, config: Optional[dict] = None,
             os.environ[ENV_CLASSIFIERS] = json.dumps(files)
         else:
             os.environ.pop(ENV_CLASSIFIERS, None)
-    d = ServerDefaults(policy, dict(config or {}), token_cap)
+    config = {} if config is None else dict(config) if isinstance(config, dict) else config  # a non-dict: refused
+    d = ServerDefaults(policy, config, token_cap)
     if d.policy is None:
         os.environ.pop(ENV_POLICY, None)
         os.environ.pop(ENV_CONFIG, None)
@@ -164,6 +170,8 @@ def _parse_defaults(policy: Optional[str], raw: str, cap: Optional[str] = None) 
     except ValueError:
         raise ValueError(f"{env} must be an integer in [1, {MAX_TOKEN_CAP}], got {cap!r}") from None
     try:
+        if not isinstance(config, dict):
+            raise ValueError(f"must be a JSON object of the policy's parameters, got {raw!r}")
         return ServerDefaults(policy, config, token_cap)
     except ValueError as e:
         raise ValueError(f"{ENV_POLICY}/{ENV_CONFIG}/{env}: {e}") from None

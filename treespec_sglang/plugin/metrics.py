@@ -168,7 +168,8 @@ _FIELD = re.compile(r"^custom_params\['treespec'\]: (?:request \d+: )?([a-z0-9_]
 
 def refused_field(message: str) -> str:
     """The field a refusal names: ``salf.budget``, ``c2t.classifier``, ``policy``, ``token_cap``, or the
-    policy alone for an unknown parameter (``salf``); ``other`` when no field can be read.
+    policy alone for an unknown parameter (``salf``); ``other`` when no registered policy's field can be read
+    (the label's values stay bounded whatever a client sends).
 
     Examples
     --------
@@ -180,7 +181,16 @@ def refused_field(message: str) -> str:
     m = _FIELD.match(str(message))
     if m is None:
         return "other"
-    return m.group(1) + (m.group(2) or "")
+    head, sub = m.group(1), m.group(2) or ""
+    if head in ("policy", "token_cap"):
+        return head if not sub else "other"
+    # a label names a registered policy and one of its fields, never a client's string: bounded series
+    from ..policies.registry import REGISTRY
+
+    reg = REGISTRY.get(head)
+    if reg is None:
+        return "other"
+    return head + sub if not sub or sub[1:] in reg.Params.field_names() else head
 
 
 def count_refused(message: str) -> None:

@@ -11,7 +11,8 @@ import logging
 from typing import Dict
 
 from .chain_stop import chain_graph_enabled
-from .config import ServerDefaults, configure, draft_algorithm_mismatch, server_defaults
+from .config import (ENV_CONFIG, ENV_POLICY, ENV_TOKEN_CAP, MAX_TOKEN_CAP, ServerDefaults, configure,
+                     draft_algorithm_mismatch, server_defaults)
 from .draft_select import check_selection
 from .classifiers import parse_classifier_flags
 from .info import server_info
@@ -19,7 +20,7 @@ from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .ragged import check_ragged_parallelism, ragged_setting
 from .ragged_tuner import tuning
 from .ranks import check_settings_agree, shard_hot_head, verify_group
-from .settings import freeze
+from .settings import env, freeze
 from .request import (ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason,
                       validate_custom_params)
 
@@ -53,10 +54,24 @@ def _from_cli_args(result, cls, args, *a, **k):
     classifiers = parse_classifier_flags(getattr(args, "treespec_classifier", None))
     if policy is None and raw is None and token_cap is None and not classifiers:
         return result
+    # a flag sets its own setting; the others keep what their TREESPEC_* variable says (configure exports all)
+    source = "--treespec-config"
+    if policy is None:
+        policy = env(ENV_POLICY) or None
+    if raw is None:
+        raw, source = env(ENV_CONFIG) or None, ENV_CONFIG
+    if token_cap is None and env(ENV_TOKEN_CAP):
+        try:
+            token_cap = int(env(ENV_TOKEN_CAP))
+        except ValueError:
+            raise ValueError(f"{ENV_TOKEN_CAP} must be an integer in [1, {MAX_TOKEN_CAP}], got "
+                             f"{env(ENV_TOKEN_CAP)!r}") from None
     try:
         config = json.loads(raw) if raw else {}
     except json.JSONDecodeError as e:
-        raise ValueError(f"--treespec-config must be a JSON object: {e}") from None
+        raise ValueError(f"{source} must be a JSON object: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{source} must be a JSON object of the policy's parameters, got {raw!r}")
     defaults = configure(policy, config, token_cap, classifiers or None)  # validates (ValueError naming field and
     # range), exports to the env; a default this server cannot draft stops it here, not every request later
     reason = unsupported_reason(request_params(None, defaults), result)
@@ -94,6 +109,12 @@ def _draft_head(original, self, *args, **kwargs):
         if reason is not None:
             raise ValueError(f"treespec: {reason}")
     check_ragged_parallelism(getattr(self, "server_args", None))
+    # TREESPEC_POLICY / _CONFIG / _TOKEN_CAP parsed, and a default this server cannot draft (a tree policy on a
+    # chain server, an engine-only policy) refused, at start: the flags were checked where they were parsed, the
+    # variables alone (set without flags; a single rank compares no digest) only here, not by every request later
+    reason = unsupported_reason(request_params(None, server_defaults()), getattr(self, "server_args", None))
+    if reason is not None:
+        raise ValueError(f"treespec: the default policy ({ENV_POLICY}): {reason}")
     # the spec worker is built on every rank after the groups: settings must agree before any round
     check_settings_agree(verify_group())
     if runner is not None and getattr(self, "topk", None) is not None:  # TREESPEC_SELECT valid, its kernel built

@@ -19,7 +19,7 @@ from typing import ClassVar, Optional, Sequence, Type
 import torch
 
 from ..tree import DraftTree, TreeBuffer, compact
-from .params import PolicyParams
+from .params import PolicyParams, shown
 from .registry import POLICIES, PoolRule, register_policy, registration
 
 __all__ = ["TreePolicy", "register_policy", "POLICIES", "parse_spec", "sanitize_logprobs",
@@ -46,9 +46,9 @@ def parse_spec(spec) -> PolicyParams:
     name = spec.get("policy")
     cls = registration(name).Params  # ValueError naming the registered policies (a list / dict value too)
     allowed = cls.field_names()
-    unknown = sorted(set(spec) - set(allowed) - {"policy"})
+    unknown = sorted(set(spec) - set(allowed) - {"policy"}, key=repr)  # any key type (a Python caller's 1)
     if unknown:
-        raise ValueError(f"{name}: unknown parameter(s) {unknown}; allowed: {allowed}")
+        raise ValueError(f"{name}: unknown parameter(s) [{', '.join(shown(k) for k in unknown)}]; allowed: {allowed}")
     # numpy scalars (np.int64 from a dataframe, np.float32) become Python numbers; range checks follow
     return cls(**{k: (v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v)
                   for k, v in spec.items() if k != "policy"})

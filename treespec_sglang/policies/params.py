@@ -8,6 +8,7 @@ allowed range.
 from __future__ import annotations
 
 import math
+import reprlib
 import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Optional
@@ -20,18 +21,32 @@ MAX_TOPK = 64
 MAX_DEPTH = 64
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxlong, _SHORT.maxstring, _SHORT.maxother = 24, 40, 40
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut short (an error message echoes a client's value, never all of a huge one).
+
+    >>> shown(10 ** 100)
+    '1000000000...00000000000'
+    """
+    return _SHORT.repr(value)
+
+
 def _int(policy: str, name: str, value: Any, lo: int, hi: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy ints pass, True does not
-        raise ValueError(f"{policy}.{name} must be an integer in [{lo}, {hi}], got {value!r}")
+        raise ValueError(f"{policy}.{name} must be an integer in [{lo}, {hi}], got {shown(value)}")
     if not lo <= value <= hi:
-        raise ValueError(f"{policy}.{name} must be in [{lo}, {hi}], got {value}")
+        raise ValueError(f"{policy}.{name} must be in [{lo}, {hi}], got {shown(value)}")
 
 
 def _float(policy: str, name: str, value: Any, lo: float, hi: float) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{policy}.{name} must be a number in [{lo}, {hi}], got {value!r}")
-    if not (math.isfinite(value) and lo <= value <= hi):
-        raise ValueError(f"{policy}.{name} must be in [{lo}, {hi}], got {value}")
+        raise ValueError(f"{policy}.{name} must be a number in [{lo}, {hi}], got {shown(value)}")
+    # the range first: an int too large for a float (10 ** 400) fails it instead of overflowing isfinite
+    if not (lo <= value <= hi and math.isfinite(value)):
+        raise ValueError(f"{policy}.{name} must be in [{lo}, {hi}], got {shown(value)}")
 
 
 def _classifier(policy: str, value: Any) -> None:

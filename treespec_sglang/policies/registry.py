@@ -114,7 +114,9 @@ def registration(name: str) -> Registration:
     """The registration of policy ``name``; ``ValueError`` naming the registered ones otherwise."""
     reg = REGISTRY.get(name) if isinstance(name, str) else None
     if reg is None:
-        raise ValueError(f"policy must be one of {sorted(REGISTRY)}, got {name!r}")
+        from .params import shown  # local: params imports this module's registry
+
+        raise ValueError(f"policy must be one of {sorted(REGISTRY)}, got {shown(name)}")
     return reg
 
 

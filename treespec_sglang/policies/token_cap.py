@@ -26,6 +26,7 @@ from typing import Optional, Union
 import torch
 
 from ..tree import DraftTree
+from .params import shown
 
 __all__ = ["node_values", "allocate_batch", "best_total", "select_best", "split_batch_option", "CAP_KEY"]
 
@@ -47,7 +48,7 @@ def split_batch_option(spec):
     share = spec[CAP_KEY]
     if not isinstance(share, bool):
         raise ValueError(f"{CAP_KEY} must be true (share the batch's token cap) or false (keep the "
-                         f"policy's whole tree), got {share!r}")
+                         f"policy's whole tree), got {shown(share)}")
     return {k: v for k, v in spec.items() if k != CAP_KEY}, share
 
 
