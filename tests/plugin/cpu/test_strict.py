@@ -32,8 +32,8 @@ def build_tree():
     return dict(parent_list=torch.tensor([[-1, 0, 1, 2, 3]] * BS), selected_index=sel,
                 verified_seq_len=torch.tensor([5, 9]), tree_mask=torch.zeros(BS * N * N, dtype=torch.bool),
                 positions=torch.zeros(BS * N, dtype=torch.int64), retrive_index=torch.zeros(BS, N, dtype=torch.int64),
-                retrive_next_token=torch.zeros(BS, N, dtype=torch.int64),
-                retrive_next_sibling=torch.zeros(BS, N, dtype=torch.int64), topk=TOPK, depth=DEPTH, draft_token_num=N,
+                retrive_next_token=torch.full((BS, N), -1, dtype=torch.int64),  # filled with -1, as eagle_utils does
+                retrive_next_sibling=torch.full((BS, N), -1, dtype=torch.int64), topk=TOPK, depth=DEPTH, draft_token_num=N,
                 tree_mask_mode=1)
 
 
@@ -139,6 +139,7 @@ BROKEN = [
     ("build_tree", "tree_mask", lambda t: t.to(torch.uint8), "tree_mask must be bool"),
     ("build_tree", "tree_mask", lambda t: t[:-1], "tree_mask has 31 entries, expected 32"),
     ("build_tree", "tree_mask_mode", lambda m: 3, "tree_mask_mode must be 0"),
+    ("build_tree", "retrive_next_sibling", lambda t: torch.zeros_like(t), "retrive_next_sibling must come filled"),
     ("verify_greedy", "accept_index", lambda t: t.long(), "accept_index: dtype mismatch: expected int32"),
     ("verify_greedy", "predicts", lambda t: t[:-1], "predicts: Size mismatch for shape#0"),
     ("verify_greedy", "candidates", lambda t: strided(t), "candidates: Tensor is not contiguous"),
@@ -150,12 +151,20 @@ BROKEN = [
     ("decode", "attn_logits", lambda t: t.half(), "attn_logits must be float32"),
     ("decode", "seq_lens", lambda t: t.int(), "expect req_lens to be int64"),
     ("decode", "value", lambda t: None, "key and value should have values at the same time"),
+    ("decode", "loc", lambda t: t.int(), "loc must be int64"),
+    ("decode", "output", lambda t: t.double(), "output must have the query's dtype"),
+    ("decode", "key", lambda t: t.double(), "key must have the query's dtype"),
+    ("decode", "v_cache", lambda t: t.double(), "the KV buffers must share the query's dtype"),
+    ("decode", "sinks", lambda t: torch.zeros(1), r"sinks must be 1D with one entry per query head \(2\)"),
     ("extend", "o_extend", lambda t: strided(t), "o_extend: Tensor is not contiguous"),
     ("extend", "extend_seq_lens", lambda t: t.long(), "same dtype as req_to_token"),
     ("extend", "extend_seq_lens", lambda t: torch.tensor([N, N - 1], dtype=torch.int32), "uniform extend_seq_lens"),
     ("extend", "tree_mask", lambda t: t[: -N], "expect tree_mask numel to be num_seqs"),
     ("extend", "tree_mask", lambda t: t.to(torch.uint8), "tree_mask: dtype mismatch: expected bool"),
     ("extend", "req_pool_indices", lambda t: t.int(), "expect req_pool_indices to be int64"),
+    ("extend", "o_extend", lambda t: t.double(), "o_extend must have the query's dtype"),
+    ("extend", "k_buffer", lambda t: t.double(), "the KV buffers must share the query's dtype"),
+    ("extend", "sinks", lambda t: torch.zeros(2, 2), "sinks must be 1D"),
     ("req_to_token", "req_to_token", lambda t: t.long(), "req_to_token: dtype mismatch: expected int32"),
     ("req_to_token", "out_cache_loc", lambda t: t.int(), "out_cache_loc must be int64"),
     ("req_to_token", "end_offset", lambda t: t.long(), "start_offset and end_offset must have the same dtype"),
@@ -165,11 +174,13 @@ BROKEN = [
     ("draft_locs", "pool_len", lambda n: n - 1, r"req_to_token: Size mismatch for shape#1"),
     ("bonus", "accept_tokens", lambda t: t.long(), "accept_tokens must be int32"),
     ("bonus", "accept_stride", lambda n: 2, "expected bs \\* accept_stride"),
+    ("bonus", "accept_lens", lambda t: torch.zeros_like(t), r"accept_lens must be in \[1, accept_stride"),
     ("accept_locs", "accept_out_cache_loc", lambda t: t[:5], "fewer than accept_index's 6"),
     ("accept_locs", "out_cache_loc", lambda t: t.int(), "out_cache_loc must be int64"),
     ("accept_locs", "out_cache_loc", lambda t: t[:4], "accept_index out of range"),
     ("kv_copy", "data_ptrs", lambda t: t.long(), "data_ptrs must be uint64"),
     ("kv_copy", "src_loc", lambda t: t.int(), "tgt_loc and src_loc must share"),
+    ("kv_copy", "tgt_loc", lambda t: t[:0], "src_loc and tgt_loc must have the same length"),  # checked when empty too
     ("draft_metadata", "req_to_token", lambda t: strided(t), "req_to_token: Tensor is not contiguous"),
     ("draft_metadata", "seq_lens", lambda t: t[:1], "seq_lens has 1 elements, expected 2"),
 ]

@@ -92,6 +92,8 @@ def check_verify_greedy(rng):
         ours.build_tree_kernel_efficient_cpu(parent_list, sel, seq, torch.ones(N * N * bs, dtype=torch.bool),
                                              torch.zeros(bs * N, dtype=torch.long), rbuf[0], rbuf[1], rbuf[2],
                                              topk, steps, N, 1)
+        if case % 2:  # the kernels read the target's token at node u at target_predict.flat[retrive_index[b, u]]
+            rbuf[0] = torch.tensor(rng.sample(range(bs * N), bs * N)).view(bs, N)
         V = 3  # tiny vocab: many matches, repeated sibling tokens
         cand = torch.randint(0, V, (bs, N))
         target = torch.randint(0, V, (bs, N))

@@ -9,7 +9,8 @@
   when every request extends by ``L = max_len_extend`` tokens.
 
 Entry checks are the compiled ops' (``sgl-kernel/csrc/cpu/decode.cpp`` / ``extend.cpp``): last-dimension
-contiguous queries, keys and values, a contiguous ``o_extend``, int64 ``seq_lens`` / ``req_pool_indices``,
+contiguous queries, keys and values, a contiguous ``o_extend``, int64 ``seq_lens`` / ``req_pool_indices`` /
+``loc``, outputs, new keys and values of the query's dtype, KV buffers of one dtype, ``sinks`` one per head,
 int32 or int64 ``req_to_token`` with extend lengths and starts of the same dtype, head sizes a multiple of
 32, a contiguous bool tree mask of ``bs * L^2`` entries and uniform extend lengths with it. One rule is
 left out: the compiled ops take bf16 / fp16 queries only, and the CPU test bed runs float32 so that its
@@ -79,7 +80,7 @@ def _indices(op: str, req_to_token, req_pool_indices, seq_lens, bs: int) -> None
 
 
 def _check_decode(query, k_cache, v_cache, output, key, value, loc, attn_logits, req_to_token, req_pool_indices,
-                  seq_lens) -> None:
+                  seq_lens, sinks=None) -> None:
     op = "decode_attention_cpu"
     _last_dim(op, query=query, k_buffer=k_cache, v_buffer=v_cache)
     bs, hq = query.shape[0], query.shape[1]
@@ -92,11 +93,27 @@ def _check_decode(query, k_cache, v_cache, output, key, value, loc, attn_logits,
           f"attn_logits must be [{bs}, {hq}, splits, {v_cache.shape[-1] + 1}], got {tuple(attn_logits.shape)}")
     check(op, attn_logits.dtype == torch.float32, f"attn_logits must be float32, got {attn_logits.dtype}")
     _indices(op, req_to_token, req_pool_indices, seq_lens, bs)
+    if loc is not None:
+        check(op, loc.dtype == torch.int64, f"loc must be int64, got {loc.dtype}")
+    _dtypes(op, query, k_cache, v_cache, sinks, output=output, key=key, value=value)
+
+
+def _dtypes(op: str, query, k_buffer, v_buffer, sinks, **same) -> None:
+    """The kernels read ``same`` (output, new keys and values) as the query's type, the KV buffers as one type (the
+    query's, or float8 e4m3 with scales), ``sinks`` as one logit per query head."""
+    for name, t in same.items():
+        if t is not None:
+            check(op, t.dtype == query.dtype, f"{name} must have the query's dtype {query.dtype}, got {t.dtype}")
+    check(op, k_buffer.dtype == v_buffer.dtype and k_buffer.dtype in (query.dtype, torch.float8_e4m3fn),
+          f"the KV buffers must share the query's dtype (or float8_e4m3fn), got {k_buffer.dtype}, {v_buffer.dtype}")
+    if sinks is not None:
+        check(op, sinks.dim() == 1 and sinks.shape[0] == query.shape[1],
+              f"sinks must be 1D with one entry per query head ({query.shape[1]}), got {tuple(sinks.shape)}")
 
 
 def _check_extend(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, req_to_token, req_pool_indices,
                   seq_lens, extend_seq_lens, extend_start_loc, max_len_extend, sliding_window_size,
-                  tree_mask) -> None:
+                  tree_mask, sinks=None) -> None:
     op = "extend_attention_cpu"
     _last_dim(op, q_extend=q_extend, k_buffer=k_buffer, v_buffer=v_buffer)
     Matcher(op, [-1, -1, -1]).device(Device("cpu")).verify(o_extend, "o_extend")  # CHECK_INPUT: fully contiguous
@@ -111,6 +128,7 @@ def _check_extend(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, re
           "expect extend_seq_lens and extend_start_loc to have same dtype as req_to_token.")
     for name, size in (("head_size", q_extend.shape[-1]), ("head_size_v", v_buffer.shape[-1])):
         check(op, size % 32 == 0, f"invalid {name} {size}")
+    _dtypes(op, q_extend, k_buffer, v_buffer, sinks, o_extend=o_extend, k_extend=k_extend, v_extend=v_extend)
     if tree_mask is not None:
         Matcher(op, [-1]).dtype(torch.bool).device(Device("cpu")).verify(tree_mask, "tree_mask")
         check(op, max_len_extend is not None, "max_len_extend must be given with a tree_mask")
@@ -136,7 +154,7 @@ def decode_attention_cpu(query, k_cache, v_cache, k_scale: float, v_scale: float
     """Decode attention; query ``[bs, Hq, D]``, caches ``[slots, Hkv, D]``, output ``[bs, Hq, Dv]`` (mutated)."""
     _check(is_cross_attn)
     _check_decode(query, k_cache, v_cache, output, key, value, loc, attn_logits, req_to_token, req_pool_indices,
-                  seq_lens)
+                  seq_lens, sinks)
     bs, hq, d = query.shape
     if key is not None and value is not None:
         k_cache[loc.long()] = key.reshape(bs, -1, d).to(k_cache.dtype)
@@ -191,7 +209,7 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     """Extend (prefill / verify / draft-extend) attention; q_extend ``[T, Hq, D]``, o_extend ``[T, Hq, Dv]`` (mutated)."""
     _check(is_cross_attn)
     _check_extend(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, req_to_token, req_pool_indices,
-                  seq_lens, extend_seq_lens, extend_start_loc, max_len_extend, sliding_window_size, tree_mask)
+                  seq_lens, extend_seq_lens, extend_start_loc, max_len_extend, sliding_window_size, tree_mask, sinks)
     dev = q_extend.device
     ext, start, seq = extend_seq_lens.long(), extend_start_loc.long(), seq_lens.long()
     pre = seq - ext

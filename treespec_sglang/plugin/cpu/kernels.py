@@ -131,7 +131,10 @@ def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_strid
     check(op, accept_tokens.dtype == torch.int32, f"accept_tokens must be int32, got {accept_tokens.dtype}")
     check(op, accept_tokens.numel() == bs * accept_stride,
           f"accept_tokens has {accept_tokens.numel()} elements, expected bs * accept_stride = {bs * accept_stride}")
-    idx = torch.arange(bs, device=accept_lens.device) * accept_stride + accept_lens.long()[:bs] - 1
+    lens = accept_lens.long()
+    check(op, bs == 0 or bool(((lens >= 1) & (lens <= accept_stride)).all()),
+          f"accept_lens must be in [1, accept_stride = {accept_stride}], got {lens.tolist()}")  # the op reads there
+    idx = torch.arange(bs, device=accept_lens.device) * accept_stride + lens - 1
     bonus_tokens.copy_(accept_tokens.reshape(-1)[idx].to(bonus_tokens.dtype))
 
 
@@ -167,10 +170,10 @@ def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc) -> None:
     check(op, strides.dtype == torch.int64, f"strides must be int64, got {strides.dtype}")
     check(op, tgt_loc.dtype == src_loc.dtype and tgt_loc.dtype in _INDEX,
           f"tgt_loc and src_loc must share an int32 / int64 dtype, got {tgt_loc.dtype}, {src_loc.dtype}")
-    if tgt_loc.numel() == 0 or data_ptrs.numel() == 0:
-        return
     check(op, strides.numel() == data_ptrs.numel(), "strides must have one entry per buffer")
     check(op, src_loc.numel() == tgt_loc.numel(), "src_loc and tgt_loc must have the same length")
+    if tgt_loc.numel() == 0 or data_ptrs.numel() == 0:  # after the size checks, as kvcache.cpp
+        return
     tgt, src = tgt_loc.long(), src_loc.long()
     n_slots = int(torch.maximum(tgt.max(), src.max())) + 1
     for ptr, stride in zip(data_ptrs.tolist(), strides.tolist()):
@@ -237,6 +240,10 @@ def _check_build_tree(parent_list, selected_index, verified_seq_len, tree_mask, 
     Matcher(op, [bs, n]).dtype(torch.int64).device(dev).verify(retrive_index, "retrive_index") \
         .verify(retrive_next_token, "retrive_next_token").verify(retrive_next_sibling, "retrive_next_sibling")
     Matcher(op, [bs.unwrap() * n]).dtype(torch.int64).device(dev).verify(positions, "positions")
+    # the kernels only add links, to chains the caller filled with -1 (eagle_utils does): a caller that skips the
+    # fill gets garbage from them, so it gets a refusal here
+    for name, t in (("retrive_next_token", retrive_next_token), ("retrive_next_sibling", retrive_next_sibling)):
+        check(op, bool((t == -1).all()), f"{name} must come filled with -1 (the kernel only adds links)")
     Matcher(op, [-1]).device(dev).verify(tree_mask, "tree_mask")
     item = tree_mask.element_size()
     if mode == 2:  # the GPU kernel's bit-packed mode (the compiled CPU op refuses it; SGLang's CPU path never asks)
@@ -336,7 +343,8 @@ def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates,
     dev = candidates.device
     rows = torch.arange(bs, device=dev)
     nt, ns = retrive_next_token.long(), retrive_next_sibling.long()
-    cand, tgt = candidates.long(), target_predict.reshape(bs, n).long()
+    # the target's token at node u is target_predict.flat[retrive_index[b, u]] (the Triton / CUDA kernels' lookup)
+    cand, tgt = candidates.long(), target_predict.reshape(-1)[retrive_index.long()].long()  # [bs, N]
     # chosen[b, u]: u's first child (sibling order) carrying the target's token at u, -1 = none
     chosen = torch.full((bs, n), -1, dtype=torch.int64, device=dev)
     c = nt.clone()
