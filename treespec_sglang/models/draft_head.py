@@ -102,7 +102,7 @@ class EagleDraftHead(SharedEmbedHead):
     @classmethod
     def for_target(cls, target_cfg: LlamaConfig, seed: int = 0, dtype=torch.float32) -> "EagleDraftHead":
         """A seeded random head shaped for ``target_cfg`` (tests and the untrained demo)."""
-        cfg = LlamaConfig.from_dict({**_cfg_dict(target_cfg), "num_hidden_layers": 1})
+        cfg = LlamaConfig.from_dict(head_cfg_dict(target_cfg))
         g = torch.Generator().manual_seed(seed)
         head = cls(cfg)
         with torch.no_grad():
@@ -119,6 +119,7 @@ class EagleDraftHead(SharedEmbedHead):
         """Write ``config.json`` + ``model.safetensors`` loadable by SGLang as an EAGLE draft."""
         from safetensors.torch import save_file
 
+        refuse_biases(self.config)
         os.makedirs(path, exist_ok=True)
         # tie_word_embeddings is always False: the head shares the *target's* embedding and LM head
         # (SGLang's set_embed_and_head); a true value makes SGLang's llama.py tie the draft's missing
@@ -137,6 +138,21 @@ class EagleDraftHead(SharedEmbedHead):
         head = cls(LlamaConfig.from_dict(raw))
         head.load_state_dict({k: v.to(dtype) for k, v in sd.items()})
         return head.to(dtype).eval()
+
+
+def head_cfg_dict(target_cfg: LlamaConfig) -> dict:
+    """A draft head's config for ``target_cfg``: one layer and no biases whatever the target's. SGLang's EAGLE and
+    EAGLE-3 draft layers have none where ours would (EAGLE-3's ``qkv_proj``, every ``LlamaMLP``, a Qwen2 target's
+    ``o_proj`` left out of its attention bias), and its loaders skip a weight they do not know without a word."""
+    return {**_cfg_dict(target_cfg), "num_hidden_layers": 1, "attention_bias": False, "mlp_bias": False}
+
+
+def refuse_biases(cfg: LlamaConfig) -> None:
+    """``save``'s check: a head with biases (an old checkpoint) would load into SGLang with them dropped."""
+    if cfg.attention_bias or cfg.mlp_bias:
+        raise ValueError(f"this draft head has biases (attention_bias={cfg.attention_bias}, mlp_bias="
+                         f"{cfg.mlp_bias}); SGLang's EAGLE / EAGLE-3 draft layers would load it without them: train "
+                         f"a head without biases (for_target builds one)")
 
 
 def _cfg_dict(cfg: LlamaConfig) -> dict:

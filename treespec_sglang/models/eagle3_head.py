@@ -120,9 +120,9 @@ class Eagle3DraftHead(SharedEmbedHead):
         ``lm_head_weight`` ([vocab, hidden]) and ``norm_weight`` ([hidden]), the target's, initialise the
         draft LM head with its rows of ``hot_ids`` and the final norm (logits start on the target's
         scale: what EAGLE-3 training starts from); without them those are random / ones."""
-        from .draft_head import _cfg_dict
+        from .draft_head import head_cfg_dict
 
-        cfg = LlamaConfig.from_dict({**_cfg_dict(target_cfg), "num_hidden_layers": 1})
+        cfg = LlamaConfig.from_dict(head_cfg_dict(target_cfg))
         hot = torch.as_tensor(hot_ids, dtype=torch.int64)
         head = cls(cfg, hot.numel(), target_cfg.hidden_size, default_aux_layers(target_cfg.num_hidden_layers))
         g = torch.Generator().manual_seed(seed)
@@ -144,8 +144,9 @@ class Eagle3DraftHead(SharedEmbedHead):
         ``--speculative-algorithm EAGLE3`` (no ``--speculative-token-map``: ``d2t`` is inside)."""
         from safetensors.torch import save_file
 
-        from .draft_head import _cfg_dict
+        from .draft_head import _cfg_dict, refuse_biases
 
+        refuse_biases(self.config)
         os.makedirs(path, exist_ok=True)
         V = self.config.vocab_size
         cfg = {**_cfg_dict(self.config), "num_hidden_layers": 1, "architectures": [EAGLE3_ARCH],

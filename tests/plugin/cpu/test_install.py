@@ -88,3 +88,13 @@ def test_installed_on_the_cpu_engine_and_seen_by_spawned_children(tmp_path):
     script.write_text(CHILD_SCRIPT)
     out = run("", {"SGLANG_USE_CPU_ENGINE": "1"}, script=str(script))
     assert out == "True True True treespec_sglang.plugin.cpu.kernels True (True, True, True)"
+
+
+@pytest.mark.parametrize("algorithm,passed", [("EAGLE", True), ("EAGLE3", False)])
+def test_a_token_map_beside_the_head_is_passed_under_eagle_only(tmp_path, algorithm, passed):
+    """An EAGLE-3 head carries its own ``d2t``; SGLang warns about and ignores a ``--speculative-token-map``."""
+    from treespec_sglang.plugin.cpu.host import eagle_kwargs
+
+    (tmp_path / "token_map.pt").write_bytes(b"")
+    kw = eagle_kwargs(str(tmp_path), algorithm=algorithm)
+    assert ("speculative_token_map" in kw) is passed and kw["speculative_algorithm"] == algorithm

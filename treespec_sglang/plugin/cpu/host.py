@@ -45,8 +45,9 @@ def cpu_engine_kwargs(target: str, **spec) -> dict:
 
 
 def eagle_kwargs(draft: str, topk=4, steps=3, n=8, algorithm=None, **extra) -> dict:
-    """EAGLE / EAGLE3 arguments (``algorithm`` None: the one the draft's architecture needs); a
-    ``token_map.pt`` in the draft directory is passed as the token map."""
+    """EAGLE / EAGLE3 arguments (``algorithm`` None: the one the draft's architecture needs); under EAGLE a
+    ``token_map.pt`` in the draft directory is passed as the token map (an EAGLE-3 head carries its own ``d2t``:
+    SGLang would warn and ignore one)."""
     if algorithm is None:
         from ...models import draft_arch
         from ...models.eagle3_head import EAGLE3_ARCH
@@ -55,7 +56,7 @@ def eagle_kwargs(draft: str, topk=4, steps=3, n=8, algorithm=None, **extra) -> d
     kw = dict(speculative_algorithm=algorithm, speculative_draft_model_path=draft, speculative_eagle_topk=topk,
               speculative_num_steps=steps, speculative_num_draft_tokens=n, **extra)
     tmap = os.path.join(draft, "token_map.pt")
-    if os.path.isfile(tmap):
+    if algorithm == "EAGLE" and os.path.isfile(tmap):
         kw["speculative_token_map"] = tmap
     return kw
 
