@@ -154,3 +154,18 @@ def test_defaults_set_in_the_environment_are_checked_at_start_on_one_rank(monkey
         hooks._draft_head(lambda self: None, chain)
     tree = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE", speculative_eagle_topk=4))
     assert hooks._draft_head(lambda self: "built", tree) == "built"
+
+
+def test_relaxed_accept_thresholds_are_warned_about_without_treespec_flags_too(caplog):
+    """Requests can carry policies on a server started without any ``--treespec-*`` flag."""
+    import logging
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin.server_hooks import _from_cli_args
+
+    args = SimpleNamespace(**_flags().__dict__, speculative_accept_threshold_single=0.5,
+                           speculative_accept_threshold_acc=1.0)
+    with caplog.at_level(logging.WARNING, logger="treespec_sglang.plugin"):
+        _from_cli_args(None, None, args)
+    assert "relaxes verification" in caplog.text
+

@@ -207,6 +207,8 @@ def test_cpu_verify_takes_the_sampling_path(loaded):
     for name in ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob"):
         assert getattr(eu, name) is getattr(sampling, name)
     assert eu._verify_uses_greedy(is_all_greedy=False, **{**kw, "is_cpu": False, "is_xpu": True}) is True
+    # --speculative-use-rejection-sampling would take Triton's chain kernel on CPU tensors: SGLang's greedy stays
+    assert eu._verify_uses_greedy(is_all_greedy=False, **{**kw, "use_rejection_sampling": True}) is True
 
 
 def test_a_treespec_decode_batch_votes_for_an_eager_draft_in_sglangs_dp_vote(loaded, monkeypatch):

@@ -52,6 +52,11 @@ def _from_cli_args(result, cls, args, *a, **k):
     raw = getattr(args, "treespec_config", None)
     token_cap = getattr(args, "treespec_token_cap", None)
     classifiers = parse_classifier_flags(getattr(args, "treespec_classifier", None))
+    thresholds = [getattr(args, n, 1.0) for n in ("speculative_accept_threshold_single",
+                                                    "speculative_accept_threshold_acc")]
+    if any(t is not None and t != 1.0 for t in thresholds):  # with or without treespec flags: requests may carry policies
+        logger.warning("treespec: --speculative-accept-threshold-single/acc != 1 relaxes verification; "
+                       "sampling is then not lossless (greedy is unaffected)")
     if policy is None and raw is None and token_cap is None and not classifiers:
         return result
     # a flag sets its own setting; the others keep what their TREESPEC_* variable says (configure exports all)
@@ -77,11 +82,6 @@ def _from_cli_args(result, cls, args, *a, **k):
     reason = unsupported_reason(request_params(None, defaults), result)
     if reason is not None:
         raise ValueError(f"--treespec-policy {reason}")
-    thresholds = [getattr(args, n, 1.0) for n in ("speculative_accept_threshold_single",
-                                                    "speculative_accept_threshold_acc")]
-    if any(t is not None and t != 1.0 for t in thresholds):
-        logger.warning("treespec: --speculative-accept-threshold-single/acc != 1 relaxes verification; "
-                       "sampling is then not lossless (greedy is unaffected)")
     return result
 
 
@@ -240,7 +240,7 @@ _CPU_SAMPLING = ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "
 def _verify_uses_greedy(original, *args, **kwargs):
     # SGLang verifies greedily on CPU at any temperature (its sampling ops are None there). Give the
     # CPU the exact sampling walk instead, so speculative output at T > 0 follows the target.
-    if not kwargs.get("is_cpu"):
+    if not kwargs.get("is_cpu") or kwargs.get("use_rejection_sampling"):  # the rejection path is Triton's: not here
         return original(*args, **kwargs)
     import sys
 
