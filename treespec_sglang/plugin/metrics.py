@@ -22,8 +22,8 @@ The other counters are the sums of the responses' ``meta_info`` lists (``treespe
 ``treespec_verify_tokens``, ``treespec_tree_sizes``): both are recorded by the same hooks, at the same
 moment, except for a round drafted and verified for a request that had already stopped (SGLang's overlap
 scheduler, a stop on EOS): the series count that work, the response leaves the round out
-(:meth:`.stats.RequestStats.close`). Only SGLang's stats-logging rank of each group (``attn_tp_rank`` 0) has a collector, so a
-round is counted once per group, as SGLang counts its ``sglang:spec_accept_length``.
+(:meth:`.stats.RequestStats.close`). Only SGLang's stats-logging rank of each group (``attn_tp_rank`` 0) has a
+collector, so a round is counted once per group, as SGLang counts its ``sglang:spec_accept_length``.
 """
 
 from __future__ import annotations

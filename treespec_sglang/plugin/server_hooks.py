@@ -43,7 +43,8 @@ def _add_cli_args(result, parser, *args, **kwargs):
                         'a request opts out with {"token_cap": false} in custom_params["treespec"]')
     g.add_argument("--treespec-classifier", action="append", default=None, metavar="NAME=PATH",
                    help="register a C2T classifier file under NAME (repeatable); requests pick one with "
-                        '{"classifier": "NAME"} and never name a file; "default" (the shipped one) is always there')
+                        '{"classifier": "NAME"} and never name a file; "default" is always there (the shipped one '
+                        'unless default=PATH maps it) and scores requests that name none')
     return result
 
 
@@ -54,7 +55,7 @@ def _from_cli_args(result, cls, args, *a, **k):
     classifiers = parse_classifier_flags(getattr(args, "treespec_classifier", None))
     thresholds = [getattr(args, n, 1.0) for n in ("speculative_accept_threshold_single",
                                                     "speculative_accept_threshold_acc")]
-    if any(t is not None and t != 1.0 for t in thresholds):  # with or without treespec flags: requests may carry policies
+    if any(t is not None and t != 1.0 for t in thresholds):  # treespec flags or not: requests may carry policies
         logger.warning("treespec: --speculative-accept-threshold-single/acc != 1 relaxes verification; "
                        "sampling is then not lossless (greedy is unaffected)")
     if policy is None and raw is None and token_cap is None and not classifiers:
