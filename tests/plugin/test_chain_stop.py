@@ -204,3 +204,13 @@ def test_a_round_of_the_stop_reads_nothing_back_and_copies_no_list():
         st.observe_stash()
         st.keep_mask(S + 1)
     assert (c.reads, c.copies) == (0, 0), c.names
+
+
+def test_one_draft_step_cuts_by_the_rows_lengths_alone():
+    """S = 1: SGLang runs no draft loop step, so nothing is stashed; the cut is each row's own length (it raised)."""
+    params = [parse_spec({"policy": "none"}), None, parse_spec({"policy": "chain", "length": 3, "beta": 0.5})]
+    stop = ChainStopper(params, 1, "cpu")
+    assert stop.active
+    stop.observe_stash()
+    assert stop.keep_mask(2).tolist() == [[True, False], [True, True], [True, True]]
+

@@ -169,3 +169,15 @@ def test_relaxed_accept_thresholds_are_warned_about_without_treespec_flags_too(c
         _from_cli_args(None, None, args)
     assert "relaxes verification" in caplog.text
 
+
+def test_a_token_cap_on_a_chain_server_is_refused_at_start(monkeypatch):
+    """A chain has no nodes to choose among: the cap would do nothing, silently."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import hooks
+
+    monkeypatch.setenv(C.ENV_TOKEN_CAP, "8")
+    with pytest.raises(ValueError, match=r"--treespec-token-cap \(TREESPEC_TOKEN_CAP\) selects among a draft tree"):
+        hooks._draft_head(lambda self: None, SimpleNamespace(topk=1))
+    assert hooks._draft_head(lambda self: "built", SimpleNamespace()) == "built"  # a tree server: fine
+

@@ -31,6 +31,15 @@ def test_a_chain_server_drafts_chains_and_none(spec):
     assert unsupported_reason(parse_spec(spec), args(topk=1)) is None
 
 
+@pytest.mark.parametrize("topk", [1, 4])
+@pytest.mark.parametrize("spec", TREE[:1] + CHAIN)
+def test_a_rejection_sampling_verify_refuses_every_policy(spec, topk):
+    """Its kernel walks every drafted token: a cut chain, a policy's tree or speculation off would not be verified."""
+    a = SimpleNamespace(**vars(args(topk=topk)), speculative_use_rejection_sampling=True)
+    msg = unsupported_reason(parse_spec(spec), a)
+    assert msg.startswith(spec["policy"]) and "--speculative-use-rejection-sampling" in msg
+
+
 @pytest.mark.parametrize("spec", TREE + CHAIN)
 def test_the_multi_layer_eagle_worker_refuses_every_policy(spec):
     msg = unsupported_reason(parse_spec(spec), args(multi=True))

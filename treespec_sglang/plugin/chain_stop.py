@@ -156,6 +156,8 @@ class ChainStopper:
         Raises RuntimeError when no draft loop of that shape recorded its steps (a draft graph captured without
         ``TREESPEC_CHAIN_STOP_GRAPH=1`` replayed for a C2T chain round)."""
         bs, S = self.max_len.shape[0], self.num_steps
+        if S <= 1:  # SGLang runs no draft loop step at S = 1: the cut is the rows' own lengths (max_len) alone
+            return
         key = (rows or bs, S - 1, str(self.device))
         if key not in _STASH:
             raise RuntimeError(f"treespec: no chain draft loop of shape {key[:2]} recorded its steps; a C2T chain "

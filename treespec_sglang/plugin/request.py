@@ -113,6 +113,8 @@ def unsupported_reason(p: Optional[PolicyParams], server_args) -> Optional[str]:
 
     * ``--enable-multi-layer-eagle`` drafts in SGLang's ``MultiLayerEagleWorkerV2``, whose draft loop the
       hooks do not reach: no policy (``none`` included) can be applied there;
+    * ``--speculative-use-rejection-sampling`` verifies sampled requests with a kernel that ignores the
+      verify links, so a policy's tree (or cut chain) would not be what is verified;
     * ``--speculative-eagle-topk 1`` drafts a chain: only ``chain`` (its length and C2T early stop) and
       ``none`` apply; a tree policy has no tree to choose from.
 
@@ -133,6 +135,11 @@ def unsupported_reason(p: Optional[PolicyParams], server_args) -> Optional[str]:
         return (f"{name}: this server drafts with SGLang's multi-layer EAGLE worker (--enable-multi-layer-eagle), "
                 f"which treespec policies cannot drive; send the request without custom_params['{CUSTOM_KEY}'] "
                 f"or use a server without that flag")
+    if getattr(server_args, "speculative_use_rejection_sampling", False):
+        return (f"{name}: this server verifies sampled requests with rejection sampling "
+                f"(--speculative-use-rejection-sampling), whose kernel walks every drafted token whatever tree a "
+                f"policy chose; send the request without custom_params['{CUSTOM_KEY}'] or use a server without "
+                f"that flag")
     if getattr(server_args, "speculative_eagle_topk", None) == 1 and reg.needs_tree:
         return (f"{name} needs a draft tree: this server drafts a chain (--speculative-eagle-topk 1); use "
                 f"{{'policy': 'chain'}} (length, C2T early stop with beta) or {{'policy': 'none'}}, or a server "

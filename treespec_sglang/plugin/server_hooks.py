@@ -116,6 +116,9 @@ def _draft_head(original, self, *args, **kwargs):
     reason = unsupported_reason(request_params(None, server_defaults()), getattr(self, "server_args", None))
     if reason is not None:
         raise ValueError(f"treespec: the default policy ({ENV_POLICY}): {reason}")
+    if getattr(self, "topk", None) == 1 and server_defaults().token_cap is not None:  # never a silent no-op
+        raise ValueError(f"treespec: --treespec-token-cap ({ENV_TOKEN_CAP}) selects among a draft tree's nodes; this "
+                         f"server drafts chains (--speculative-eagle-topk 1): start it without a token cap")
     # the spec worker is built on every rank after the groups: settings must agree before any round
     check_settings_agree(verify_group())
     if runner is not None and getattr(self, "topk", None) is not None:  # TREESPEC_SELECT valid, its kernel built
