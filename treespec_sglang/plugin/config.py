@@ -31,7 +31,8 @@ from .classifiers import ENV_CLASSIFIERS, load_registry, parse_classifier_flags,
 from .settings import derived, env, frozen
 
 __all__ = ["ENV_POLICY", "ENV_CONFIG", "ENV_TOKEN_CAP", "ENV_POLICY_MODULES", "ServerDefaults",
-           "configure", "server_defaults", "draft_algorithm_mismatch", "import_policy_modules", "env_switch"]
+           "configure", "server_defaults", "draft_algorithm_mismatch", "import_policy_modules", "env_switch",
+           "load_config", "parse_token_cap"]
 
 ENV_POLICY = "TREESPEC_POLICY"
 ENV_CONFIG = "TREESPEC_CONFIG"
@@ -158,17 +159,27 @@ def server_defaults() -> ServerDefaults:
     return _parse_defaults(env(ENV_POLICY) or None, env(ENV_CONFIG) or "{}", env(ENV_TOKEN_CAP) or None)
 
 
+def load_config(raw: str, source: str):
+    """A config's JSON text (``--treespec-config`` or ``TREESPEC_CONFIG``, named by ``source`` in the error)
+    decoded; whether it is an object is checked by its caller."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source} must be a JSON object: {e}") from None
+
+
+def parse_token_cap(raw: Optional[str]) -> Optional[int]:
+    """``TREESPEC_TOKEN_CAP``'s text as an int (None: unset); its range is checked by :class:`ServerDefaults`."""
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_TOKEN_CAP} must be an integer in [1, {MAX_TOKEN_CAP}], got {raw!r}") from None
+
+
 @functools.lru_cache(maxsize=8)
 def _parse_defaults(policy: Optional[str], raw: str, cap: Optional[str] = None) -> ServerDefaults:
     env = ENV_TOKEN_CAP
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{ENV_CONFIG} must be a JSON object: {e}") from None
-    try:
-        token_cap = None if cap is None else int(cap)
-    except ValueError:
-        raise ValueError(f"{env} must be an integer in [1, {MAX_TOKEN_CAP}], got {cap!r}") from None
+    config, token_cap = load_config(raw, ENV_CONFIG), parse_token_cap(cap)
     try:
         if not isinstance(config, dict):
             raise ValueError(f"must be a JSON object of the policy's parameters, got {raw!r}")

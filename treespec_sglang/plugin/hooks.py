@@ -38,10 +38,10 @@ from .draft_select import capturing, select_after_draft, stash_pool, unlink
 from .graph_log import register_counting
 from .profile import profile_from_env, profiled
 from .ragged import amx_extend_metadata, amx_forward_metadata, eager_while_ragged, flashinfer_verify_args, \
-    ragged_verify_forward
+    ragged_verify_forward, ran_ragged
 from .ranks import agree_verify, cpu_parallel_group, verify_group
 from .metrics import scheduler_series
-from .round import DraftStep, current, drafting_step, opened
+from .round import DraftStep, current, drafting_step, opened, same_requests
 from .server_hooks import (_add_cli_args, _create_generation_req, _draft_graph_vote, _draft_head,
                            _from_cli_args, _handle_batch_request, _req_params, _req_shares, _request_level_key,
                            _scheduler_metrics, _server_info, _tokenizer_metrics, _verify_sampling_params,
@@ -119,7 +119,7 @@ _COLUMNS: List[Optional[BatchColumns]] = [None]  # the last batch's (one decode 
 def _last_columns(reqs) -> Optional[BatchColumns]:
     """The last batch's columns when ``reqs`` are its requests, in order (an identity check in C), else None."""
     last = _COLUMNS[0]
-    return last if last is not None and len(reqs) == len(last.reqs) and tuple(reqs) == last.reqs else None
+    return last if last is not None and same_requests(reqs, last.reqs) else None
 
 
 def batch_columns(reqs, defaults) -> BatchColumns:
@@ -213,7 +213,7 @@ def _runner_forward(original, self, forward_batch, *args, **kwargs):
         _record_verify_tokens(r.reqs, verified)
         series = scheduler_series()
         if series is not None:  # ragged when any request ran fewer than N tokens
-            series.verify_forward(verified != [r.keep.shape[1]] * len(verified))
+            series.verify_forward(ran_ragged(verified, r.keep.shape[1]))
         return out
     out = original(self, forward_batch, *args, **kwargs)
     loop = recording_loop()

@@ -34,7 +34,7 @@ from .settings import derived, env
 from .round import current, opened
 
 __all__ = ["RaggedVerify", "plan_ragged", "scatter_rows", "compact_paged_verify_args", "ragged_verify_forward",
-           "check_ragged_parallelism", "dp_attention",
+           "ran_ragged", "check_ragged_parallelism", "dp_attention",
            "amx_extend_metadata", "amx_forward_metadata", "flashinfer_verify_args", "eager_while_ragged", "ENV_RAGGED"]
 
 ENV_RAGGED = "TREESPEC_RAGGED_VERIFY"
@@ -234,6 +234,12 @@ def _backend_kind(cls) -> Optional[str]:
     return "flashinfer" if "FlashInferAttnBackend" in names else None
 
 
+def ran_ragged(verified: list, n: int) -> bool:
+    """Whether a verify ran fewer than N tokens for some request (``verified``: :func:`ragged_verify_forward`'s
+    tokens per request): a batch with nothing to compact ran SGLang's padded forward."""
+    return any(v != n for v in verified)
+
+
 def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, *args, **kwargs):
     """``ModelRunner.forward`` of a target verify over the kept nodes only (``keep`` ``[bs, N]``).
 
@@ -264,7 +270,7 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, *
             return original(runner, forward_batch, *args, **kwargs), [n] * bs
         out, verified = _ragged_forward(mode, original, runner, forward_batch, keep, *args, **kwargs)
         # a batch with nothing to compact ran SGLang's padded forward after a host read: a sample of neither path
-        sample.kept = verified != [n] * bs
+        sample.kept = ran_ragged(verified, n)
         return out, verified
 
 

@@ -31,12 +31,20 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import operator
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
 import torch
 
-__all__ = ["DraftStep", "PluginRound", "current", "opened", "drafting_step"]
+__all__ = ["DraftStep", "PluginRound", "current", "opened", "drafting_step", "same_requests"]
+
+
+def same_requests(reqs, held: tuple) -> bool:
+    """Whether ``reqs`` are the requests ``held``, in order: by identity (SGLang's ``Req`` has no ``__eq__``; a
+    stand-in's value equality must not pass for it), one C-level pass. What the per-batch caches key on: a decode
+    batch keeps its requests from round to round."""
+    return len(reqs) == len(held) and all(map(operator.is_, reqs, held))
 
 
 @dataclass

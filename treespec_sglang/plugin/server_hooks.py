@@ -6,13 +6,12 @@ the round's hooks, in the order they run.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Dict
 
 from .chain_stop import chain_graph_enabled
-from .config import (ENV_CONFIG, ENV_POLICY, ENV_TOKEN_CAP, MAX_TOKEN_CAP, ServerDefaults, configure,
-                     draft_algorithm_mismatch, server_defaults)
+from .config import (ENV_CONFIG, ENV_POLICY, ENV_TOKEN_CAP, ServerDefaults, configure, draft_algorithm_mismatch,
+                     load_config, parse_token_cap, server_defaults)
 from .draft_select import check_selection
 from .classifiers import parse_classifier_flags
 from .info import server_info
@@ -66,16 +65,9 @@ def _from_cli_args(result, cls, args, *a, **k):
         policy = env(ENV_POLICY) or None
     if raw is None:
         raw, source = env(ENV_CONFIG) or None, ENV_CONFIG
-    if token_cap is None and env(ENV_TOKEN_CAP):
-        try:
-            token_cap = int(env(ENV_TOKEN_CAP))
-        except ValueError:
-            raise ValueError(f"{ENV_TOKEN_CAP} must be an integer in [1, {MAX_TOKEN_CAP}], got "
-                             f"{env(ENV_TOKEN_CAP)!r}") from None
-    try:
-        config = json.loads(raw) if raw else {}
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{source} must be a JSON object: {e}") from None
+    if token_cap is None:
+        token_cap = parse_token_cap(env(ENV_TOKEN_CAP) or None)
+    config = load_config(raw, source) if raw else {}
     if not isinstance(config, dict):
         raise ValueError(f"{source} must be a JSON object of the policy's parameters, got {raw!r}")
     defaults = configure(policy, config, token_cap, classifiers or None)  # validates (ValueError naming field and
@@ -113,10 +105,11 @@ def _draft_head(original, self, *args, **kwargs):
     # TREESPEC_POLICY / _CONFIG / _TOKEN_CAP parsed, and a default this server cannot draft (a tree policy on a
     # chain server, an engine-only policy) refused, at start: the flags were checked where they were parsed, the
     # variables alone (set without flags; a single rank compares no digest) only here, not by every request later
-    reason = unsupported_reason(request_params(None, server_defaults()), getattr(self, "server_args", None))
+    defaults = server_defaults()
+    reason = unsupported_reason(request_params(None, defaults), getattr(self, "server_args", None))
     if reason is not None:
         raise ValueError(f"treespec: the default policy ({ENV_POLICY}): {reason}")
-    if getattr(self, "topk", None) == 1 and server_defaults().token_cap is not None:  # never a silent no-op
+    if getattr(self, "topk", None) == 1 and defaults.token_cap is not None:  # never a silent no-op
         raise ValueError(f"treespec: --treespec-token-cap ({ENV_TOKEN_CAP}) selects among a draft tree's nodes; this "
                          f"server drafts chains (--speculative-eagle-topk 1): start it without a token cap")
     # the spec worker is built on every rank after the groups: settings must agree before any round

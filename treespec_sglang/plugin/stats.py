@@ -26,12 +26,12 @@ whose requests or policies changed pays O(bs) Python, once.
 from __future__ import annotations
 
 import collections
-import operator
 from typing import Deque, Dict, Optional, Sequence
 
 import torch
 
 from .metrics import scheduler_series
+from .round import same_requests
 from .settings import derived, env
 from ..policies.registry import registration_of
 
@@ -195,8 +195,7 @@ class BatchStats:
 
     def holds(self, reqs: Sequence, policies: Sequence[Optional[str]], cap: int) -> bool:
         """Whether this is the batch of ``reqs`` (the same objects, in order: identity in C) under ``policies``."""
-        return (cap == self.cap and len(reqs) == len(self.reqs) and all(map(operator.is_, reqs, self.reqs))
-                and tuple(policies) == self.policies)
+        return cap == self.cap and same_requests(reqs, self.reqs) and tuple(policies) == self.policies
 
     def record(self, values: Sequence[int], series) -> None:
         """One round's ``values`` (one per request of the batch; any past the batch's last are not its own):
