@@ -9,6 +9,7 @@ import torch
 from tests.helpers import GlooGroup, run_ranks
 from treespec_sglang.plugin.chain_stop import ChainStopper
 from treespec_sglang.policies import parse_spec
+from treespec_sglang.policies.params import NoneParams
 from treespec_sglang.policies.classifier import entropy_topm, load_classifier
 
 S, V = 6, 40
@@ -24,16 +25,12 @@ PARAMS = [{"policy": "chain", "length": 6, "beta": 0.5}, {"policy": "chain", "le
           None, {"policy": "chain", "length": 3, "beta": 0.5}]
 
 
-def test_lengths_match_a_plain_loop():
-    params = [parse_spec(p) if p else None for p in PARAMS]
-    st = ChainStopper(params, S, "cpu")
-    logits = step_logits(0)
-    for lg in logits:
-        st.observe(lg)
-    clf = load_classifier(None)
+def plain_lengths(params, logits):
+    """The oracle: each row's kept chain depth, one row and one step at a time (C2T Eq. 6-8 in plain Python)."""
+    clf, out = load_classifier(None), []
     for b, p in enumerate(params):
-        if p is None:
-            assert int(st.length[b]) == S and int(st.keep_mask(S + 1)[b].sum()) == S + 1
+        if p is None or isinstance(p, NoneParams):  # native: the captured chain; none: the root alone
+            out.append(S if p is None else 0)
             continue
         length, logp = 1, 0.0
         for d, lg in enumerate(logits, start=2):
@@ -41,21 +38,56 @@ def test_lengths_match_a_plain_loop():
             logp += float(lp.max())
             with torch.no_grad():
                 score = float(clf(torch.tensor([torch.tensor(logp).exp().item(), float(entropy_topm(lp)), float(d)])))
-            if score < 0.5 or d > p.length:
+            if d > p.length or (p.beta is not None and score < p.beta):
                 break
             length += 1
-        assert int(torch.minimum(st.length, st.max_len)[b]) == length, b
+        out.append(length)
+    return out
+
+
+def stashed(params, logits, rows=None):
+    """A stopper deciding from what the draft loop recorded (a replay's padded batch of ``rows``: extra rows)."""
+    from treespec_sglang.plugin.chain_stop import record_step
+
+    bs = len(params)
+    for i, lg in enumerate(logits):
+        pad = torch.randn((rows or bs) - bs, V, generator=torch.Generator().manual_seed(i)) * 9
+        record_step(torch.cat([lg, pad]), i, S)
+    st = ChainStopper(params, S, "cpu")
+    st.observe_stash(rows)
+    return st
+
+
+def test_lengths_match_a_plain_loop():
+    params = [parse_spec(p) if p else None for p in PARAMS]
+    st = stashed(params, step_logits(0))
+    assert st.length.tolist() == plain_lengths(params, step_logits(0))
+    assert st.keep_mask(S + 1).sum(-1).tolist() == [n + 1 for n in plain_lengths(params, step_logits(0))]
     assert st.length.tolist() != [S] * 4  # some row stopped early
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mixed_rows_match_a_plain_loop(seed):
+    """Random mixes of C2T rows (each its own beta), plain shorter chains, ``none`` and native rows."""
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda n: int(torch.randint(n, (1,), generator=g))  # noqa: E731
+    specs = [None, {"policy": "none"}, {"policy": "chain", "length": 1 + pick(S)},
+             {"policy": "chain", "length": 1 + pick(S + 2),
+              "beta": round(0.2 + 0.6 * float(torch.rand(1, generator=g)), 2)}]
+    params = [parse_spec(spec) if spec else None for spec in (specs[pick(4)] for _ in range(7))]
+    params[pick(7)] = parse_spec({"policy": "chain", "length": S, "beta": 0.5})  # at least one scored row
+    logits = [torch.randn(7, V, generator=g) * (1 + 5 * torch.rand(7, 1, generator=g)) for _ in range(S - 1)]
+    st = stashed(params, logits, rows=None if seed % 2 else 9)
+    assert st.length.tolist() == plain_lengths(params, logits)
 
 
 def _rank_main(rank, out):
     params = [parse_spec(p) if p else None for p in PARAMS]
-    st = ChainStopper(params, S, "cpu")
-    for lg in step_logits(0):
-        if rank == 1:  # another rank's logits differ slightly (non-deterministic kernels)
-            lg = lg + 3.0 * torch.randn(lg.shape, generator=torch.Generator().manual_seed(9))
-        st.observe(lg)
-    local = torch.minimum(st.length, st.max_len)
+    logits = step_logits(0)
+    if rank == 1:  # another rank's logits differ slightly (non-deterministic kernels)
+        logits = [lg + 3.0 * torch.randn(lg.shape, generator=torch.Generator().manual_seed(9)) for lg in logits]
+    st = stashed(params, logits)
+    local = st.length
     agreed = st.keep_mask(S + 1, GlooGroup()).long().sum(-1) - 1
     torch.save({"local": local, "agreed": agreed}, os.path.join(out, f"rank{rank}.pt"))
 
@@ -97,10 +129,7 @@ def test_chain_mode_hooks_cut_each_row(monkeypatch):
 
     worker = SimpleNamespace(topk=1, speculative_num_steps=S, speculative_num_draft_tokens=N, device="cpu")
     out = hooks._draft(body, worker, SimpleNamespace(reqs=reqs))
-    ref = ChainStopper([parse_spec(p) if p else None for p in PARAMS], S, "cpu")
-    for lg in logits:
-        ref.observe(lg)
-    lengths = torch.minimum(ref.length, ref.max_len).tolist()
+    lengths = plain_lengths([parse_spec(p) if p else None for p in PARAMS], logits)
     for b in range(4):
         walk, u = [0], 0
         while int(out.retrieve_next_token[b, u]) >= 0:
@@ -115,24 +144,13 @@ def test_chain_mode_hooks_cut_each_row(monkeypatch):
     assert hooks._runner_forward(model_forward, None, 0).logits_output.next_token_logits is logits[0]
 
 
-def test_the_stash_decides_as_the_steps_observed_one_by_one():
-    """What the draft loop records (eagerly, or a replayed graph for a padded batch of 6) gives the lengths of
-    the stopper that saw each step's logits as they came."""
-    from treespec_sglang.plugin.chain_stop import record_step
-
+def test_a_replays_padded_stash_decides_as_an_eager_one():
+    """What the draft loop records eagerly, or a replayed graph for a padded batch of 6, gives the same lengths."""
     params = [parse_spec(p) if p else None for p in PARAMS]
     logits = step_logits(3)
-    seen = ChainStopper(params, S, "cpu")
-    for lg in logits:
-        seen.observe(lg)
-    for rows in (4, 6):
-        for i, lg in enumerate(logits):
-            pad = torch.randn(rows - 4, V, generator=torch.Generator().manual_seed(i)) * 9  # a replay's padding rows
-            record_step(torch.cat([lg, pad]), i, S)
-        st = ChainStopper(params, S, "cpu")
-        st.observe_stash(rows if rows > 4 else None)
-        assert torch.equal(st.length, seen.length) and torch.equal(st.logp, seen.logp), rows
-    assert seen.length.tolist() != [S] * 4
+    eager, replay = stashed(params, logits), stashed(params, logits, rows=6)
+    assert torch.equal(eager.length, replay.length) and eager.length.tolist() == plain_lengths(params, logits)
+    assert eager.length.tolist() != [S] * 4
     with pytest.raises(RuntimeError, match="no chain draft loop of shape \\(5, 5\\) recorded its steps"):
         ChainStopper(params, S, "cpu").observe_stash(5)
 
@@ -214,3 +232,30 @@ def test_one_draft_step_cuts_by_the_rows_lengths_alone():
     stop.observe_stash()
     assert stop.keep_mask(2).tolist() == [[True, False], [True, True], [True, True]]
 
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_chain_round_without_a_beta_keeps_the_draft_graph_and_records_nothing(monkeypatch, graph):
+    """Shorter chains and ``none`` are cut by their lengths alone: the round replays SGLang's draft graph whatever
+    TREESPEC_CHAIN_STOP_GRAPH says, its eager loop records no statistics, and the stash is never read."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin.chain_stop import recording_loop
+    from treespec_sglang.plugin.round import DraftStep, opened
+
+    monkeypatch.setenv("TREESPEC_CHAIN_STOP_GRAPH", "1" if graph else "0")
+    params = [parse_spec({"policy": "chain", "length": 2}), parse_spec({"policy": "none"}), None]
+    monkeypatch.setattr("treespec_sglang.plugin.chain_stop._STASH", {})  # nothing recorded: a read would raise
+    runner, seen = SimpleNamespace(bs=4), []
+    with opened() as r:
+        r.step, r.drafting = DraftStep(params, 1), True
+        r.step.chain = ChainStopper(params, S, "cpu")
+        assert r.step.chain.active and not r.step.chain.reads_steps
+        fb, can_run, plan = hooks._prepare_for_draft(("fb", True, "plan"), None, None, None, runner)
+        assert can_run is True and r.step.runner is runner
+        worker = SimpleNamespace(topk=1, speculative_num_steps=S)
+        hooks._draft_loop(lambda self, fb: seen.append(recording_loop()), worker, None)
+        r.step.chain.observe_stash(runner.bs)
+        assert r.step.chain.keep_mask(S + 1).sum(-1).tolist() == [3, 1, S + 1]
+    assert seen == [None]

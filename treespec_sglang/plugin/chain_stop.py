@@ -19,7 +19,8 @@ draft runner's forward inside SGLang's draft loop. The stop is decided after the
 graph: with ``TREESPEC_CHAIN_STOP_GRAPH=1`` the loop records the two numbers while its graph is captured, every
 replay writes them, and C2T chain rounds replay the graph instead of drafting eagerly. That costs every chain
 round of the server a log-softmax and a top-1000 per step, native rounds included, so it is off by default
-(then a C2T chain round drafts eagerly, recording the same numbers) until it has been timed on a GPU.
+(then a C2T chain round drafts eagerly, recording the same numbers) until it has been timed on a GPU. A round
+whose rows set no beta (shorter chains, ``none``) reads no statistics: it keeps SGLang's draft graph either way.
 """
 
 from __future__ import annotations
@@ -115,7 +116,6 @@ class ChainStopper:
     """
 
     def __init__(self, params: List, num_steps: int, device):
-        bs = len(params)
         self.num_steps = num_steps
         self.device = torch.device(device)
         # each request's cached parameter row (:func:`.pool.policy_rows`: no host->device copy per round)
@@ -125,50 +125,43 @@ class ChainStopper:
         self.max_len = (rows[:, COLUMNS.index("budget")] - 1).clamp(max=num_steps).long()  # [bs]
         self.active = any((isinstance(p, ChainParams) and (p.beta is not None or p.length < num_steps))
                           or isinstance(p, NoneParams) for p in params)
+        # only rows with a beta read the loop's step statistics: without one the cut is the row's length alone,
+        # and the round keeps SGLang's draft graph (and its loop computes nothing of ours)
+        self.reads_steps = num_steps > 1 and any(isinstance(p, ChainParams) and p.beta is not None for p in params)
         # every classifier of the early-stopping rows scores the batch, each row keeps its own (the default
         # classifier scores the other rows, against beta -1)
         ids = classifier_ids(params)
         self.classifiers = _Classifiers(ids or [_clf_id(None)], rows[:, COLUMNS.index("clf")], self.device) \
-            if self.active else None
-        self.logp = torch.zeros(bs, device=self.device)  # running joint log-prob of the chain
-        self.alive = torch.ones(bs, dtype=torch.bool, device=self.device)
-        self.length = torch.ones(bs, dtype=torch.int64, device=self.device)  # depth 1 is always kept
-        self.depth = 1
-
-    def observe(self, logits: torch.Tensor) -> None:
-        """Draft logits ``[bs, vocab]`` of one loop step: they produce the chain token at depth+1."""
-        self.advance(*step_stats(logits))
-
-    def advance(self, top: torch.Tensor, entropy: torch.Tensor) -> None:
-        """One loop step from its statistics: ``top`` ``[bs]`` the step's top log-prob, ``entropy`` ``[bs]`` the
-        entropy of its top-1000 (C2T Eq. 6-8 features: joint probability so far, entropy, depth)."""
-        self.depth += 1
-        self.logp = self.logp + top
-        feats = c2t_features(self.logp, entropy, torch.full_like(self.length, self.depth))  # [bs, 3]
-        score = self.classifiers(feats[:, None])[:, 0]
-        self.alive = self.alive & (score >= self.beta) & (self.depth <= self.max_len)
-        self.length = self.length + self.alive.long()
+            if self.reads_steps else None
+        self.length = self.max_len  # [bs] the chain's kept depth (depth 1 is always kept); cut by observe_stash
 
     def observe_stash(self, rows: Optional[int] = None) -> None:
-        """Every loop step of this round from the stash (:func:`record_step`): ``rows`` the replayed graph's padded
-        batch, or None when the draft ran eagerly (this batch's own size).
+        """Cut each scored row's chain from this round's loop steps in the stash (:func:`record_step`): ``rows``
+        the replayed graph's padded batch, or None when the draft ran eagerly (this batch's own size).
+
+        All S - 1 steps at once (C2T Eq. 6-8 features per depth d = 2..S: the joint probability of the chain to
+        d, the entropy of step d's top-1000, d): a row keeps depth d iff every depth 2..d scored at least its beta
+        and d <= its length. One classifier call per distinct classifier, whatever S.
 
         Raises RuntimeError when no draft loop of that shape recorded its steps (a draft graph captured without
         ``TREESPEC_CHAIN_STOP_GRAPH=1`` replayed for a C2T chain round)."""
-        bs, S = self.max_len.shape[0], self.num_steps
-        if S <= 1:  # SGLang runs no draft loop step at S = 1: the cut is the rows' own lengths (max_len) alone
+        if not self.reads_steps:  # no row has a beta (or S = 1: no loop step): the cut is the rows' own lengths
             return
+        bs, S = self.max_len.shape[0], self.num_steps
         key = (rows or bs, S - 1, str(self.device))
         if key not in _STASH:
             raise RuntimeError(f"treespec: no chain draft loop of shape {key[:2]} recorded its steps; a C2T chain "
                                f"round needs an eager draft or a draft graph captured with {ENV_CHAIN_GRAPH}=1")
-        top, ent = (t[:bs].clone() for t in _STASH[key])  # a later replay may overwrite the stash
-        for i in range(S - 1):
-            self.advance(top[:, i], ent[:, i])
+        top, entropy = (t[:bs] for t in _STASH[key])  # [bs, S-1] each; read before the next replay (stream order)
+        depth = torch.arange(2, S + 1, device=self.device)  # [S-1]
+        feats = c2t_features(top.cumsum(dim=1), entropy, depth.expand(bs, -1))  # [bs, S-1, 3]
+        ok = (self.classifiers(feats) >= self.beta[:, None]) & (depth[None, :] <= self.max_len[:, None])
+        # [bs] the first failing depth ends the chain (depth 1 kept unless the row's length is 0: ``none``)
+        self.length = torch.minimum(1 + ok.long().cumprod(dim=1).sum(dim=1), self.max_len)
 
     def keep_mask(self, n_nodes: int, group=None) -> torch.Tensor:
         """``[bs, n_nodes]`` bool: chain node i (0 = root) is kept iff i <= length (rank 0's lengths on every
         rank of ``group``, a ``GroupCoordinator``: :func:`~treespec_sglang.plugin.ranks.agree`)."""
-        (length,) = agree([torch.minimum(self.length, self.max_len)], group)
+        (length,) = agree([self.length], group)
         return torch.arange(n_nodes, device=length.device)[None, :] <= length[:, None]
 

@@ -155,17 +155,17 @@ def _prepare_for_draft(result, *args, **kwargs):
     if step is None:
         return result
     forward_batch, can_run_graph, kv_loc_plan = result
-    if step.chain is not None and not chain_graph_enabled():
+    if step.chain is not None and step.chain.reads_steps and not chain_graph_enabled():
         return forward_batch, False, kv_loc_plan
     step.runner = (kwargs.get("cuda_graph_runner", args[3] if len(args) > 3 else None)) if can_run_graph else None
     return result
 
 
 def _draft_loop(original, self, forward_batch, *args, **kwargs):
-    # chain mode: the loop records each step's statistics for the C2T stop (chain_stop), eagerly in a C2T
-    # round, or while SGLang captures the loop's graph when TREESPEC_CHAIN_STOP_GRAPH=1
+    # chain mode: the loop records each step's statistics for the C2T stop (chain_stop), eagerly in a round
+    # with a beta, or while SGLang captures the loop's graph when TREESPEC_CHAIN_STOP_GRAPH=1
     step = drafting_step()
-    if getattr(self, "topk", None) == 1 and ((step is not None and step.chain is not None)
+    if getattr(self, "topk", None) == 1 and ((step is not None and step.chain is not None and step.chain.reads_steps)
                                              or (capturing() and chain_graph_enabled())):
         with chain_loop(int(self.speculative_num_steps)):
             return original(self, forward_batch, *args, **kwargs)
