@@ -17,6 +17,7 @@ server started with ``--enable-metrics``).
 
     python bench/round_host_cost.py                         # bs 1 / 16 / 64, topk 4, steps 3, N 8
     python bench/round_host_cost.py --select graph --metrics --json out.json
+    python bench/round_host_cost.py --topk 1 --steps 5 --N 6 --sets native,chain,chain-lengths   # chain mode
 
 Per row: microseconds per round (median of ``--repeats`` steady-state rounds, the same requests every round),
 ATen ops dispatched, host reads; ``--breakdown`` adds the 12 functions with the most own time (cProfile).
@@ -40,15 +41,18 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from treespec_sglang.plugin import (draft_select, hooks, metrics, pool, pool_kernels, select_graph,  # noqa: E402
-                                     settings)
+from treespec_sglang.plugin import (chain_stop, draft_select, hooks, metrics, pool, pool_kernels,  # noqa: E402
+                                     select_graph, settings)
 from treespec_sglang.utils.syncs import count_ops  # noqa: E402
 from bench.select_host_cost import pool_lists, sglang_pool  # noqa: E402
 
 SETS = {"native": [None],
         "eagle2": [{"policy": "eagle2"}],
         "mix": [None, {"policy": "eagle2"}, {"policy": "talon", "mu": 0.03}, {"policy": "salf", "th": 0.1},
-                {"policy": "c2t", "beta": 0.5}, {"policy": "chain"}]}
+                {"policy": "c2t", "beta": 0.5}, {"policy": "chain"}],
+        # chain mode (--topk 1, N = steps + 1): C2T stops, a shorter chain, speculation off, native
+        "chain": [None, {"policy": "chain", "beta": 0.5}, {"policy": "chain", "length": 2}, {"policy": "none"}],
+        "chain-lengths": [None, {"policy": "chain", "length": 2}, {"policy": "none"}]}
 
 
 class Req:
@@ -74,6 +78,9 @@ class FakeRound:
         # SGLang's own selection: (parent_list, top_scores_index [bs, N-1], draft_tokens [bs, N-1])
         self.native = pool.select_on_pool(pool.PoolView.from_flat(scores, tokens, parents, k), N, [None] * bs)[:3]
         draft_select.stash_pool(*self.lists, self.native[1])  # what the captured draft graph's organize writes
+        if k == 1:  # chain mode: what a draft graph captured with TREESPEC_CHAIN_STOP_GRAPH=1 records each replay
+            for i in range(S - 1):
+                chain_stop.record_step(torch.randn(bs, 1000, device=device), i, S)
         self.chains = [torch.full((bs, N), -1, dtype=torch.long, device=device) for _ in range(2)]  # [bs, N] each
         self.worker = SimpleNamespace(topk=k, speculative_num_steps=S, speculative_num_draft_tokens=N, device=device)
         self.runner = SimpleNamespace(bs=bs)  # SGLang's draft graph runner (a replay of a bs-row graph)
@@ -108,13 +115,14 @@ class FakeRound:
 @contextlib.contextmanager
 def patched(a):
     """The stand-ins of :func:`measure` (``a.select`` in the environment, the device work stubbed), undone after."""
-    patches = [mock.patch.dict(os.environ, {draft_select.ENV_SELECT: a.select}),
+    patches = [mock.patch.dict(os.environ, {draft_select.ENV_SELECT: a.select, chain_stop.ENV_CHAIN_GRAPH: "1"}),
                mock.patch.object(select_graph.SelectionGraph, "_body", lambda self: None),
                mock.patch.object(pool_kernels, "launch", lambda *x, **y: None),
                mock.patch.object(pool_kernels, "launch_unlink", lambda *x, **y: None),
                # in a server the verify group is a dict read of SGLang's parallel context; outside one its lookup
                # takes an exception path that would cost more than the rest of the hooks (ranks.verify_group)
-               mock.patch.object(draft_select, "verify_group", lambda: None)]
+               mock.patch.object(draft_select, "verify_group", lambda: None),
+               mock.patch.object(hooks, "verify_group", lambda: None)]
     with contextlib.ExitStack() as stack:
         for p in patches:
             stack.enter_context(p)

@@ -46,3 +46,21 @@ def test_a_treespec_round_stages_unlinks_and_records_through_the_hooks(select, e
 def test_a_native_round_calls_straight_through():
     us, ops, reads, _, one = round_host_cost.measure("native", 5, args())
     assert (ops, reads) == (0, 0) and all(r.customized_info is None for r in one.reqs)
+
+
+@pytest.mark.parametrize("name,eager", [("chain", False), ("chain", True), ("chain-lengths", False)])
+def test_a_chain_mode_round_cuts_and_records_through_the_hooks(name, eager):
+    """Chain mode (topk 1): every round records each treespec row's cut (``none``: the root alone; a length-2
+    chain: 3 nodes; a C2T row: between 2 and S + 1), whether the draft replayed its graph or ran eagerly."""
+    a = args(topk=1, steps=4, N=5, eager=eager)
+    us, ops, reads, _, one = round_host_cost.measure(name, 8, a)
+    specs = round_host_cost.SETS[name]
+    for i, req in enumerate(one.reqs):
+        spec = specs[i % len(specs)]
+        sizes = (req.customized_info or {}).get("treespec_tree_sizes")
+        if spec is None:
+            assert req.customized_info is None
+        elif spec["policy"] == "none" or "length" in spec:
+            assert sizes == [1 if spec["policy"] == "none" else spec["length"] + 1] * (3 + 1 + a.repeats), spec
+        else:
+            assert sizes and all(2 <= n <= a.steps + 1 for n in sizes)

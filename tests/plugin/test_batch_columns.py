@@ -81,3 +81,20 @@ def test_a_rounds_policy_names_come_from_the_batchs_columns_while_it_holds_the_s
     setattr(native[0], hooks.DRAFTED, "stale")  # never read while the columns say no request has a policy
     assert hooks._policies(native) == [None, None, None]
     assert hooks._policies(native[:2]) == ["stale", None]  # another list: read off each request
+
+
+def test_a_chain_batch_builds_its_stopper_once(built, monkeypatch):
+    """Chain mode: the batch's ChainStopper (betas, lengths, classifiers) is built with its columns' first draft
+    and reused while the batch holds the same requests; a changed batch gets its own."""
+    from treespec_sglang.plugin import chain_stop
+
+    made = []
+    real = chain_stop.ChainStopper
+    monkeypatch.setattr(hooks, "ChainStopper", lambda *a: made.append(a) or real(*a))
+    d = ServerDefaults()
+    reqs = [req(s) for s in [None, {"policy": "chain", "length": 2}, {"policy": "none"}]]
+    first = hooks.batch_columns(reqs, d).chain_stopper(4, "cpu")
+    assert hooks.batch_columns(list(reqs), d).chain_stopper(4, "cpu") is first and len(made) == 1
+    assert first.cut().tolist() == [4, 2, 0]
+    other = hooks.batch_columns(reqs[1:], d).chain_stopper(4, "cpu")
+    assert len(made) == 2 and other.cut().tolist() == [2, 0]

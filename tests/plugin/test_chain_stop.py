@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import GlooGroup, run_ranks
-from treespec_sglang.plugin.chain_stop import ChainStopper
+from treespec_sglang.plugin.chain_stop import ChainStopper, keep_mask
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.policies.params import NoneParams
 from treespec_sglang.policies.classifier import entropy_topm, load_classifier
@@ -46,24 +46,22 @@ def plain_lengths(params, logits):
 
 
 def stashed(params, logits, rows=None):
-    """A stopper deciding from what the draft loop recorded (a replay's padded batch of ``rows``: extra rows)."""
+    """``[bs]`` the cut decided from what the draft loop recorded (a replay's padded batch of ``rows``: extra rows)."""
     from treespec_sglang.plugin.chain_stop import record_step
 
     bs = len(params)
     for i, lg in enumerate(logits):
         pad = torch.randn((rows or bs) - bs, V, generator=torch.Generator().manual_seed(i)) * 9
         record_step(torch.cat([lg, pad]), i, S)
-    st = ChainStopper(params, S, "cpu")
-    st.observe_stash(rows)
-    return st
+    return ChainStopper(params, S, "cpu").cut(rows)
 
 
 def test_lengths_match_a_plain_loop():
     params = [parse_spec(p) if p else None for p in PARAMS]
-    st = stashed(params, step_logits(0))
-    assert st.length.tolist() == plain_lengths(params, step_logits(0))
-    assert st.keep_mask(S + 1).sum(-1).tolist() == [n + 1 for n in plain_lengths(params, step_logits(0))]
-    assert st.length.tolist() != [S] * 4  # some row stopped early
+    length = stashed(params, step_logits(0))
+    assert length.tolist() == plain_lengths(params, step_logits(0))
+    assert keep_mask(length, S + 1).sum(-1).tolist() == [n + 1 for n in plain_lengths(params, step_logits(0))]
+    assert length.tolist() != [S] * 4  # some row stopped early
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -77,8 +75,7 @@ def test_mixed_rows_match_a_plain_loop(seed):
     params = [parse_spec(spec) if spec else None for spec in (specs[pick(4)] for _ in range(7))]
     params[pick(7)] = parse_spec({"policy": "chain", "length": S, "beta": 0.5})  # at least one scored row
     logits = [torch.randn(7, V, generator=g) * (1 + 5 * torch.rand(7, 1, generator=g)) for _ in range(S - 1)]
-    st = stashed(params, logits, rows=None if seed % 2 else 9)
-    assert st.length.tolist() == plain_lengths(params, logits)
+    assert stashed(params, logits, rows=None if seed % 2 else 9).tolist() == plain_lengths(params, logits)
 
 
 def _rank_main(rank, out):
@@ -86,9 +83,8 @@ def _rank_main(rank, out):
     logits = step_logits(0)
     if rank == 1:  # another rank's logits differ slightly (non-deterministic kernels)
         logits = [lg + 3.0 * torch.randn(lg.shape, generator=torch.Generator().manual_seed(9)) for lg in logits]
-    st = stashed(params, logits)
-    local = st.length
-    agreed = st.keep_mask(S + 1, GlooGroup()).long().sum(-1) - 1
+    local = stashed(params, logits)
+    agreed = keep_mask(local, S + 1, GlooGroup()).long().sum(-1) - 1
     torch.save({"local": local, "agreed": agreed}, os.path.join(out, f"rank{rank}.pt"))
 
 
@@ -149,10 +145,10 @@ def test_a_replays_padded_stash_decides_as_an_eager_one():
     params = [parse_spec(p) if p else None for p in PARAMS]
     logits = step_logits(3)
     eager, replay = stashed(params, logits), stashed(params, logits, rows=6)
-    assert torch.equal(eager.length, replay.length) and eager.length.tolist() == plain_lengths(params, logits)
-    assert eager.length.tolist() != [S] * 4
+    assert torch.equal(eager, replay) and eager.tolist() == plain_lengths(params, logits)
+    assert eager.tolist() != [S] * 4
     with pytest.raises(RuntimeError, match="no chain draft loop of shape \\(5, 5\\) recorded its steps"):
-        ChainStopper(params, S, "cpu").observe_stash(5)
+        ChainStopper(params, S, "cpu").cut(5)
 
 
 @pytest.mark.parametrize("raw,on", [(None, False), ("", False), ("0", False), ("off", False), ("1", True),
@@ -216,11 +212,9 @@ def test_a_round_of_the_stop_reads_nothing_back_and_copies_no_list():
     params = [parse_spec(p) if p else None for p in PARAMS]
     for i, lg in enumerate(step_logits(5)):
         record_step(lg, i, S)
-    ChainStopper(params, S, "cpu").observe_stash()  # first round: rows and classifiers cached
+    ChainStopper(params, S, "cpu").cut()  # first round: rows and classifiers cached
     with count_ops() as c:
-        st = ChainStopper(params, S, "cpu")
-        st.observe_stash()
-        st.keep_mask(S + 1)
+        keep_mask(ChainStopper(params, S, "cpu").cut(), S + 1)
     assert (c.reads, c.copies) == (0, 0), c.names
 
 
@@ -229,8 +223,7 @@ def test_one_draft_step_cuts_by_the_rows_lengths_alone():
     params = [parse_spec({"policy": "none"}), None, parse_spec({"policy": "chain", "length": 3, "beta": 0.5})]
     stop = ChainStopper(params, 1, "cpu")
     assert stop.active
-    stop.observe_stash()
-    assert stop.keep_mask(2).tolist() == [[True, False], [True, True], [True, True]]
+    assert keep_mask(stop.cut(), 2).tolist() == [[True, False], [True, True], [True, True]]
 
 
 
@@ -256,6 +249,5 @@ def test_a_chain_round_without_a_beta_keeps_the_draft_graph_and_records_nothing(
         assert can_run is True and r.step.runner is runner
         worker = SimpleNamespace(topk=1, speculative_num_steps=S)
         hooks._draft_loop(lambda self, fb: seen.append(recording_loop()), worker, None)
-        r.step.chain.observe_stash(runner.bs)
-        assert r.step.chain.keep_mask(S + 1).sum(-1).tolist() == [3, 1, S + 1]
+        assert keep_mask(r.step.chain.cut(runner.bs), S + 1).sum(-1).tolist() == [3, 1, S + 1]
     assert seen == [None]

@@ -15,7 +15,7 @@ so it is always kept; depths 2..S are scored.
 What the stop reads of each draft step is two numbers per row, its top log-prob and the entropy of its top-1000
 (:func:`record_step`), written into a *stash* (one pair of ``[rows, S-1]`` buffers per shape) by the hook on the
 draft runner's forward inside SGLang's draft loop. The stop is decided after the loop from the stash
-(:meth:`ChainStopper.observe_stash`), so the same code serves an eager draft and a replay of SGLang's draft CUDA
+(:meth:`ChainStopper.cut`), so the same code serves an eager draft and a replay of SGLang's draft CUDA
 graph: with ``TREESPEC_CHAIN_STOP_GRAPH=1`` the loop records the two numbers while its graph is captured, every
 replay writes them, and C2T chain rounds replay the graph instead of drafting eagerly. That costs every chain
 round of the server a log-softmax and a top-1000 per step, native rounds included, so it is off by default
@@ -40,7 +40,7 @@ from .rows import COLUMNS, _clf_id, classifier_ids, policy_rows
 from .ranks import agree
 from .settings import derived
 
-__all__ = ["ChainStopper", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH", "ChainLoop", "chain_loop",
+__all__ = ["ChainStopper", "keep_mask", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH", "ChainLoop", "chain_loop",
            "recording_loop"]
 
 ENV_CHAIN_GRAPH = "TREESPEC_CHAIN_STOP_GRAPH"
@@ -88,7 +88,7 @@ def record_step(logits: torch.Tensor, i: int, num_steps: int) -> None:
 
     ``logits`` ``[rows, vocab]``: the draft's logits of loop step i (they produce the chain token at depth i + 2);
     ``num_steps``: S. Writes column i of the ``(rows, S-1)`` buffers in place (allocated once per shape and never
-    freed, so a captured graph's writes land where :meth:`ChainStopper.observe_stash` reads)."""
+    freed, so a captured graph's writes land where :meth:`ChainStopper.cut` reads)."""
     key = (logits.shape[0], num_steps - 1, str(logits.device))
     bufs = _STASH.get(key)
     if bufs is None:
@@ -107,7 +107,8 @@ def step_stats(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 class ChainStopper:
-    """Per-row chain lengths from the draft's step-by-step distributions.
+    """Per-row chain lengths from the draft's step-by-step distributions: a batch's constants (its rows' betas,
+    lengths and classifiers), built once per decode batch (:class:`.hooks.BatchColumns`); :meth:`cut` each round.
 
     Parameters
     ----------
@@ -133,11 +134,12 @@ class ChainStopper:
         ids = classifier_ids(params)
         self.classifiers = _Classifiers(ids or [_clf_id(None)], rows[:, COLUMNS.index("clf")], self.device) \
             if self.reads_steps else None
-        self.length = self.max_len  # [bs] the chain's kept depth (depth 1 is always kept); cut by observe_stash
+        self.depth = torch.arange(2, num_steps + 1, device=self.device)  # [S-1] the scored depths
 
-    def observe_stash(self, rows: Optional[int] = None) -> None:
-        """Cut each scored row's chain from this round's loop steps in the stash (:func:`record_step`): ``rows``
-        the replayed graph's padded batch, or None when the draft ran eagerly (this batch's own size).
+    def cut(self, rows: Optional[int] = None) -> torch.Tensor:
+        """``[bs]`` int64 each row's kept chain depth this round (0 = the root alone), from the loop's steps in the
+        stash (:func:`record_step`): ``rows`` the replayed graph's padded batch, or None when the draft ran eagerly
+        (this batch's own size).
 
         All S - 1 steps at once (C2T Eq. 6-8 features per depth d = 2..S: the joint probability of the chain to
         d, the entropy of step d's top-1000, d): a row keeps depth d iff every depth 2..d scored at least its beta
@@ -146,22 +148,24 @@ class ChainStopper:
         Raises RuntimeError when no draft loop of that shape recorded its steps (a draft graph captured without
         ``TREESPEC_CHAIN_STOP_GRAPH=1`` replayed for a C2T chain round)."""
         if not self.reads_steps:  # no row has a beta (or S = 1: no loop step): the cut is the rows' own lengths
-            return
+            return self.max_len
         bs, S = self.max_len.shape[0], self.num_steps
         key = (rows or bs, S - 1, str(self.device))
         if key not in _STASH:
             raise RuntimeError(f"treespec: no chain draft loop of shape {key[:2]} recorded its steps; a C2T chain "
                                f"round needs an eager draft or a draft graph captured with {ENV_CHAIN_GRAPH}=1")
         top, entropy = (t[:bs] for t in _STASH[key])  # [bs, S-1] each; read before the next replay (stream order)
-        depth = torch.arange(2, S + 1, device=self.device)  # [S-1]
+        depth = self.depth  # [S-1]
         feats = c2t_features(top.cumsum(dim=1), entropy, depth.expand(bs, -1))  # [bs, S-1, 3]
         ok = (self.classifiers(feats) >= self.beta[:, None]) & (depth[None, :] <= self.max_len[:, None])
-        # [bs] the first failing depth ends the chain (depth 1 kept unless the row's length is 0: ``none``)
-        self.length = torch.minimum(1 + ok.long().cumprod(dim=1).sum(dim=1), self.max_len)
+        # the first failing depth ends the chain (depth 1 kept unless the row's length is 0: ``none``)
+        return torch.minimum(1 + ok.long().cumprod(dim=1).sum(dim=1), self.max_len)
 
-    def keep_mask(self, n_nodes: int, group=None) -> torch.Tensor:
-        """``[bs, n_nodes]`` bool: chain node i (0 = root) is kept iff i <= length (rank 0's lengths on every
-        rank of ``group``, a ``GroupCoordinator``: :func:`~treespec_sglang.plugin.ranks.agree`)."""
-        (length,) = agree([self.length], group)
-        return torch.arange(n_nodes, device=length.device)[None, :] <= length[:, None]
+
+def keep_mask(length: torch.Tensor, n_nodes: int, group=None) -> torch.Tensor:
+    """``length`` ``[bs]`` kept chain depths (:meth:`ChainStopper.cut`) -> ``[bs, n_nodes]`` bool: chain node i
+    (0 = root) is kept iff i <= length, rank 0's lengths on every rank of ``group`` (a ``GroupCoordinator``:
+    :func:`~treespec_sglang.plugin.ranks.agree`)."""
+    (length,) = agree([length], group)
+    return torch.arange(n_nodes, device=length.device)[None, :] <= length[:, None]
 

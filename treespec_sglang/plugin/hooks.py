@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from ..policies.params import NoneParams
-from .chain_stop import ChainStopper, chain_graph_enabled, chain_loop, record_step, recording_loop
+from .chain_stop import ChainStopper, chain_graph_enabled, chain_loop, keep_mask, record_step, recording_loop
 from .config import server_defaults
 from .draft_select import capturing, select_after_draft, stash_pool, unlink
 from .graph_log import register_counting
@@ -75,7 +75,7 @@ def _draft(original, self, batch, *args, **kwargs):
         return original(self, batch, *args, **kwargs)  # native SGLang
     step = DraftStep(cols.params, self.topk, cols.shares, cols.defaults.token_cap)
     if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)
-        stopper = ChainStopper(cols.params, self.speculative_num_steps, getattr(self, "device", "cpu"))
+        stopper = cols.chain_stopper(self.speculative_num_steps, getattr(self, "device", "cpu"))
         step.chain = stopper if stopper.active else None
         if step.chain is None:
             return original(self, batch, *args, **kwargs)
@@ -104,6 +104,14 @@ class BatchColumns:
     shares: list
     any_policy: bool
     names: Optional[list] = None
+    stopper: Optional[ChainStopper] = None
+
+    def chain_stopper(self, num_steps: int, device) -> ChainStopper:
+        """The batch's :class:`ChainStopper` in chain mode (built the first time; S and the device are the
+        server's)."""
+        if self.stopper is None:
+            self.stopper = ChainStopper(self.params, num_steps, device)
+        return self.stopper
 
     def drafted(self) -> list:
         """Each request's policy name (None: native), the requests marked drafted (:func:`_drafted`) the first
@@ -197,8 +205,8 @@ def _build_verify_input(original, *args, **kwargs):
 def _verify_input(result, *args, **kwargs):
     step = drafting_step()
     if step is not None and step.chain is not None:  # the loop's steps are in the stash: cut each row's chain
-        step.chain.observe_stash(step.runner.bs if step.runner is not None else None)
-        step.keep = step.chain.keep_mask(result.retrieve_next_token.shape[-1], verify_group())
+        length = step.chain.cut(step.runner.bs if step.runner is not None else None)  # [bs]
+        step.keep = keep_mask(length, result.retrieve_next_token.shape[-1], verify_group())
     if step is None or step.keep is None:
         return result
     unlink(result.retrieve_next_token, result.retrieve_next_sibling, step.keep)

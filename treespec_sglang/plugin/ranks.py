@@ -11,7 +11,7 @@ drift apart and the next collective hangs. The plugin makes that true by constru
   decision (the verify node order ``top_scores_index``, the draft tokens and the kept-node mask: the
   token cap's shares and the ragged plan's sizes follow from it) in one int64 broadcast per round,
   ``bs * (2 (N - 1) + N)`` integers. The C2T chain cut is broadcast the same way
-  (:meth:`~treespec_sglang.plugin.chain_stop.ChainStopper.keep_mask`).
+  (:func:`~treespec_sglang.plugin.chain_stop.keep_mask`).
 - **Verify outcomes agree** (:func:`agree_verify`): SGLang broadcasts the verify result from rank 0 when it
   samples, but its greedy verify on CUDA relies on every rank computing bit-identical target argmaxes; TP
   ranks sum their all-reduces in different orders, so a near-tie can split them, accept different tokens,
