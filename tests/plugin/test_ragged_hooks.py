@@ -225,3 +225,46 @@ def test_auto_and_off_start_under_attention_data_parallelism_and_verify_padded(m
         None if env == "0" else "cpu")
     monkeypatch.setenv(ENV_RAGGED, "tuned")
     check_ragged_parallelism(plain)
+
+
+class TRTLLMHAAttnBackend(FlashInferAttnBackend):  # SGLang's TRT-LLM backend derives from FlashInfer's ...
+    __module__ = "sglang.srt.layers.attention.trtllm_mha_backend"  # ... and builds its own verify metadata
+
+
+class MyFlashInfer(FlashInferAttnBackend):  # an operator's subclass outside SGLang keeps FlashInfer's verify
+    pass
+
+
+@pytest.mark.parametrize("backend,want", [(FlashInferAttnBackend, "flashinfer"), (MyFlashInfer, "flashinfer"),
+                                          (TRTLLMHAAttnBackend, None), (IntelAMXAttnBackend, "cpu")])
+def test_only_the_backends_whose_verify_arguments_are_compacted_run_ragged(monkeypatch, backend, want):
+    monkeypatch.setenv(ENV_RAGGED, "1")
+    assert ragged_mode(SimpleNamespace(attn_backend=backend())) == want
+
+
+UNSUPPORTED = [(dict(sliding_window_size=4096), "a sliding-window attention model"),
+               (dict(model_config=SimpleNamespace(is_encoder_decoder=True)), "an encoder-decoder model"),
+               (dict(model_config=SimpleNamespace(model_is_mrope=True)), r"multimodal rotary positions \(mrope\)"),
+               (dict(server_args=SimpleNamespace(enable_lora=True)), "LoRA adapters"),
+               (dict(server_args=SimpleNamespace(lora_paths=["a=/x"])), "LoRA adapters"),
+               (dict(server_args=SimpleNamespace(ep_size=2)), r"expert parallelism \(--ep-size 2\)")]
+
+
+@pytest.mark.parametrize("runner,reason", UNSUPPORTED)
+@pytest.mark.parametrize("env", ["1", "tuned", None])
+def test_a_target_with_more_per_token_verify_state_never_runs_ragged(monkeypatch, runner, reason, env):
+    """1 / tuned: refused at start, naming the variable and why; auto: such a target verifies padded."""
+    from treespec_sglang.plugin.ragged import check_ragged_model
+
+    monkeypatch.delenv(ENV_RAGGED, raising=False) if env is None else monkeypatch.setenv(ENV_RAGGED, env)
+    backend = IntelAMXAttnBackend if env is None else FlashInferAttnBackend
+    if env is None:
+        check_ragged_model(SimpleNamespace(**runner))
+    else:
+        with pytest.raises(ValueError, match=rf"TREESPEC_RAGGED_VERIFY={env} cannot verify ragged with .*{reason}"):
+            check_ragged_model(SimpleNamespace(**runner))
+    assert ragged_mode(SimpleNamespace(attn_backend=backend(), **runner)) is None
+    plain = dict(sliding_window_size=None, model_config=SimpleNamespace(is_encoder_decoder=False, model_is_mrope=False),
+                 server_args=SimpleNamespace(enable_lora=False, lora_paths=None, ep_size=1))
+    check_ragged_model(SimpleNamespace(**plain))
+    assert ragged_mode(SimpleNamespace(attn_backend=backend(), **plain)) == ("cpu" if env is None else "flashinfer")

@@ -16,7 +16,7 @@ from .draft_select import check_selection
 from .classifiers import parse_classifier_flags
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
-from .ragged import check_ragged_parallelism, ragged_setting
+from .ragged import check_ragged_model, check_ragged_parallelism, ragged_setting
 from .ragged_tuner import tuning
 from .ranks import check_settings_agree, shard_hot_head, verify_group
 from .settings import env, freeze
@@ -102,6 +102,7 @@ def _draft_head(original, self, *args, **kwargs):
         if reason is not None:
             raise ValueError(f"treespec: {reason}")
     check_ragged_parallelism(getattr(self, "server_args", None))
+    check_ragged_model(getattr(getattr(self, "target_worker", None), "model_runner", None))
     # TREESPEC_POLICY / _CONFIG / _TOKEN_CAP parsed, and a default this server cannot draft (a tree policy on a
     # chain server, an engine-only policy) refused, at start: the flags were checked where they were parsed, the
     # variables alone (set without flags; a single rank compares no digest) only here, not by every request later
