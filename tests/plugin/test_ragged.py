@@ -128,6 +128,55 @@ def test_paged_verify_args_compaction_matches_loops(prefix, n):
     assert got_mask.tolist() == want_mask
 
 
+def test_paged_verify_args_ignore_a_longer_kv_buffer_and_take_the_plans_sizes():
+    """SGLang may hand a longer ``kv_indices`` buffer than ``kv_indptr[-1]``: its tail is ignored; the plan's host
+    sizes give the same arguments as reading ``keep`` here, with one host read (``kv_indptr``) in all."""
+    from treespec_sglang.utils.syncs import count_ops
+
+    g = torch.Generator().manual_seed(7)
+    prefix, n = [4, 0, 6], 5
+    kv_indices, kv_indptr, mask = padded_paged_args(g, prefix, n)
+    keep = random_keep(g, len(prefix), n)
+    want = compact_paged_verify_args(kv_indices, kv_indptr, mask, keep)
+    longer = torch.cat([kv_indices, torch.full((5,), 999, dtype=torch.int32)])
+    host_lens = keep.sum(-1).tolist()
+    with count_ops() as c:
+        got = compact_paged_verify_args(longer, kv_indptr, mask, keep, host_lens)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and 999 not in got[0].tolist()
+    assert c.reads == 1, c.names
+
+
+class LargestTensors(torch.utils._python_dispatch.TorchDispatchMode):
+    """The largest output (elements) of any op, per dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.most = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(t, torch.Tensor):
+                self.most[t.dtype] = max(self.most.get(t.dtype, 0), t.numel())
+        return out
+
+
+def test_paged_verify_args_hold_nothing_per_padded_mask_element():
+    """A long prefix costs its mask bytes only: no index tensor is as large as the padded mask (the first version
+    built several int64 tensors per padded mask element: ~50 bytes per element, GBs at long contexts)."""
+    g = torch.Generator().manual_seed(3)
+    prefix, n = [3000, 700, 1500], 16
+    kv_indices, kv_indptr, mask = padded_paged_args(g, prefix, n, with_tail=False)
+    kv_indices = torch.arange(int(kv_indptr[-1]), dtype=torch.int32)
+    keep = random_keep(g, len(prefix), n)
+    with LargestTensors() as seen:
+        args = compact_paged_verify_args(kv_indices, kv_indptr, mask, keep)
+    slots, elements = int(kv_indptr[-1]), mask.numel()
+    assert elements > 10 * slots
+    assert max(v for d, v in seen.most.items() if d != torch.bool) <= slots + 1, seen.most  # indices: per KV slot
+    assert seen.most[torch.bool] <= args[3].numel() + 1  # bools: the output mask
+
+
 def paged_attention(q, k_cache, v_cache, kv_indices, kv_indptr, qo_indptr, mask, scale):
     """Plain per-request loop over the paged layout: the oracle for both argument sets."""
     out, moff = torch.zeros_like(q), 0

@@ -136,16 +136,20 @@ def scatter_rows(x: torch.Tensor, plan: RaggedVerify, bs: int) -> torch.Tensor:
 
 
 def compact_paged_verify_args(kv_indices: torch.Tensor, kv_indptr: torch.Tensor, custom_mask: torch.Tensor,
-                              keep: torch.Tensor):
+                              keep: torch.Tensor, host_lens: Optional[Sequence[int]] = None):
     """SGLang's padded FlashInfer verify arguments -> the ragged ones over the kept nodes.
 
     Parameters
     ----------
-    kv_indices : ``[sum_b (P_b + N)]`` int32 KV slots per request: its prefix, then its N draft nodes.
+    kv_indices : ``[>= sum_b (P_b + N)]`` int32 KV slots per request: its prefix, then its N draft nodes (a
+        longer buffer's tail is ignored).
     kv_indptr : ``[bs + 1]`` int32 offsets into ``kv_indices`` (``P_b + N`` per request).
-    custom_mask : ``[>= sum_b N * (P_b + N)]`` bool FULL_MASK, request b's ``[N, P_b + N]`` block row-major
-        (SGLang may pad the tail for CUDA graphs; the tail is ignored).
+    custom_mask : ``[>= sum_b N * (P_b + N)]`` bool (or uint8) FULL_MASK, request b's ``[N, P_b + N]`` block
+        row-major (SGLang may pad the tail for CUDA graphs; the tail is ignored). Its prefix columns are all True:
+        SGLang's FlashInfer verify has no verify mask, its tree-mask kernel fills them True, and only the tree part
+        is read here.
     keep : ``[bs, N]`` bool kept nodes (root included), closed under ancestors.
+    host_lens : ``keep.sum(-1)`` on the host when the caller has it (the plan's), else read here.
 
     Returns
     -------
@@ -153,31 +157,44 @@ def compact_paged_verify_args(kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
     custom_mask ``[sum_b n_b * (P_b + n_b)]``: request b's kept rows x (prefix + kept columns), row-major:
     the per-request ``[qo_len, kv_len]`` layout FlashInfer's ``plan(custom_mask=...)`` packs itself.
 
+    Memory: the outputs, one bool and one int64 per padded KV slot, and ``[bs, N, N]`` index tensors for the
+    tree blocks (nothing per mask element: a long prefix costs its mask bytes only). One host read,
+    ``kv_indptr`` (the outputs' sizes depend on the prefix lengths), plus ``keep``'s sizes without ``host_lens``.
+
     Example: P = [2], N = 3, keep [[1, 0, 1]] -> kv columns {0, 1, 2, 4} of [p0 p1 d0 d1 d2], mask rows {0, 2}.
     """
     bs, n = keep.shape
     dev = kv_indices.device
     keep = keep.to(dev)
-    kv_len = (kv_indptr[1:] - kv_indptr[:-1]).long()  # [bs] P_b + N
-    prefix = kv_len - n  # [bs]
-    # per padded kv column: (request, column) -> kept if column < P_b or the node (column - P_b) is kept
-    total_kv = kv_indices.shape[0]
-    req_of_col = torch.repeat_interleave(torch.arange(bs, device=dev), kv_len, output_size=total_kv)  # [sum L_b]
-    col = torch.arange(total_kv, device=dev) - kv_indptr[:-1].long()[req_of_col]
-    node = (col - prefix[req_of_col]).clamp(min=0)
-    keep_col = (col < prefix[req_of_col]) | keep[req_of_col, node.clamp(max=n - 1)]  # [sum L_b]
-    # per padded mask element of request b's [N, L_b] block: row r kept and column c kept
-    block = n * kv_len  # [bs]
-    total_mask = int(kv_indptr[-1]) * n
-    req_of_el = torch.repeat_interleave(torch.arange(bs, device=dev), block, output_size=total_mask)
-    el = torch.arange(total_mask, device=dev) - (torch.cumsum(block, 0) - block)[req_of_el]
-    row, c = el // kv_len[req_of_el], el % kv_len[req_of_el]
-    keep_el = keep[req_of_el, row] & keep_col[kv_indptr[:-1].long()[req_of_el] + c]
-    lens = keep.long().sum(-1)
+    ptr = kv_indptr.tolist()  # [bs + 1] host
+    n_kept = list(host_lens) if host_lens is not None else keep.sum(-1).tolist()  # [bs] host n_b
+    prefix_host = [ptr[b + 1] - ptr[b] - n for b in range(bs)]
+    total_kv = sum(p + k for p, k in zip(prefix_host, n_kept))
+    total_mask = sum(k * (p + k) for p, k in zip(prefix_host, n_kept))
+    start = kv_indptr[:-1].long()  # [bs] first padded KV slot of request b
+    prefix = kv_indptr[1:].long() - start - n  # [bs] P_b
+    lens = keep.long().sum(-1)  # [bs] n_b
+    node = torch.arange(n, device=dev)  # [N]
+    # KV slots: every prefix slot, the kept nodes' slots; the kept ones moved to their rank among the kept
+    keep_slot = torch.ones(ptr[-1], dtype=torch.bool, device=dev)  # [sum L_b]
+    keep_slot[((start + prefix)[:, None] + node).reshape(-1)] = keep.reshape(-1)
+    to = torch.where(keep_slot, keep_slot.long().cumsum(0) - 1, total_kv)  # [sum L_b] (dropped: a spare slot)
+    out_kv = kv_indices.new_empty(total_kv + 1).scatter_(0, to, kv_indices[:ptr[-1]])[:total_kv]
+    # mask: prefix columns True; request b's kept rows x kept columns of its tree block, kept nodes in index order
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices  # [bs, N] kept nodes first
+    r, j = node[None, :, None], node[None, None, :]  # [1, N, 1], [1, 1, N]
+    new_len = prefix + lens  # [bs] P_b + n_b
+    row_of = lambda b_: b_[:, None, None]  # noqa: E731  [bs] -> [bs, 1, 1]
+    src = row_of(n * start + prefix) + order[:, :, None] * row_of(prefix + n) + order[:, None, :]  # [bs, N, N]
+    first = torch.cumsum(lens * new_len, 0) - lens * new_len  # [bs] the request's first compacted mask element
+    dst = row_of(first + prefix) + r * row_of(new_len) + j  # [bs, N, N]
+    valid = (r < row_of(lens)) & (j < row_of(lens))  # [bs, N, N] both kept
+    out_mask = torch.ones(total_mask + 1, dtype=torch.bool, device=dev)
+    out_mask[torch.where(valid, dst, total_mask).reshape(-1)] = custom_mask[src.reshape(-1)].bool()
     zero = torch.zeros(1, dtype=torch.int32, device=dev)
-    new_kv_indptr = torch.cat([zero, torch.cumsum(prefix + lens, 0).to(torch.int32)])
+    new_kv_indptr = torch.cat([zero, torch.cumsum(new_len, 0).to(torch.int32)])
     qo_indptr = torch.cat([zero, torch.cumsum(lens, 0).to(torch.int32)])
-    return (kv_indices[keep_col], new_kv_indptr, qo_indptr, custom_mask[:total_mask].bool()[keep_el])
+    return out_kv, new_kv_indptr, qo_indptr, out_mask[:total_mask]
 
 
 # ------------------------------------------------------------------------ hook bodies (plugin.hooks)
@@ -391,7 +408,7 @@ def flashinfer_verify_args(original, spec_info, *args, **kwargs):
         return out
     kv_indices, kv_indptr, _qo_indptr, custom_mask = out
     kv_indices, kv_indptr, qo_indptr, custom_mask = compact_paged_verify_args(kv_indices, kv_indptr, custom_mask,
-                                                                              plan.keep)
+                                                                              plan.keep, plan.host_lens)
     return kv_indices, kv_indptr, qo_indptr, custom_mask
 
 
