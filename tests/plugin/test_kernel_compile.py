@@ -27,8 +27,9 @@ def test_every_launched_variant_compiles_for_an_h100_without_spilling():
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
         pytest.skip("this triton has no bundled ptxas")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "tests.plugin.kernel_compile"] + [",".join(map(str, s)) for s in SHAPES],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    shapes = [",".join(map(str, s)) for s in SHAPES]
+    run = subprocess.run([sys.executable, "-m", "tests.plugin.kernel_compile"] + shapes, cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert sorted((r["kernel"], r["k"], r["S"], r["N"]) for r in rows) == sorted(
