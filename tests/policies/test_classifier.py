@@ -77,6 +77,17 @@ def test_a_damaged_classifier_file_names_the_error(tmp_path):
         C2TClassifier.load(path)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_classifier_with_non_finite_weights_is_refused_naming_them(tmp_path, bad):
+    m = C2TClassifier(hidden=4)
+    with torch.no_grad():
+        m.fc2.bias[0] = bad
+    path = tmp_path / "bad.pt"
+    m.save(path)
+    with pytest.raises(ValueError, match=full(f"classifier: {str(path)!r} has non-finite weights in fc2.bias")):
+        C2TClassifier.load(path)
+
+
 def test_a_file_holding_arbitrary_objects_is_refused_even_when_torch_allows_them(tmp_path, monkeypatch):
     """Loading stays weights-only even where the process opts out of torch's weights-only default."""
     path = tmp_path / "pickled.pt"

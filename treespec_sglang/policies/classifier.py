@@ -88,6 +88,11 @@ class C2TClassifier(nn.Module):
             m.load_state_dict(blob["state_dict"])
         except Exception as e:  # a damaged file: wrong shapes / keys
             raise ValueError(f"{not_ours}: {type(e).__name__}: {e}") from None
+        # a NaN or infinite weight scores NaN, which torch's ReLU keeps and the fused kernel's max drops: the
+        # two selection paths would disagree on every request it scores
+        bad = [name for name, t in m.state_dict().items() if not bool(torch.isfinite(t).all())]
+        if bad:
+            raise ValueError(f"classifier: {str(path)!r} has non-finite weights in {', '.join(bad)}")
         return m.eval()
 
 
