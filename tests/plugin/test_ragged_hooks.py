@@ -44,9 +44,12 @@ def verify_batch(backend, keep, custom_mask=True, tree_topk=4):
 
 
 def recording_forward(seen, hidden=True):
-    """``ModelRunner.forward`` stand-in: records what it was called with and the plan in force; returns one
-    logits row and one hidden row per token (the token's input id)."""
+    """``ModelRunner.forward`` stand-in: plans a target verify's attention metadata from the live batch as SGLang's
+    eager runner does (``EagerRunner._execute_extend``), records what it was called with and the plan in force;
+    returns one logits row and one hidden row per token (the token's input id)."""
     def forward(runner, fb, *args, **kwargs):
+        if fb.forward_mode.is_target_verify():
+            runner.attn_backend.init_forward_metadata(fb)
         seen.append(dict(args=args, kwargs=kwargs, ids=fb.input_ids.tolist(), pos=fb.positions.tolist(),
                          loc=fb.out_cache_loc.tolist(), plan=ragged._plan()))
         x = fb.input_ids.float()[:, None].repeat(1, 3) + 1
@@ -76,7 +79,7 @@ def test_a_ragged_verify_runs_the_kept_rows_with_its_plan(monkeypatch, backend, 
     assert call["args"] == ("a1",) and call["kwargs"] == {"key": "k1"}
     assert call["ids"] == rows and call["pos"] == [r + 100 for r in rows] and call["loc"] == [r + 200 for r in rows]
     assert call["plan"].mode == want_mode and (call["plan"].tree_mask is not None) == want_tree
-    assert runner.attn_backend.planned == 1  # planned again for the compacted batch
+    assert runner.attn_backend.planned == 1  # once, by SGLang's eager forward, for the compacted batch
     if width is not None:  # a tree verify's max_extend_len is the plan's one width, not N
         assert runner.attn_backend.forward_metadata == ("logits", width)
         assert call["plan"].width == (width if want_tree else None)
@@ -103,7 +106,7 @@ def test_padded_verify_runs_sglangs_batch_untouched(monkeypatch, backend, env, k
     (call,) = seen
     assert call["args"] == ("a1",) and call["kwargs"] == {"key": "k1"}
     assert call["ids"] == list(range(8)) and call["plan"] is None
-    assert runner.attn_backend.planned == 0  # SGLang's own plan for bs * N tokens stands
+    assert runner.attn_backend.planned == 1  # SGLang's own, for bs * N tokens (no plan of ours in force)
     assert recorded == [4, 4]
     assert out.logits_output.next_token_logits[:, 0].tolist() == [i + 1.0 for i in range(8)]
 
@@ -247,7 +250,8 @@ UNSUPPORTED = [(dict(sliding_window_size=4096), "a sliding-window attention mode
                (dict(model_config=SimpleNamespace(model_is_mrope=True)), r"multimodal rotary positions \(mrope\)"),
                (dict(server_args=SimpleNamespace(enable_lora=True)), "LoRA adapters"),
                (dict(server_args=SimpleNamespace(lora_paths=["a=/x"])), "LoRA adapters"),
-               (dict(server_args=SimpleNamespace(ep_size=2)), r"expert parallelism \(--ep-size 2\)")]
+               (dict(server_args=SimpleNamespace(ep_size=2)), r"expert parallelism \(--ep-size 2\)"),
+               (dict(server_args=SimpleNamespace(enable_return_routed_experts=True)), "routed experts returned")]
 
 
 @pytest.mark.parametrize("runner,reason", UNSUPPORTED)
@@ -265,6 +269,7 @@ def test_a_target_with_more_per_token_verify_state_never_runs_ragged(monkeypatch
             check_ragged_model(SimpleNamespace(**runner))
     assert ragged_mode(SimpleNamespace(attn_backend=backend(), **runner)) is None
     plain = dict(sliding_window_size=None, model_config=SimpleNamespace(is_encoder_decoder=False, model_is_mrope=False),
-                 server_args=SimpleNamespace(enable_lora=False, lora_paths=None, ep_size=1))
+                 server_args=SimpleNamespace(enable_lora=False, lora_paths=None, ep_size=1,
+                                             enable_return_routed_experts=False))
     check_ragged_model(SimpleNamespace(**plain))
     assert ragged_mode(SimpleNamespace(attn_backend=backend(), **plain)) == ("cpu" if env is None else "flashinfer")

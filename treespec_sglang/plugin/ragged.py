@@ -276,7 +276,8 @@ def ragged_unsupported(model_runner) -> Optional[str]:
     The ragged path compacts ``input_ids`` / ``positions`` / ``out_cache_loc`` and FlashInfer's single-wrapper
     arguments; a model or server that carries more per-token state in the verify batch is refused: sliding-window
     or cross attention (FlashInfer's second wrapper and its KV write slots), multimodal rotary positions
-    (``mrope_positions``), LoRA adapters (per-request token segments), expert parallelism (its padded token count)."""
+    (``mrope_positions``), LoRA adapters (per-request token segments), expert parallelism (its padded token count),
+    routed experts returned to clients (their capture indexes the padded verify's tokens)."""
     cfg = getattr(model_runner, "model_config", None)
     args = getattr(model_runner, "server_args", None)
     if getattr(model_runner, "sliding_window_size", None) is not None:
@@ -290,6 +291,8 @@ def ragged_unsupported(model_runner) -> Optional[str]:
     ep = getattr(args, "ep_size", 1)
     if isinstance(ep, int) and ep > 1:
         return f"expert parallelism (--ep-size {ep})"
+    if getattr(args, "enable_return_routed_experts", False):  # its capturer reads the padded verify's token slots
+        return "routed experts returned (--enable-return-routed-experts)"
     return None
 
 
@@ -315,10 +318,11 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, *
     Returns ``(SGLang's forward output, the tokens run per request)`` (N each when the batch runs padded).
     The batch's ``input_ids`` / ``positions`` / ``out_cache_loc`` are compacted for the forward and
     restored after it; logits and hidden states come back in SGLang's ``[bs * N]`` rows. While the forward
-    runs, the plan is the round's (``round.plan``, :mod:`.round`), where the attention hooks read it. The attention metadata is
-    planned again for the compacted batch: on the CPU from the plan (:func:`amx_extend_metadata`), with
-    FlashInfer from SGLang's padded arguments compacted (:func:`flashinfer_verify_args`), in eager mode
-    (:func:`eager_while_ragged`: a CUDA graph was captured for ``bs * N`` tokens).
+    runs, the plan is the round's (``round.plan``, :mod:`.round`), where the attention hooks read it. The forward
+    runs eagerly (:func:`eager_while_ragged`: a CUDA graph was captured for ``bs * N`` tokens), and SGLang's eager
+    runner plans a target verify's attention metadata from the live batch: on the CPU from the plan
+    (:func:`amx_extend_metadata`), with FlashInfer from SGLang's padded arguments compacted
+    (:func:`flashinfer_verify_args`).
     """
     bs, n = keep.shape
     mode = ragged_mode(runner)
@@ -360,9 +364,10 @@ def _ragged_forward(mode: str, original, runner, forward_batch, keep: torch.Tens
     with (contextlib.nullcontext(r) if r is not None else opened()) as r:  # a round of its own when called alone
         r.plan = plan
         try:
-            # SGLang planned this verify's attention metadata for bs * N tokens before the forward (and
-            # marked it ready): plan again for the compacted batch (the hooks below read the plan)
-            runner.attn_backend.init_forward_metadata(forward_batch)
+            # SGLang planned this verify's attention metadata for bs * N tokens before the forward; its eager
+            # runner plans a target verify again from the live batch every time (EagerRunner._execute_extend),
+            # here the compacted one, with the plan in force for the hooks below (planning it here too ran every
+            # FlashInfer compaction and plan twice)
             out = original(runner, forward_batch, *args, **kwargs)
         finally:
             r.plan = None
