@@ -62,9 +62,10 @@ class Req:
         self.sampling_params = SimpleNamespace(custom_params={"treespec": spec} if spec else None)
         self.customized_info = None
         self.is_retracted = False
+        self.finished_reason = None
 
     def finished(self) -> bool:
-        return False
+        return self.finished_reason is not None
 
 
 class FakeRound:

@@ -167,7 +167,7 @@ def test_accept_lengths_per_round_reach_customized_info(loaded):
 
     def req(params, info):
         return SimpleNamespace(_treespec_params=params, _treespec_drafted=params and "talon", customized_info=info,
-                               is_retracted=False,
+                               is_retracted=False, finished_reason=None,
                                finished=lambda: False, grammar=None, kv=SimpleNamespace(kv_committed_len=10),
                                spec_verify_ct=0, spec_num_correct_drafts=0,
                                update_spec_correct_drafts_histogram=lambda n: None)
@@ -232,3 +232,32 @@ def test_a_treespec_decode_batch_votes_for_an_eager_draft_in_sglangs_dp_vote(loa
     assert vote(batch(None, compatible=False)) is False
     assert vote(batch(talon, mode=ForwardMode.EXTEND)) is True
     assert vote(None) is True
+
+
+class LiveReq:
+    """SGLang 0.5.23's ``Req`` as the accept hook reads it: ``finished()`` is ``finished_reason is not None``."""
+
+    def __init__(self, drafted, finished_reason=None, is_retracted=False):
+        self._treespec_drafted, self.finished_reason, self.is_retracted = drafted, finished_reason, is_retracted
+        self.customized_info, self.sampling_params = None, None
+
+    def finished(self):
+        return self.finished_reason is not None
+
+
+@pytest.mark.parametrize("done", [None, "finished", "retracted", "both"])
+def test_finished_and_retracted_requests_record_no_accept_length(done):
+    """The accept hook: a request that finished (an earlier round's EOS under the overlap scheduler) or was
+    retracted commits nothing this round, so no accept length is recorded for it; the others get theirs."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import hooks
+
+    reqs = [LiveReq("talon"), LiveReq("talon", finished_reason=object() if done in ("finished", "both") else None),
+            LiveReq("eagle2", is_retracted=done in ("retracted", "both")), LiveReq(None)]
+    hooks._COLUMNS[0] = None  # no cached batch: the names are read off the requests
+    hooks._record_accepts(None, None, SimpleNamespace(num_correct_drafts_per_req_cpu=[3, 2, 1, 0]),
+                          SimpleNamespace(reqs=reqs))
+    got = [(r.customized_info or {}).get("treespec_accept_lengths") for r in reqs]
+    assert got == [[3], None if done in ("finished", "both") else [2], None if done in ("retracted", "both") else [1],
+                   None]
