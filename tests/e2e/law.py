@@ -68,3 +68,30 @@ def draw_pairs(host, ids, temperature, custom=None):
         sp["custom_params"] = {"treespec": custom}
     outs = host.generate(input_ids=[ids] * DRAWS, sampling_params=[sp] * DRAWS)
     return [tuple(o["output_ids"][:2]) for o in outs]
+
+
+def top_k_law(p1, cond, temperature: float, top_k: int):
+    """The exact law of the first two tokens under ``temperature`` and ``top_k`` (no top-p: SGLang's plain
+    sampler and its speculative verify agree on top-k alone), from the T = 1 law (``sample_law``): each step keeps
+    its ``top_k`` likeliest tokens, weighted ``p ** (1 / T)`` and renormalised. ``{(t1, t2): p}``."""
+    def step(probs: dict) -> dict:
+        top = sorted(probs, key=probs.get, reverse=True)[:top_k]
+        w = {t: probs[t] ** (1.0 / temperature) for t in top}
+        z = sum(w.values())
+        return {t: v / z for t, v in w.items()}
+
+    first = step(p1)
+    law = {}
+    for t1, q1 in first.items():
+        lp = cond[t1]
+        second = step({int(t): float(lp[t].exp()) for t in lp.topk(top_k + 8).indices})
+        law.update({(t1, t2): q1 * q2 for t2, q2 in second.items()})
+    return law
+
+
+def chi2_power(law, wrong, draws: int, df: int) -> float:
+    """Normal approximation of the probability that :func:`chi2_stat` (``df`` bins) rejects ``law`` at level 1e-4
+    when the draws follow ``wrong``: noncentrality ``n * sum (q - p)^2 / p`` over ``law``'s pairs."""
+    lam = draws * sum((wrong.get(k, 0.0) - p) ** 2 / p for k, p in law.items())
+    mean, sd = df + lam, math.sqrt(2 * (df + 2 * lam))
+    return 0.5 * (1 + math.erf((mean - chi2_threshold(df)) / (sd * math.sqrt(2))))

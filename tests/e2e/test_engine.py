@@ -198,6 +198,36 @@ def test_sampled_tokens_follow_the_target_law(eagle, sample_law):
     assert abs(z) < Z2, z
 
 
+SAMPLED = {"temperature": 0.7, "top_k": 6}
+
+
+def test_a_mixed_batch_samples_top_k_at_its_temperature_and_keeps_greedy_rows_greedy(eagle, sample_law, prompt_ids,
+                                                                                      plain_greedy):
+    """Greedy requests (each under a policy) in the same batches as T = 0.7, top-k 6 sampled ones (talon): the
+    greedy rows equal plain greedy token for token (a mixed batch takes the sampling verify for every row), and
+    the sampled pairs follow the exact top-k law at T = 0.7 (chi-square at level 1e-4, every pair in its support),
+    a law the test tells apart from T = 0.85 or from top-k 8 (power >= 0.99, from the exact laws)."""
+    from tests.e2e.law import chi2_power, top_k_law
+
+    ids, _, cond, p1 = sample_law
+    law = top_k_law(p1, cond, **SAMPLED)
+    names = sorted(POLICIES)
+    greedy = [greedy_params(POLICIES[names[i % len(names)]]) for i in range(len(prompt_ids))]
+    sp = dict(SAMPLED, max_new_tokens=2, ignore_eos=True,
+              custom_params={"treespec": {"policy": "talon", "budget": N, "topk": TOPK, "mu": 0.03}})
+    outs = eagle.generate(input_ids=list(prompt_ids) + [ids] * DRAWS, sampling_params=greedy + [sp] * DRAWS)
+    for i, o in enumerate(outs[:len(prompt_ids)]):
+        assert same_tokens(o["output_ids"], plain_greedy[i]), names[i % len(names)]
+    samples = [tuple(o["output_ids"][:2]) for o in outs[len(prompt_ids):]]
+    assert all(s in law for s in samples), "a token outside the top-k was sampled"
+    stat, bins = chi2_stat(samples, law)
+    assert bins >= 8 and stat < chi2_threshold(bins), (stat, bins)
+    # the controls, from the exact laws: T = 0.85 fails the chi-square test, top-k 8 the support check
+    assert chi2_power(law, top_k_law(p1, cond, **dict(SAMPLED, temperature=0.85)), DRAWS, bins) >= 0.99
+    wider = top_k_law(p1, cond, **dict(SAMPLED, top_k=8))
+    assert (1 - sum(p for pair, p in wider.items() if pair not in law)) ** DRAWS <= 0.01
+
+
 @pytest.mark.parametrize("wrong_t", [0.9, 1.1])
 def test_the_law_test_has_power_against_a_temperature_off_by_ten_percent(sample_law, wrong_t):
     """From the exact law (no draws): with DRAWS samples, a second token drawn at T = 0.9 or 1.1 fails
