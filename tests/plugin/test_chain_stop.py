@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import GlooGroup, run_ranks
-from treespec_sglang.plugin.chain_stop import ChainStopper, keep_mask
+from treespec_sglang.plugin.chain_stop import ChainStopper, keep_mask, record_step
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.policies.params import NoneParams
 from treespec_sglang.policies.classifier import entropy_topm, load_classifier
@@ -251,3 +251,36 @@ def test_a_chain_round_without_a_beta_keeps_the_draft_graph_and_records_nothing(
         hooks._draft_loop(lambda self, fb: seen.append(recording_loop()), worker, None)
         assert keep_mask(r.step.chain.cut(runner.bs), S + 1).sum(-1).tolist() == [3, 1, S + 1]
     assert seen == [None]
+
+
+@pytest.mark.parametrize("scored", [False, True])
+def test_only_a_cut_read_off_the_draft_is_broadcast_from_rank_0(monkeypatch, scored):
+    """TP: a C2T cut (from this rank's draft statistics) is rank 0's on every rank, one broadcast a round; a cut
+    from the rows' lengths alone is the same on every rank already, so the round broadcasts nothing."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin.round import DraftStep, opened
+    from treespec_sglang.tree import DraftTree, sglang_retrive
+
+    sent = []
+    group = SimpleNamespace(world_size=2, rank_in_group=1, broadcast=lambda t, src=0: sent.append(t.clone()) or t)
+    monkeypatch.setattr(hooks, "verify_group", lambda: group)
+    specs = [{"policy": "chain", "length": 2}, {"policy": "none"}, None]
+    if scored:
+        specs[2] = {"policy": "chain", "beta": 0.5}
+    params = [parse_spec(p) if p else None for p in specs]
+    logits = step_logits(0, bs=3)
+    want = plain_lengths(params, logits)
+    chain = DraftTree.from_lists([list(range(S + 1))] * 3, [[-1] + list(range(S))] * 3)
+    links = sglang_retrive(chain)
+    with opened() as r:
+        r.step, r.drafting = DraftStep(params, 1), True
+        r.step.chain = ChainStopper(params, S, "cpu")
+        if scored:
+            for i, lg in enumerate(logits):
+                record_step(lg, i, S)
+        hooks._verify_input(SimpleNamespace(retrieve_next_token=links.retrive_next_token.clone(),
+                                            retrieve_next_sibling=links.retrive_next_sibling.clone()))
+        assert r.step.keep.sum(-1).tolist() == [n + 1 for n in want]
+    assert len(sent) == (1 if scored else 0)

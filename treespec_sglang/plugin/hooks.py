@@ -206,7 +206,10 @@ def _verify_input(result, *args, **kwargs):
     step = drafting_step()
     if step is not None and step.chain is not None:  # the loop's steps are in the stash: cut each row's chain
         length = step.chain.cut(step.runner.bs if step.runner is not None else None)  # [bs]
-        step.keep = keep_mask(length, result.retrieve_next_token.shape[-1], verify_group())
+        # a cut read off the draft's steps is rank 0's on every rank; one from the rows' lengths alone is the
+        # same everywhere already (the ranks' settings and requests agree): no broadcast
+        group = verify_group() if step.chain.reads_steps else None
+        step.keep = keep_mask(length, result.retrieve_next_token.shape[-1], group)
     if step is None or step.keep is None:
         return result
     unlink(result.retrieve_next_token, result.retrieve_next_sibling, step.keep)
