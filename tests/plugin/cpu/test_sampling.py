@@ -99,14 +99,36 @@ def top_k_loop(row, k):
 
 
 def top_p_loop(row, p):
-    """One row's top-p renormalisation from its definition: walking the tokens by decreasing probability, a
-    token is kept while the mass strictly before it is below p."""
-    kept, before = [0.0] * len(row), 0.0
-    for i in sorted(range(len(row)), key=lambda i: -row[i]):
-        if before < p:
-            kept[i] = row[i]
-        before += row[i]
+    """One row's top-p renormalisation as FlashInfer's kernel defines it: a token is kept when the mass of the
+    strictly larger probabilities is below p (ties at the cut all kept); p >= 1 keeps the row."""
+    kept = [x if p >= 1 or sum(y for y in row if y > x) < p else 0.0 for x in row]
     return [x / sum(kept) for x in kept]
+
+
+@pytest.mark.parametrize("row, p, want", [
+    ([0.4, 0.3, 0.3], 0.5, [0.4, 0.3, 0.3]),  # a tie at the cut: both kept
+    ([0.25] * 4, 0.3, [0.25] * 4),
+    ([0.5, 0.3, 0.2], 0.6, [0.625, 0.375, 0.0]),
+    ([0.7, 0.2, 0.1], 1.0, [0.7, 0.2, 0.1]),
+    ([0.1, 0.3, 0.3, 0.3], 0.35, [0.0, 1 / 3, 1 / 3, 1 / 3]),
+])
+def test_top_p_renorm_keeps_ties_at_the_cut_as_flashinfer_does(row, p, want):
+    """FlashInfer's top_p_renorm_probs keeps every token >= its threshold: tokens tied at the cut all stay."""
+    assert top_p_renorm_prob(torch.tensor([row]), torch.tensor([p]))[0].tolist() == pytest.approx(want, abs=1e-6)
+    assert top_p_loop(row, p) == pytest.approx(want, abs=1e-6)
+
+
+def test_top_p_1_keeps_every_token_whatever_the_rounding():
+    """p >= 1 keeps the row outright (FlashInfer's fast path): a tail token whose mass before it rounds to 1 stays."""
+    got = top_p_renorm_prob(torch.tensor([[0.5, 0.5, 1e-8]]), torch.tensor([1.0]))
+    assert int((got > 0).sum()) == 3
+
+
+def test_a_greedy_rows_tie_at_the_top_survives_top_k_1_and_top_p():
+    """SGLang turns a greedy row of a mixed batch into top-k 1 at T = 1; a tie at its top stays two tokens through
+    both renormalisations, as FlashInfer's kernels keep it (the row may commit either, on the GPU as here)."""
+    probs = top_k_renorm_prob(torch.tensor([[0.4, 0.4, 0.2]]), torch.tensor([1]))
+    assert top_p_renorm_prob(probs, torch.tensor([0.5]))[0].tolist() == pytest.approx([0.5, 0.5, 0.0])
 
 
 @pytest.mark.parametrize("seed", range(3))

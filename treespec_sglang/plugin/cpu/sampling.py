@@ -15,7 +15,6 @@ import torch
 
 from ...tree import DraftTree
 from ...verify import walk_tree
-from ...verify.sampling import top_p_renorm
 from .kernels import _check_verify_greedy
 from .matcher import Device, Matcher, Size, check
 
@@ -114,9 +113,17 @@ def top_k_renorm_prob(probs: torch.Tensor, top_k) -> torch.Tensor:
 
 
 def top_p_renorm_prob(probs: torch.Tensor, top_p) -> torch.Tensor:
-    """Keep the smallest prefix of each sorted row whose mass reaches ``top_p`` and renormalise.
+    """FlashInfer's ``top_p_renorm_probs`` (what SGLang's CUDA verify calls): keep each token whose row holds less
+    than ``top_p`` of mass in strictly larger probabilities, and renormalise; ``top_p >= 1`` keeps the row.
 
-    A token is kept when the mass strictly before it (descending order) is below p, as in plain
-    sampling (:func:`treespec_sglang.verify.target_probs`). probs ``[rows, vocab]``; top_p float or ``[rows]``.
+    The kept set is every token >= v, v the smallest probability of the shortest descending prefix whose mass
+    reaches p: tokens tied at v are all kept (a prefix walk in sorted order would keep only the first of them).
+    probs ``[rows, vocab]``; top_p float or ``[rows]``.
+    Example: [0.4, 0.3, 0.3], p 0.5 -> [0.4, 0.3, 0.3]; [0.5, 0.3, 0.2], p 0.6 -> [0.625, 0.375, 0].
     """
-    return top_p_renorm(probs, torch.as_tensor(top_p, device=probs.device, dtype=torch.float32).reshape(-1, 1))
+    p = torch.as_tensor(top_p, device=probs.device, dtype=torch.float32).reshape(-1, 1)  # [rows or 1, 1]
+    sp = torch.sort(probs, dim=-1, descending=True).values  # [rows, vocab]
+    in_prefix = (sp.cumsum(-1) - sp) < p  # the mass before it (descending) is below p; the first always
+    v = torch.where(in_prefix, sp, float("inf")).amin(-1, keepdim=True)  # [rows, 1]
+    kept = torch.where((p >= 1) | (probs >= v), probs, 0.0)
+    return kept / kept.sum(-1, keepdim=True)
