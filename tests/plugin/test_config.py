@@ -181,3 +181,18 @@ def test_a_token_cap_on_a_chain_server_is_refused_at_start(monkeypatch):
         hooks._draft_head(lambda self: None, SimpleNamespace(topk=1))
     assert hooks._draft_head(lambda self: "built", SimpleNamespace()) == "built"  # a tree server: fine
 
+
+
+def test_an_explicit_ragged_verify_on_a_sliding_window_target_is_refused_at_start(monkeypatch):
+    """The draft worker's start reads its target's runner: TREESPEC_RAGGED_VERIFY=1 with a sliding-window target
+    refuses to start, naming the reason; the same target starts under auto (it verifies padded)."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import hooks
+
+    worker = SimpleNamespace(target_worker=SimpleNamespace(model_runner=SimpleNamespace(sliding_window_size=4096)))
+    monkeypatch.setenv("TREESPEC_RAGGED_VERIFY", "1")
+    with pytest.raises(ValueError, match="TREESPEC_RAGGED_VERIFY=1 cannot verify ragged with a sliding-window"):
+        hooks._draft_head(lambda self: None, worker)
+    monkeypatch.delenv("TREESPEC_RAGGED_VERIFY")
+    assert hooks._draft_head(lambda self: "built", worker) == "built"
