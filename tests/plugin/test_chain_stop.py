@@ -47,8 +47,6 @@ def plain_lengths(params, logits):
 
 def stashed(params, logits, rows=None):
     """``[bs]`` the cut decided from what the draft loop recorded (a replay's padded batch of ``rows``: extra rows)."""
-    from treespec_sglang.plugin.chain_stop import record_step
-
     bs = len(params)
     for i, lg in enumerate(logits):
         pad = torch.randn((rows or bs) - bs, V, generator=torch.Generator().manual_seed(i)) * 9
@@ -206,7 +204,6 @@ def test_the_loop_records_only_for_a_c2t_chain_round(monkeypatch):
 def test_a_round_of_the_stop_reads_nothing_back_and_copies_no_list():
     """Steady state (the requests' parameter rows and classifiers cached): building the stopper, deciding from
     the stash and the keep mask run no host read and no host->device list copy."""
-    from treespec_sglang.plugin.chain_stop import record_step
     from treespec_sglang.utils.syncs import count_ops
 
     params = [parse_spec(p) if p else None for p in PARAMS]

@@ -178,14 +178,13 @@ def parse_token_cap(raw: Optional[str]) -> Optional[int]:
 
 @functools.lru_cache(maxsize=8)
 def _parse_defaults(policy: Optional[str], raw: str, cap: Optional[str] = None) -> ServerDefaults:
-    env = ENV_TOKEN_CAP
     config, token_cap = load_config(raw, ENV_CONFIG), parse_token_cap(cap)
     try:
         if not isinstance(config, dict):
             raise ValueError(f"must be a JSON object of the policy's parameters, got {raw!r}")
         return ServerDefaults(policy, config, token_cap)
     except ValueError as e:
-        raise ValueError(f"{ENV_POLICY}/{ENV_CONFIG}/{env}: {e}") from None
+        raise ValueError(f"{ENV_POLICY}/{ENV_CONFIG}/{ENV_TOKEN_CAP}: {e}") from None
 
 
 def import_policy_modules() -> list:

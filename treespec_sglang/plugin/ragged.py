@@ -229,11 +229,7 @@ def _unsupported(model_runner) -> bool:
     """:func:`ragged_unsupported` once per runner (kept on it)."""
     seen = getattr(model_runner, "_treespec_ragged_unsupported", None)
     if seen is None:
-        seen = ragged_unsupported(model_runner) is not None
-        try:
-            model_runner._treespec_ragged_unsupported = seen
-        except AttributeError:  # a runner without a __dict__ (a stand-in): asked each verify
-            pass
+        seen = model_runner._treespec_ragged_unsupported = ragged_unsupported(model_runner) is not None
     return seen
 
 
