@@ -26,6 +26,7 @@ whose requests or policies changed pays O(bs) Python, once.
 from __future__ import annotations
 
 import collections
+import operator
 from typing import Deque, Dict, Optional, Sequence
 
 import torch
@@ -185,12 +186,12 @@ class BatchStats:
         ours = [i for i, p in enumerate(policies) if p is not None]
         series = scheduler_series()
         self.stats = [getattr(reqs[i], _STATS, None) or RequestStats(reqs[i], policies[i], series) for i in ours]
-        self.pick = None if len(ours) == len(policies) else ours  # the positions of ours, when not all are
+        self.pick = None if len(ours) == len(policies) else _getter(ours)  # ours from a round's values, when not all
         names = [policies[i] for i in ours]
         by_policy: Dict[str, list] = {}
         for j, name in enumerate(names):
             by_policy.setdefault(name, []).append(j)
-        self.groups = {name: (None if len(ix) == len(names) else ix) for name, ix in by_policy.items()}
+        self.groups = {name: (None if len(ix) == len(names) else _getter(ix)) for name, ix in by_policy.items()}
         self.sinks, self.room = [], 0
 
     def holds(self, reqs: Sequence, policies: Sequence[Optional[str]], cap: int) -> bool:
@@ -205,7 +206,7 @@ class BatchStats:
                              f"{len(values)} values of type {type(values[0]).__name__ if values else None} for "
                              f"{len(self.reqs)} requests")
         if self.pick is not None:
-            values = [values[i] for i in self.pick]
+            values = self.pick(values)
         elif len(values) != len(self.reqs):
             values = values[:len(self.reqs)]
         if self.room < 1:
@@ -216,7 +217,7 @@ class BatchStats:
         if series is not None:
             method = getattr(series, ROUND_KEYS[self.key][1])
             for name, ix in self.groups.items():
-                method(name, values if ix is None else [values[j] for j in ix])
+                method(name, values if ix is None else ix(values))
 
 
 def stream_accept(original, self, *args, **kwargs):
@@ -252,6 +253,12 @@ def stream_accept(original, self, *args, **kwargs):
         column[row] = delta
         sent[key] = len(values)
     return out
+
+
+def _getter(positions: Sequence[int]):
+    """``values -> tuple(values[i] for i in positions)`` in C (``operator.itemgetter``, a 1-tuple for one)."""
+    pick = operator.itemgetter(*positions)
+    return pick if len(positions) > 1 else (lambda values: (pick(values),))
 
 
 def policy_name(p) -> str:
