@@ -46,6 +46,17 @@ def test_the_multi_layer_eagle_worker_refuses_every_policy(spec):
     assert "--enable-multi-layer-eagle" in msg and msg.startswith(spec["policy"])
 
 
+@pytest.mark.parametrize("topk", [1, 4])
+@pytest.mark.parametrize("spec", TREE[:1] + CHAIN)
+def test_pipeline_parallelism_refuses_every_policy(spec, topk):
+    """Its stages rebuild the verify tree from SGLang's own top_scores_index (draft(with_topology=True)): the
+    stages would verify different trees."""
+    msg = unsupported_reason(parse_spec(spec), SimpleNamespace(**vars(args(topk=topk)), pp_size=2))
+    assert msg.startswith(spec["policy"]) and "--pp-size 2" in msg
+    one_stage = unsupported_reason(parse_spec(spec), SimpleNamespace(**vars(args(topk=topk)), pp_size=1))
+    assert one_stage == unsupported_reason(parse_spec(spec), args(topk=topk))  # one stage: as without the field
+
+
 def test_native_requests_and_servers_without_speculation_pass():
     assert unsupported_reason(None, args(topk=1, multi=True)) is None
     assert unsupported_reason(parse_spec({"policy": "talon"}), args(algo=None, topk=1)) is None
@@ -55,7 +66,7 @@ def test_native_requests_and_servers_without_speculation_pass():
 def test_the_server_fields_read_exist_in_sglang():
     sa = pytest.importorskip("sglang.srt.server_args")
     fields = sa.ServerArgs.__annotations__
-    assert {"speculative_algorithm", "speculative_eagle_topk", "enable_multi_layer_eagle"} <= set(fields)
+    assert {"speculative_algorithm", "speculative_eagle_topk", "enable_multi_layer_eagle", "pp_size"} <= set(fields)
 
 
 @pytest.mark.parametrize("cls,eagle3,refused", [

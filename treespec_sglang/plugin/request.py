@@ -115,6 +115,9 @@ def unsupported_reason(p: Optional[PolicyParams], server_args) -> Optional[str]:
       hooks do not reach: no policy (``none`` included) can be applied there;
     * ``--speculative-use-rejection-sampling`` verifies sampled requests with a kernel that ignores the
       verify links, so a policy's tree (or cut chain) would not be what is verified;
+    * ``--pp-size > 1`` (pipeline parallelism) relays the tree from the last stage to the others as SGLang's own
+      ``top_scores_index`` (``EAGLEWorkerV2``'s ``draft(with_topology=True)``), not the policy's: the stages would
+      verify different trees;
     * ``--speculative-eagle-topk 1`` drafts a chain: only ``chain`` (its length and C2T early stop) and
       ``none`` apply; a tree policy has no tree to choose from.
 
@@ -140,6 +143,11 @@ def unsupported_reason(p: Optional[PolicyParams], server_args) -> Optional[str]:
                 f"(--speculative-use-rejection-sampling), whose kernel walks every drafted token whatever tree a "
                 f"policy chose; send the request without custom_params['{CUSTOM_KEY}'] or use a server without "
                 f"that flag")
+    pp = getattr(server_args, "pp_size", 1)
+    if isinstance(pp, int) and pp > 1:
+        return (f"{name}: this server runs pipeline parallelism (--pp-size {pp}), whose stages rebuild the verify "
+                f"tree from SGLang's own selection, not a policy's; send the request without "
+                f"custom_params['{CUSTOM_KEY}'] or use a server without pipeline parallelism")
     if getattr(server_args, "speculative_eagle_topk", None) == 1 and reg.needs_tree:
         return (f"{name} needs a draft tree: this server drafts a chain (--speculative-eagle-topk 1); use "
                 f"{{'policy': 'chain'}} (length, C2T early stop with beta) or {{'policy': 'none'}}, or a server "
