@@ -98,6 +98,8 @@ class FakeRound:
 
     def _draft(self, worker, batch):
         hooks._prepare_for_draft(("forward_batch", not self.eager, None), None, None, batch, self.runner)
+        if not self.eager:  # SGLang's draft graph replays (its runner's execute)
+            hooks._draft_replayed(None, self.runner, "forward_batch")
         parent_list, top, tokens = self.native
         if self.eager:  # a replayed graph ran organize_draft_results on the device, its hook never on the host
             parent_list, top, tokens = hooks._organize(self._organize, *self.lists[:3], self.N)

@@ -93,7 +93,8 @@ def test_two_ranks_agree_on_rank0_decisions(tmp_path):
     assert not torch.equal(r0["local"], r1["local"]), "the ranks' own decisions should differ in this case"
 
 
-def test_chain_mode_hooks_cut_each_row(monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", "cpu:0"])  # SGLang's worker names "cuda", its tensors are on "cuda:0"
+def test_chain_mode_hooks_cut_each_row(monkeypatch, device):
     """The draft hook in chain mode (topk 1): each draft forward's logits feed the stopper, and the
     verify input keeps each row's chain up to its cut; stats land in customized_info once flushed."""
     from types import SimpleNamespace
@@ -121,7 +122,7 @@ def test_chain_mode_hooks_cut_each_row(monkeypatch):
         return hooks._verify_input(SimpleNamespace(retrieve_next_token=r.retrive_next_token.clone(),
                                                    retrieve_next_sibling=r.retrive_next_sibling.clone()))
 
-    worker = SimpleNamespace(topk=1, speculative_num_steps=S, speculative_num_draft_tokens=N, device="cpu")
+    worker = SimpleNamespace(topk=1, speculative_num_steps=S, speculative_num_draft_tokens=N, device=device)
     out = hooks._draft(body, worker, SimpleNamespace(reqs=reqs))
     lengths = plain_lengths([parse_spec(p) if p else None for p in PARAMS], logits)
     for b in range(4):
@@ -147,6 +148,34 @@ def test_a_replays_padded_stash_decides_as_an_eager_one():
     assert eager.tolist() != [S] * 4
     with pytest.raises(RuntimeError, match="no chain draft loop of shape \\(5, 5\\) recorded its steps"):
         ChainStopper(params, S, "cpu").cut(5)
+
+
+@pytest.mark.parametrize("named", ["cpu:0", torch.device("cpu", 0)])
+def test_the_stopper_reads_the_stash_under_the_device_its_tensors_are_on(named):
+    """SGLang's draft worker names its device without an index ("cuda"), the loop's logits carry one ("cuda:0"):
+    the same device, so the cut finds what the loop recorded (the CPU's "cpu:0" / "cpu" is the same pair)."""
+    params = [parse_spec(p) if p else None for p in PARAMS]
+    logits = step_logits(4)
+    for i, lg in enumerate(logits):
+        record_step(lg, i, S)
+    assert ChainStopper(params, S, named).cut().tolist() == plain_lengths(params, logits)
+
+
+def test_a_batch_whose_step_count_changes_gets_a_stopper_of_the_new_count():
+    """SGLang's adaptive speculation moves a topk-1 server's step count between rounds of the same batch."""
+    from treespec_sglang.plugin.hooks import batch_columns
+    from treespec_sglang.plugin.config import ServerDefaults
+    from types import SimpleNamespace
+
+    reqs = [SimpleNamespace(sampling_params=SimpleNamespace(custom_params={"treespec": p} if p else None))
+            for p in PARAMS]
+    defaults = ServerDefaults()
+    cols = batch_columns(reqs, defaults)
+    three = cols.chain_stopper(3, "cpu")
+    assert cols.chain_stopper(3, "cpu") is three  # built once per batch
+    five = cols.chain_stopper(5, "cpu")
+    assert five.num_steps == 5 and five.max_len.tolist() == [5, 5, 5, 3]
+    assert batch_columns(reqs, defaults).chain_stopper(5, "cpu") is five
 
 
 @pytest.mark.parametrize("raw,on", [(None, False), ("", False), ("0", False), ("off", False), ("1", True),
@@ -181,8 +210,10 @@ def test_a_c2t_chain_round_replays_the_draft_graph_only_when_it_records_the_step
         r.step, r.drafting = DraftStep(params, 1), True
         r.step.chain = ChainStopper(params, S, "cpu")
         fb, can_run, plan = hooks._prepare_for_draft(("fb", True, "plan"), None, None, None, runner)
-        assert (fb, plan) == ("fb", "plan") and can_run is graph
-        assert r.step.runner is (runner if graph else None)
+        assert (fb, plan) == ("fb", "plan") and can_run is graph and r.step.runner is None
+        if can_run:  # SGLang replays the graph
+            hooks._draft_replayed(None, runner, fb)
+            assert r.step.runner is runner
 
 
 def test_the_loop_records_only_for_a_c2t_chain_round(monkeypatch):
@@ -243,7 +274,9 @@ def test_a_chain_round_without_a_beta_keeps_the_draft_graph_and_records_nothing(
         r.step.chain = ChainStopper(params, S, "cpu")
         assert r.step.chain.active and not r.step.chain.reads_steps
         fb, can_run, plan = hooks._prepare_for_draft(("fb", True, "plan"), None, None, None, runner)
-        assert can_run is True and r.step.runner is runner
+        assert can_run is True
+        hooks._draft_replayed(None, runner, fb)
+        assert r.step.runner is runner
         worker = SimpleNamespace(topk=1, speculative_num_steps=S)
         hooks._draft_loop(lambda self, fb: seen.append(recording_loop()), worker, None)
         assert keep_mask(r.step.chain.cut(runner.bs), S + 1).sum(-1).tolist() == [3, 1, S + 1]

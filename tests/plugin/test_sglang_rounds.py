@@ -127,8 +127,13 @@ def test_tree_batches_keep_the_draft_graph_and_chain_stops_draft_eagerly(loaded)
     assert hooks._prepare_for_draft(fake, *args) == fake
     tree = hooks.DraftStep([None], 4)
     with drafting(tree):
-        assert hooks._prepare_for_draft(fake, *args) == fake and tree.runner is runner
+        assert hooks._prepare_for_draft(fake, *args) == fake and tree.runner is None
+        assert hooks._draft_replayed("out", runner, "fb") == "out" and tree.runner is runner  # the graph replayed
+        # the next round's prepare allows the graph, but draft() drafts eagerly (a DSA target seeding its top-k):
+        # no replay, so the selection reads this batch's own pool, not the last replay's padded rows
+        assert hooks._prepare_for_draft(fake, *args) == fake and tree.runner is None
         assert hooks._prepare_for_draft(("fb", False, None), *args) == ("fb", False, None) and tree.runner is None
+    assert hooks._draft_replayed("out", runner, "fb") == "out"  # outside a treespec draft: a pass-through
     chain = hooks.DraftStep([parse_spec({"policy": "chain", "beta": 0.5})], 1)
     chain.chain = ChainStopper(chain.params, 3, "cpu")
     with drafting(chain):
@@ -154,6 +159,10 @@ def test_worker_and_request_attributes_the_hooks_read(loaded):
     from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
 
     assert "self.bs = bs" in inspect.getsource(EAGLEDraftCudaGraphRunner.execute)
+    # prepare_for_draft's "can run the graph" is not the last word: draft() may still draft eagerly, so the
+    # runner is taken where the graph replays (EAGLEDraftCudaGraphRunner.execute), not from prepare_for_draft
+    draft = inspect.getsource(inspect.unwrap(EagleDraftWorker.draft))
+    assert "self.cuda_graph_runner.execute(" in draft and "can_run_decode_cuda_graph = False" in draft
     req_init = inspect.getsource(Req.__init__)
     assert "self.sampling_params = sampling_params" in req_init and "self.customized_info" in req_init
 

@@ -118,9 +118,10 @@ class ChainStopper:
 
     def __init__(self, params: List, num_steps: int, device):
         self.num_steps = num_steps
-        self.device = torch.device(device)
         # each request's cached parameter row (:func:`.pool.policy_rows`: no host->device copy per round)
-        rows = policy_rows(params, self.device)
+        rows = policy_rows(params, torch.device(device))
+        # the device as a tensor's (SGLang's worker says "cuda", its tensors are on "cuda:0"): the stash's key
+        self.device = rows.device
         self.beta = rows[:, COLUMNS.index("beta")]  # [bs] -1 where the row has no early stop: never stops
         # a chain's own length (budget = length + 1), 0 for speculation off, the captured S for native rows
         self.max_len = (rows[:, COLUMNS.index("budget")] - 1).clamp(max=num_steps).long()  # [bs]

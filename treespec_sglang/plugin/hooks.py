@@ -108,9 +108,9 @@ class BatchColumns:
     stopper: Optional[ChainStopper] = None
 
     def chain_stopper(self, num_steps: int, device) -> ChainStopper:
-        """The batch's :class:`ChainStopper` in chain mode (built the first time; S and the device are the
-        server's)."""
-        if self.stopper is None:
+        """The batch's :class:`ChainStopper` in chain mode (built the first time, and again when S changes:
+        SGLang's adaptive speculation moves a topk-1 server's step count between rounds)."""
+        if self.stopper is None or self.stopper.num_steps != num_steps:
             self.stopper = ChainStopper(self.params, num_steps, device)
         return self.stopper
 
@@ -164,9 +164,19 @@ def _prepare_for_draft(result, *args, **kwargs):
     if step is None:
         return result
     forward_batch, can_run_graph, kv_loc_plan = result
+    step.runner = None  # set when the graph replays (_draft_replayed): SGLang's draft() may still draft eagerly
     if step.chain is not None and step.chain.reads_steps and not chain_graph_enabled():
         return forward_batch, False, kv_loc_plan
-    step.runner = (kwargs.get("cuda_graph_runner", args[3] if len(args) > 3 else None)) if can_run_graph else None
+    return result
+
+
+def _draft_replayed(result, self, *args, **kwargs):
+    # SGLang's draft graph replayed (its runner's execute: self.bs is the padded batch the pool was written for).
+    # Only here: prepare_for_draft's "can run" is not the last word (draft() turns the graph off for a DSA
+    # target seeding its top-k, and drafts eagerly; the pool is then this batch's own)
+    step = drafting_step()
+    if step is not None:
+        step.runner = self
     return result
 
 
@@ -338,7 +348,9 @@ HOOKS_IN_ORDER: List[Hook] = [
     Hook(f"{_SPEC}.eagle_worker_common.prepare_for_draft", "AFTER", _prepare_for_draft,
          ["draft_input", "req_to_token_pool", "batch", "cuda_graph_runner", "draft_model_runner", "topk",
           "num_steps", "target_translator", "num_draft_tokens"],
-         "remembers the draft graph runner; C2T chain stops draft eagerly unless the graph records their steps"),
+         "C2T chain stops draft eagerly unless the graph records their steps"),
+    Hook(f"{_SPEC}.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.execute", "AFTER", _draft_replayed,
+         ["self", "forward_batch"], "remembers the replayed draft graph's runner (its padded batch size)"),
     Hook(f"{_SPEC}.eagle_worker_v2.EagleDraftWorker.draft_forward", "AROUND", _draft_loop, ["self", "forward_batch"],
          "chain mode: the loop records each step's top log-prob and entropy for the C2T stop (eager, or into the "
          "captured graph with ``TREESPEC_CHAIN_STOP_GRAPH=1``; :mod:`.chain_stop`)"),
