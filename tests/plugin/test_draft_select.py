@@ -85,6 +85,40 @@ def test_graph_mode_after_a_replayed_draft_runs_one_selection_graph_per_draft_sh
     assert len(made) == 1 and len(select_graph.GRAPHS) == 1  # captured once (the c2t row's classifier in it)
 
 
+def test_eager_stashes_do_not_pile_up_per_batch_size_and_captured_ones_stay(monkeypatch):
+    """SGLang drafts eagerly above its largest captured batch: each batch size stashed its own pool, kept for the
+    process's life (GBs over a day of varying batch sizes, outside SGLang's memory budget). An eager stash is
+    read in its round: one is kept at a time; a stash a captured graph writes is never freed; a selection graph
+    over a freed stash is captured again over the new one."""
+    from treespec_sglang.plugin import select_graph
+
+    monkeypatch.setattr(draft_select, "_STASH", {})
+    monkeypatch.setattr(draft_select, "_NATIVE", {})
+    monkeypatch.setattr(draft_select, "_CAPTURED", set())
+    monkeypatch.setattr(select_graph, "GRAPHS", {})
+    monkeypatch.setattr(draft_select, "capturing", lambda t=None: True)  # SGLang captures the 8-row draft graph
+    sl, tl, pl = pools(8, 1)
+    stash_pool(sl, tl, pl)
+    monkeypatch.setattr(draft_select, "capturing", lambda t=None: False)
+    shape = lambda rows: (rows, K + (S - 1) * K * K, 1 + (S - 1) * K, "cpu")  # noqa: E731
+    for bs in (5, 6, 7, 6):
+        sl, tl, pl = pools(bs, bs)
+        stash_pool(sl, tl, pl, torch.zeros(bs, N - 1, dtype=torch.long))
+        assert set(draft_select._STASH) == {shape(8), shape(bs)} and set(draft_select._NATIVE) == {shape(bs)}
+        assert torch.equal(read_pool(bs, bs, K, S, "cpu").scores, torch.cat(sl, 1).flatten(1))  # this round's
+    sl, tl, pl = pools(8, 2)  # an eager draft of a captured shape writes the captured buffers: nothing freed
+    stash_pool(sl, tl, pl)
+    assert set(draft_select._STASH) == {shape(8), shape(6)}
+    # a selection graph over an uncaptured stash (the CPU's "replays") follows the stash when it is freed
+    key, stash = draft_select._stash_of(6, K, S, "cpu")
+    g = select_graph.graph_for(stash, key, K, N, [])
+    assert select_graph.graph_for(stash, key, K, N, []) is g
+    stash_pool(*pools(5, 3))
+    stash_pool(*pools(6, 4))
+    key, fresh = draft_select._stash_of(6, K, S, "cpu")
+    assert fresh is not stash and select_graph.graph_for(fresh, key, K, N, []).stash is fresh
+
+
 @pytest.mark.parametrize("env,device,want,replayed", [
     (None, "cuda", "select_on_pool_fused", True), ("", "cuda", "select_on_pool_fused", True),
     (None, "cpu", "select_on_pool", False), ("", "cpu", "select_on_pool", False),

@@ -45,6 +45,7 @@ SELECT_MODES = ("torch", "auto", "triton", "graph")
 _STASH: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 # the pool's stash key -> SGLang's own top_scores_index [rows, N-1] int64 on that pool, written beside it
 _NATIVE: Dict[tuple, torch.Tensor] = {}
+_CAPTURED: set = set()  # the stash keys a captured draft graph writes (kept for the process's life)
 
 
 def capturing(t: Optional[torch.Tensor] = None) -> bool:
@@ -144,8 +145,11 @@ def stash_pool(score_list, token_list, parents_list, native_top: Optional[torch.
     parent_list = torch.cat(parents_list[:-1], dim=1) if len(parents_list) > 1 else \
         torch.full((rows, 1), -1, dtype=torch.long, device=scores.device)
     key = (rows, P, parent_list.shape[1], str(scores.device))
+    if capturing(scores):
+        _CAPTURED.add(key)  # a graph writes these buffers from now on: never freed
     bufs = _STASH.get(key)
     if bufs is None:
+        _drop_eager_stashes()
         bufs = _STASH[key] = (torch.empty(rows, P, dtype=torch.float32, device=scores.device),
                               torch.empty(rows, P, dtype=torch.long, device=scores.device),
                               torch.empty(rows, parent_list.shape[1], dtype=torch.long, device=scores.device))
@@ -160,6 +164,15 @@ def stash_pool(score_list, token_list, parents_list, native_top: Optional[torch.
         native = _NATIVE[key] = torch.empty(rows, native_top.shape[1], dtype=torch.long, device=scores.device)
     native.copy_(native_top)
     return key
+
+
+def _drop_eager_stashes() -> None:
+    """Free the stashes no captured graph writes, before a new shape is stashed: an eager draft's pool is read in
+    its own round, so one of them at a time is enough (SGLang drafts eagerly above its largest captured batch:
+    kept per batch size, they would pile up to GBs outside SGLang's memory budget)."""
+    for key in [k for k in _STASH if k not in _CAPTURED]:
+        del _STASH[key]
+        _NATIVE.pop(key, None)
 
 
 def _stash_of(rows: int, topk: int, steps: int, device) -> Tuple[tuple, Tuple[torch.Tensor, ...]]:
