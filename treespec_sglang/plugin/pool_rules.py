@@ -82,7 +82,8 @@ def level_slices(k: int, P: int):
 
 def parent_entropy(cond: torch.Tensor, k: int) -> torch.Tensor:
     """``[bs, P]`` conditional child log-probs -> ``[bs, P]`` entropy of each node's parent's k-slot
-    distribution (C2T Eq. 7 over what the beam computed), the same for the k siblings.
+    distribution, the same for the k siblings: C2T Eq. 7 over what the pool holds (the k drafted children), not
+    over the top 1000 the classifier was trained on (lower: docs/plugin.md, section 2).
 
     Example: k 2, cond log([.5, .25, .9, .1]) -> [H(.5, .25), H(.5, .25), H(.9, .1), H(.9, .1)].
     """
