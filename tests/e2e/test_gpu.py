@@ -179,6 +179,36 @@ def test_every_policy_equals_plain_greedy_and_replays_sglangs_graphs(spec, promp
     assert {"DecodeCudaGraphRunner", "EAGLEDraftCudaGraphRunner", "EAGLEDraftExtendCudaGraphRunner"} <= replayed
 
 
+@pytest.fixture
+def chain_engine(demo_target_dir, gpu_plain, graph_dir):
+    """A chain-mode engine (EAGLE, topk 1, 5 steps, N 6), after plain; shut down after its test (with a ``spec``
+    engine and the launch_server test's, at most three hold GPU memory at once)."""
+    sgl = _require_sglang()
+    llm = sgl.Engine(**gpu_engine_kwargs(demo_target_dir, **eagle_kwargs(shipped_draft(), 1, 5, 6)))
+    yield llm
+    llm.shutdown()
+
+
+def test_chain_mode_policies_equal_plain_greedy(chain_engine, prompt_ids, gpu_plain, hf_target):
+    """Chain mode on a GPU: C2T stops (their rounds draft eagerly, the loop recording its statistics), a shorter
+    chain and speculation off (the draft graph replays), alone and mixed with native requests, equal plain greedy
+    (or a documented near-tie), each request's chain at most N long. The C2T stop once read its statistics under
+    the worker's device name ("cuda") where the loop wrote them under the logits' ("cuda:0"): every C2T round
+    raised on a GPU, and no GPU test drafted chains."""
+    specs = [{"policy": "chain", "beta": 0.5}, {"policy": "chain", "length": 2}, {"policy": "none"}, None]
+    for label, batch in {"c2t": specs[:1], "mixed": specs}.items():
+        ids = [p for p in prompt_ids for _ in batch]
+        outs = chain_engine.generate(input_ids=ids, sampling_params=[greedy_params(s) for _ in prompt_ids
+                                                                     for s in batch])
+        check_equal(outs, [r for r in gpu_plain for _ in batch], ids, hf_target, f"chain {label}")
+        for o, s in zip(outs, batch * len(prompt_ids)):
+            if s is not None:
+                meta = o["meta_info"]
+                assert meta["treespec_policy"] == [s["policy"]], (label, meta)
+                top = {"none": 1, "chain": 6 if "beta" in s else 3}[s["policy"]]
+                assert all(1 <= t <= top for t in meta["treespec_tree_sizes"]), (label, s, meta)
+
+
 def test_sampled_tokens_follow_the_target_law(spec, sample_law):
     """T = 1, a treespec policy (talon) in SGLang's GPU sampling verify: the first two tokens' joint law and the
     second token's temperature match the float32 target's (the CPU test's chi-square and z tests)."""
