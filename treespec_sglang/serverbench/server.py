@@ -27,6 +27,11 @@ CPU_ARGS = ["--device", "cpu", "--attention-backend", "intel_amx", "--dtype", "f
             "--max-total-tokens", "8192"]
 
 
+# what uvicorn logs (and then serves nothing) when the HTTP port is taken
+BIND_ERROR = "error while attempting to bind on address"
+BIND_TRIES = 3
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,7 +71,7 @@ class LaunchedServer:
 
     def __init__(self, argv: List[str], log_path: str, *, device: str, startup_timeout: float = 900,
                  env: Optional[dict] = None):
-        self.argv, self.log_path, self.startup_timeout = argv, log_path, startup_timeout
+        self.argv, self.log_path, self.startup_timeout = list(argv), log_path, startup_timeout
         port = argv[argv.index("--port") + 1]
         self.url = f"http://127.0.0.1:{port}"
         self.env = {**os.environ, **(env or {})}
@@ -78,28 +83,58 @@ class LaunchedServer:
         self.start_seconds = None
 
     def __enter__(self) -> str:
-        self.log = open(self.log_path, "w+")
+        """Start the server and wait for /health. The port was free when :func:`free_port` chose it, but another
+        socket may take it before the server binds (SGLang's own IPC ports come from the same ephemeral range):
+        SGLang then logs the bind error and never answers (its warmup waits minutes, then it kills itself). That
+        start is stopped at once and retried on a fresh port, up to :data:`BIND_TRIES` times."""
         t0 = time.time()
-        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with code {self.proc.returncode} while starting; "
-                                       f"log {self.log_path}:\n{self.tail()}")
-                try:
-                    urllib.request.urlopen(self.url + "/health", timeout=5)
+        for attempt in range(BIND_TRIES):
+            self._spawn(append=attempt > 0)
+            try:
+                if self._wait_healthy(t0):
                     break
-                except (urllib.error.URLError, ConnectionError, OSError):
-                    if time.time() - t0 > self.startup_timeout:
-                        raise TimeoutError(f"server not healthy after {self.startup_timeout:.0f} s; "
-                                           f"log {self.log_path}:\n{self.tail()}") from None
-                    time.sleep(1)
-        except BaseException:
+            except BaseException:
+                self.stop()
+                raise
             self.stop()
-            raise
+            port = free_port()
+            self.argv[self.argv.index("--port") + 1] = str(port)
+            self.url = f"http://127.0.0.1:{port}"
+        else:
+            raise RuntimeError(f"server could not bind its port in {BIND_TRIES} tries (another socket took each "
+                               f"one first); log {self.log_path}")
         self.start_seconds = time.time() - t0
         return self.url
+
+    def _spawn(self, append: bool) -> None:
+        self.log = open(self.log_path, "a+" if append else "w+")
+        if append:
+            self.log.write(f"\n[treespec bench-server] the port was taken; restarting on {self.url}\n")
+            self.log.flush()
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        self._log_from = self.log.tell()
+
+    def _wait_healthy(self, t0: float) -> bool:
+        """True once /health answers; False when this start lost its port (:data:`BIND_ERROR` in its log);
+        raises when the server exits or the startup timeout passes."""
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode} while starting; "
+                                   f"log {self.log_path}:\n{self.tail()}")
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=5)
+                return True
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.time() - t0 > self.startup_timeout:
+                    raise TimeoutError(f"server not healthy after {self.startup_timeout:.0f} s; "
+                                       f"log {self.log_path}:\n{self.tail()}") from None
+            self.log.flush()
+            with open(self.log_path) as f:
+                f.seek(self._log_from)
+                if BIND_ERROR in f.read():
+                    return False
+            time.sleep(1)
 
     def __exit__(self, *exc) -> None:
         self.stop()
