@@ -72,8 +72,6 @@ class LaunchedServer:
     def __init__(self, argv: List[str], log_path: str, *, device: str, startup_timeout: float = 900,
                  env: Optional[dict] = None):
         self.argv, self.log_path, self.startup_timeout = list(argv), log_path, startup_timeout
-        port = argv[argv.index("--port") + 1]
-        self.url = f"http://127.0.0.1:{port}"
         self.env = {**os.environ, **(env or {})}
         if device == "cpu":
             from ..plugin.cpu.host import CPU_ENV  # plain constants; imports nothing of sglang
@@ -81,6 +79,12 @@ class LaunchedServer:
             self.env.update(CPU_ENV)
         self.proc = None
         self.start_seconds = None
+        self._log_from = 0  # where this start's part of the log begins
+
+    @property
+    def url(self) -> str:
+        """The server's address, from its ``--port`` argument (changed when a start lost its port)."""
+        return f"http://127.0.0.1:{self.argv[self.argv.index('--port') + 1]}"
 
     def __enter__(self) -> str:
         """Start the server and wait for /health. The port was free when :func:`free_port` chose it, but another
@@ -97,9 +101,7 @@ class LaunchedServer:
                 self.stop()
                 raise
             self.stop()
-            port = free_port()
-            self.argv[self.argv.index("--port") + 1] = str(port)
-            self.url = f"http://127.0.0.1:{port}"
+            self.argv[self.argv.index("--port") + 1] = str(free_port())
         else:
             raise RuntimeError(f"server could not bind its port in {BIND_TRIES} tries (another socket took each "
                                f"one first); log {self.log_path}")
