@@ -169,15 +169,25 @@ def serve(generate, prompt_ids, sp, bs: int, n: int = 0) -> dict:
             "outputs": [list(o["output_ids"]) for o in outs]}
 
 
+def warm(generate, prompt_ids, bs: int, specs=(None,)) -> None:
+    """One untimed batch of ``bs`` requests per entry of ``specs`` (None: native), 4 tokens each: a batch size's first
+    rounds compile kernels for its shapes and capture the selection graph of its bucket (on an H100 they cost a first
+    native set at bs 16 and 64 4-13x its later rounds, and the first policy set the selection graph's capture)."""
+    for spec in specs:
+        generate(prompt_ids[:bs], params_for([spec], min(bs, len(prompt_ids)), 4))
+
+
 def run_plain(a, prompt_ids) -> dict:
     """``{bs: {"tok_s", "outputs"}}`` of plain decoding (no speculation) on the same prompts: its tokens per second
     and its greedy outputs (what every set's outputs are compared with)."""
     generate, stop = start(a, {}, speculative=False)
     try:
-        generate(prompt_ids[:1], params_for([None], 1, 8))  # warm-up
         sp = params_for([None], len(prompt_ids), a.max_new_tokens, a.target == "random")
-        return {bs: serve(generate, prompt_ids, sp, bs)
-                for bs in a.bs}
+        out = {}
+        for bs in a.bs:
+            warm(generate, prompt_ids, bs)
+            out[bs] = serve(generate, prompt_ids, sp, bs)
+        return out
     finally:
         stop()
 
@@ -209,8 +219,8 @@ def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None
     out = {}
     try:
         sets = policy_sets(a.topk, a.steps, a.num_draft_tokens)
-        generate(prompt_ids[:1], params_for([None], 1, 8))  # warm-up, not measured
         for bs in a.bs:
+            warm(generate, prompt_ids, bs, sets["mix"])  # not measured: every policy's kernels at this size
             for name, specs in sets.items():
                 before = read_profile(d)
                 sp = params_for(specs, len(prompt_ids), a.max_new_tokens, a.target == "random")

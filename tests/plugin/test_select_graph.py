@@ -185,7 +185,7 @@ def test_captured_graph_replays_the_planned_trees_on_cuda():
     k, S, N = 8, 4, 32
     first, _ = batch(k, S, N, 16, seed=0, device="cuda")
     stash = stash_of(first, 16)
-    g = SelectionGraph(stash, k, N, clf_ids=_clf_ids(OTHER), capture=True)
+    g = SelectionGraph(stash, k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=True)  # every classifier batch() names
     assert g.graph is not None
     for r, n in enumerate((16, 9, 3)):
         pool, params = batch(k, S, N, n, seed=r, device="cuda")
