@@ -11,6 +11,7 @@ from treespec_sglang.plugin.hooks import DraftStep
 from treespec_sglang.plugin.pool import select_from_pool
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.utils.cuda_graphs import capture
+from treespec_sglang.utils.syncs import count_ops
 
 K, S, N = 4, 4, 16
 SPECS = [{"policy": "talon", "budget": 10}, None, {"policy": "salf", "budget": 12, "th": 0.3},
@@ -82,7 +83,24 @@ def test_graph_mode_after_a_replayed_draft_runs_one_selection_graph_per_draft_sh
         top, toks = select_after_draft(step, 8, stale, native[2], N, S)
         ref = select_from_pool(*mine, N, K, params, native=native)
         assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3]), seed
+        with count_ops() as c:  # the tree sizes the graph computed beside its keep: no op of their own
+            sizes = step.sizes
+        assert c.ops == 0 and torch.equal(sizes, ref[3].sum(-1)), (c.names, seed)
     assert len(made) == 1 and len(select_graph.GRAPHS) == 1  # captured once (the c2t row's classifier in it)
+
+
+def test_tree_sizes_follow_the_keep_a_round_holds_last():
+    """Sizes given with a keep count that keep; a keep set again after the selection (chain mode's cut, rank 0's
+    tree) is counted anew, and a keep set with no sizes too."""
+    step = DraftStep([None, None], K)
+    assert step.sizes is None
+    keep = torch.tensor([[True, True, False], [True, False, False]])
+    step.selected(keep, torch.tensor([2, 1]))
+    assert step.sizes.tolist() == [2, 1]
+    step.keep = torch.ones(2, 3, dtype=torch.bool)
+    assert step.sizes.tolist() == [3, 3]
+    step.selected(keep)
+    assert step.sizes.tolist() == [2, 1]
 
 
 def test_eager_stashes_do_not_pile_up_per_batch_size_and_captured_ones_stay(monkeypatch):

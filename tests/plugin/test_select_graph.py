@@ -60,7 +60,8 @@ def test_one_graph_serves_changing_batches_with_the_planned_trees(k, S, N, kind,
             buf[:n].copy_(src)  # this round's replay wrote its n rows
         want = run_both(pool, N, params, native_of(pool, N), margins=kind != "ties")
         got = graph_select(g, pool, params, N)
-        for name, a, b in zip(("top_scores_index", "draft_tokens", "node_keep"), want[1:], got):
+        for name, a, b in zip(("top_scores_index", "draft_tokens", "node_keep", "sizes"), want[1:] + (
+                want[3].sum(-1),), got):
             assert torch.equal(a, b), (name, r, (a != b).nonzero()[:4].tolist())
 
 
@@ -193,4 +194,4 @@ def test_captured_graph_replays_the_planned_trees_on_cuda():
             buf[:n].copy_(src)
         want = run_both(pool, N, params, native_of(pool, N))
         got = graph_select(g, pool, params, N)
-        assert all(torch.equal(a, b) for a, b in zip(want[1:], got)), r
+        assert all(torch.equal(a, b) for a, b in zip(want[1:] + (want[3].sum(-1),), got)), r

@@ -220,8 +220,10 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
     bs, dev = native_top.shape[0], native_top.device
     group = verify_group()
     rows_t = policy_rows(step.params, dev, step.shares)  # cached per batch composition: no op, no list copy
+    sizes = None  # [bs] keep.sum(-1) where the selection graph computed it
     if rows is not None and replays_selection(dev):  # a replayed draft: replay the selection's graph too
-        top, tokens, keep, scores = _select_replayed(step, rows, rows_t, native_top, num_draft_tokens, steps, group)
+        top, tokens, keep, sizes, scores = _select_replayed(step, rows, rows_t, native_top, num_draft_tokens, steps,
+                                                            group)
     else:
         scores, tokens, parent_list = _stashed(rows or bs, bs, step.topk, steps, dev)
         scores = perturbed([scores], group)[0]  # a no-op unless a test asks for a faulty rank
@@ -234,7 +236,7 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
     own = (top, tokens, keep)
     top, tokens, keep = agree(own, group)
     record_digest(own, (top, tokens, keep), group)
-    step.keep = keep
+    step.selected(keep, sizes if keep is own[2] else None)  # the graph's sizes count its own keep only
     return top, tokens
 
 
@@ -243,8 +245,8 @@ def _select_replayed(step, rows: int, rows_t: torch.Tensor, native_top: torch.Te
     """``TREESPEC_SELECT=graph`` (or ``auto`` on CUDA) after a replayed draft: the selection graph of the draft's
     stash (:func:`~.select_graph.graph_for`) with this batch's rows; SGLang's own selection is read where the replay
     stashed it (``native_top`` is copied in only for a draft graph captured without that stash). Returns
-    ``(top [bs, N-1], tokens [bs, N-1], keep [bs, N], scores [bs, P])``, ``scores`` a view of the stash (read
-    before the next replay)."""
+    ``(top [bs, N-1], tokens [bs, N-1], keep [bs, N], sizes [bs], scores [bs, P])``, ``scores`` a view of the
+    stash (read before the next replay)."""
     bs, N = native_top.shape[0], num_draft_tokens
     key, stash = _stash_of(rows, step.topk, steps, native_top.device)
     scores = stash[0][:bs]
@@ -260,5 +262,5 @@ def _select_replayed(step, rows: int, rows_t: torch.Tensor, native_top: torch.Te
     if native is not None and native.shape[1] != N - 1:
         native = None
     graph = graph_for(stash, key, step.topk, N, plan.clf_ids, native)
-    top, tokens, keep = graph.run(rows_t, None if native is not None else native_top, extra)
-    return top, tokens, keep, scores
+    top, tokens, keep, sizes = graph.run(rows_t, None if native is not None else native_top, extra)
+    return top, tokens, keep, sizes, scores

@@ -220,7 +220,7 @@ def _verify_input(result, *args, **kwargs):
         # a cut read off the draft's steps is rank 0's on every rank; one from the rows' lengths alone is the
         # same everywhere already (the ranks' settings and requests agree): no broadcast
         group = verify_group() if step.chain.reads_steps else None
-        step.keep = keep_mask(length, result.retrieve_next_token.shape[-1], group)
+        step.selected(keep_mask(length, result.retrieve_next_token.shape[-1], group))
     if step is None or step.keep is None:
         return result
     unlink(result.retrieve_next_token, result.retrieve_next_sibling, step.keep)

@@ -53,8 +53,8 @@ class DraftStep:
 
     ``params`` one per row; ``topk`` the server's; ``shares[b]`` row b is under the token cap of ``token_cap``
     verified tokens per sharing request (None: off); ``keep`` ``[bs, N]`` bool, the kept verify nodes once
-    selected; ``chain`` the C2T chain stopper in chain mode; ``runner`` SGLang's draft graph runner when this
-    round's draft is a replay.
+    selected (:meth:`selected`); ``chain`` the C2T chain stopper in chain mode; ``runner`` SGLang's draft graph
+    runner when this round's draft is a replay.
     """
 
     params: List
@@ -64,15 +64,26 @@ class DraftStep:
     keep: Optional[torch.Tensor] = None
     chain: object = None
     runner: object = None
+    _sizes: Optional[tuple] = None  # (keep, its [bs] sizes) as the selection graph computed them
 
     def __post_init__(self):
         if self.shares is None:
             self.shares = [False] * len(self.params)
 
+    def selected(self, keep: torch.Tensor, sizes: Optional[torch.Tensor] = None) -> None:
+        """The round's kept verify nodes ``keep`` ``[bs, N]`` bool, with ``sizes`` ``[bs]`` int64 = ``keep.sum(-1)``
+        when the selection computed them already (inside its CUDA graph: no launch of their own)."""
+        self.keep = keep
+        self._sizes = None if sizes is None else (keep, sizes)
+
     @property
     def sizes(self) -> Optional[torch.Tensor]:
         """``[bs]`` int64 verified tree sizes (root included), once the selection is made."""
-        return None if self.keep is None else self.keep.sum(-1)  # a bool sum is int64
+        if self.keep is None:
+            return None
+        if self._sizes is not None and self._sizes[0] is self.keep:  # keep may be set again after the selection
+            return self._sizes[1]
+        return self.keep.sum(-1)  # a bool sum is int64
 
 
 @dataclass

@@ -80,6 +80,8 @@ class SelectionGraph:
         self.out = (torch.zeros(rows, N - 1, dtype=torch.int64, device=dev),  # top [rows, N-1]
                     torch.zeros(rows, N - 1, dtype=tokens.dtype, device=dev),  # tokens [rows, N-1]
                     torch.zeros(rows, N, dtype=torch.bool, device=dev)) + workspace(self.mod, rows, P, dev)
+        self.sizes = torch.zeros(rows, dtype=torch.int64, device=dev)  # [rows] kept nodes per row, root included
+        self._views: dict = {}  # bs -> the outputs' first bs rows (views of static buffers: built once per bs)
         self.clf = classifier_table(self.clf_ids, dev) if self.clf_ids else no_classifier(dev)
         self.stages = stage_table(dev)
         self.args = graph_args(N, 1 + (P - topk) // (topk * topk), P, bool(self.clf_ids))
@@ -95,6 +97,7 @@ class SelectionGraph:
     def _body(self) -> None:
         pool = PoolView.from_flat(*self.stash, self.k)
         launch(self.mod, pool, self.rows_in, self.stages, self.clf, self.native_in, self.extra_in, self.out, self.args)
+        torch.sum(self.out[2], dim=-1, out=self.sizes)  # in the graph: no launch of its own on the host per round
 
     def run(self, rows: torch.Tensor, native_top: Optional[torch.Tensor] = None,
             extra_keep: Optional[torch.Tensor] = None):
@@ -109,8 +112,9 @@ class SelectionGraph:
 
         Returns
         -------
-        ``(top_scores_index [bs, N-1] int64, draft_tokens [bs, N-1], keep [bs, N] bool)``, views of the static
-        outputs: valid until the next ``run`` (read them on this stream before it, as a round does).
+        ``(top_scores_index [bs, N-1] int64, draft_tokens [bs, N-1], keep [bs, N] bool, sizes [bs] int64)``
+        (``sizes``: ``keep.sum(-1)``), views of the static outputs: valid until the next ``run`` (read them on this
+        stream before it, as a round does).
         """
         bs = rows.shape[0]
         if rows is not self._rows_seen:  # a steady batch passes its cached table again: already in place
@@ -132,7 +136,10 @@ class SelectionGraph:
             self.graph.replay()
         else:
             self._body()
-        return tuple(t[:bs] for t in self.out[:3])
+        views = self._views.get(bs)
+        if views is None:
+            views = self._views[bs] = tuple(t[:bs] for t in self.out[:3]) + (self.sizes[:bs],)
+        return views
 
 
 def graph_for(stash: Tuple[torch.Tensor, ...], key: tuple, topk: int, num_draft_tokens: int,
