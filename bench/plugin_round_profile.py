@@ -44,6 +44,8 @@ def policy_sets(topk: int, steps: int, n: int) -> dict:
            "chain": {"policy": "chain", "length": steps}}
     sets = {"native": [None]}
     sets.update({name: [spec] for name, spec in one.items()})
+    # eagle2 at budget N keeps SGLang's own tree (served natively); a smaller budget is a tree of its own
+    sets["eagle2-small"] = [{"policy": "eagle2", "budget": max(2, n - 2), "topk": topk, "depth": steps}]
     sets["mix"] = [None] + list(one.values())  # request i takes mix[i % 6]
     sets["native_again"] = [None]  # native once more after the policies: the run-to-run spread beside the gaps
     return sets

@@ -47,7 +47,8 @@ from treespec_sglang.utils.syncs import count_ops  # noqa: E402
 from bench.select_host_cost import pool_lists, sglang_pool  # noqa: E402
 
 SETS = {"native": [None],
-        "eagle2": [{"policy": "eagle2"}],
+        "eagle2": [{"policy": "eagle2"}],  # its default budget keeps SGLang's own tree: served as a native round
+        "eagle2-small": [{"policy": "eagle2", "budget": 4}],  # a tree of its own: selected and unlinked
         "mix": [None, {"policy": "eagle2"}, {"policy": "talon", "mu": 0.03}, {"policy": "salf", "th": 0.1},
                 {"policy": "c2t", "beta": 0.5}, {"policy": "chain"}],
         # chain mode (--topk 1, N = steps + 1): C2T stops, a shorter chain, speculation off, native
@@ -171,7 +172,7 @@ def measure(name, bs, a, env="frozen"):
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bs", default="1,16,64")
-    ap.add_argument("--sets", default="native,eagle2,mix")
+    ap.add_argument("--sets", default="native,eagle2,eagle2-small,mix")
     ap.add_argument("--select", default="graph", choices=draft_select.SELECT_MODES)
     ap.add_argument("--eager", action="store_true", help="an eager draft (organize's hook runs on the host)")
     ap.add_argument("--topk", type=int, default=4)

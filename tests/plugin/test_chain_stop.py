@@ -163,7 +163,7 @@ def test_the_stopper_reads_the_stash_under_the_device_its_tensors_are_on(named):
 
 def test_a_batch_whose_step_count_changes_gets_a_stopper_of_the_new_count():
     """SGLang's adaptive speculation moves a topk-1 server's step count between rounds of the same batch."""
-    from treespec_sglang.plugin.hooks import batch_columns
+    from treespec_sglang.plugin.columns import batch_columns
     from treespec_sglang.plugin.config import ServerDefaults
     from types import SimpleNamespace
 

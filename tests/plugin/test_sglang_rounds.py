@@ -260,11 +260,11 @@ def test_finished_and_retracted_requests_record_no_accept_length(done):
     retracted commits nothing this round, so no accept length is recorded for it; the others get theirs."""
     from types import SimpleNamespace
 
-    from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin import columns, hooks
 
     reqs = [LiveReq("talon"), LiveReq("talon", finished_reason=object() if done in ("finished", "both") else None),
             LiveReq("eagle2", is_retracted=done in ("retracted", "both")), LiveReq(None)]
-    hooks._COLUMNS[0] = None  # no cached batch: the names are read off the requests
+    columns._COLUMNS[0] = None  # no cached batch: the names are read off the requests
     hooks._record_accepts(None, None, SimpleNamespace(num_correct_drafts_per_req_cpu=[3, 2, 1, 0]),
                           SimpleNamespace(reqs=reqs))
     got = [(r.customized_info or {}).get("treespec_accept_lengths") for r in reqs]

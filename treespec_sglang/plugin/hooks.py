@@ -30,10 +30,10 @@ from __future__ import annotations
 import logging
 import operator
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
-from ..policies.params import NoneParams
-from .chain_stop import ChainStopper, chain_graph_enabled, chain_loop, keep_mask, record_step, recording_loop
+from .chain_stop import chain_graph_enabled, chain_loop, keep_mask, record_step, recording_loop
+from .columns import _policies, batch_columns
 from .config import server_defaults
 from .draft_select import capturing, select_after_draft, stash_pool, unlink
 from .graph_log import register_counting
@@ -42,19 +42,18 @@ from .ragged import amx_extend_metadata, amx_forward_metadata, eager_while_ragge
     ragged_verify_forward, ran_ragged
 from .ranks import agree_verify, cpu_parallel_group, verify_group
 from .metrics import scheduler_series
-from .round import DraftStep, current, drafting_step, opened, same_requests
+from .round import DraftStep, current, drafting_step, opened
 from .server_hooks import (_add_cli_args, _create_generation_req, _draft_graph_vote, _draft_head,
-                           _from_cli_args, _handle_batch_request, _req_params, _req_shares, _request_level_key,
+                           _from_cli_args, _handle_batch_request, _request_level_key,
                            _scheduler_metrics, _server_info, _tokenizer_metrics, _verify_sampling_params,
                            _verify_uses_greedy)
-from .stats import PendingSizes, policy_name, record_rounds, stream_accept
+from .stats import PendingSizes, record_rounds, stream_accept
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
 __all__ = ["HOOKS", "SIGNATURES", "Hook", "register_hooks", "DraftStep"]
 
 _BUILD = "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input"
-DRAFTED = "_treespec_drafted"  # on a Req: its policy's name once drafted with it (its stats are ours to keep)
 _PENDING = PendingSizes()
 
 
@@ -74,12 +73,21 @@ def _draft(original, self, batch, *args, **kwargs):
     cols = batch_columns(reqs, server_defaults())
     if not cols.any_policy:
         return original(self, batch, *args, **kwargs)  # native SGLang
-    step = DraftStep(cols.params, self.topk, cols.shares, cols.defaults.token_cap)
+    params = cols.params
     if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)
         stopper = cols.chain_stopper(self.speculative_num_steps, getattr(self, "device", "cpu"))
-        step.chain = stopper if stopper.active else None
-        if step.chain is None:
+        if not stopper.active:
             return original(self, batch, *args, **kwargs)
+    else:
+        params, sizes, tokens = cols.selection(self.speculative_num_draft_tokens, self.speculative_num_steps)
+        if params is None:  # every tree is SGLang's own: a native round, the policies' stats recorded
+            out = original(self, batch, *args, **kwargs)
+            _PENDING.push(cols.reqs, cols.drafted(), sizes)
+            record_rounds(cols.reqs, cols.drafted(), "treespec_verify_tokens", tokens)
+            return out
+    step = DraftStep(params, self.topk, cols.shares, cols.defaults.token_cap)
+    if self.topk == 1:
+        step.chain = stopper
     r = current()
     r.step, r.drafting = step, True
     try:
@@ -90,70 +98,6 @@ def _draft(original, self, batch, *args, **kwargs):
     if sizes is not None:  # the batch's requests as drafted (a tuple: SGLang edits batch.reqs in place)
         _PENDING.push(cols.reqs, cols.drafted(), sizes)
     return out
-
-
-@dataclass
-class BatchColumns:
-    """A decode batch's per-request policy columns: ``params`` (None: native), ``shares`` (under the token cap),
-    and once drafted the policies' names. SGLang keeps a decode batch's requests from round to round and a
-    request's policy never changes, so the columns are built once (O(bs) Python) and reused while the batch holds
-    the same requests in the same order under the same defaults (an O(bs) identity check in C)."""
-
-    reqs: tuple
-    defaults: object  # the ServerDefaults they were resolved under
-    params: list
-    shares: list
-    any_policy: bool
-    names: Optional[list] = None
-    stopper: Optional[ChainStopper] = None
-
-    def chain_stopper(self, num_steps: int, device) -> ChainStopper:
-        """The batch's :class:`ChainStopper` in chain mode (built the first time, and again when S changes:
-        SGLang's adaptive speculation moves a topk-1 server's step count between rounds)."""
-        if self.stopper is None or self.stopper.num_steps != num_steps:
-            self.stopper = ChainStopper(self.params, num_steps, device)
-        return self.stopper
-
-    def drafted(self) -> list:
-        """Each request's policy name (None: native), the requests marked drafted (:func:`_drafted`) the first
-        time."""
-        if self.names is None:
-            self.names = [_drafted(r, p) for r, p in zip(self.reqs, self.params)]
-        return self.names
-
-
-_COLUMNS: List[Optional[BatchColumns]] = [None]  # the last batch's (one decode batch per scheduler process)
-
-
-def _last_columns(reqs) -> Optional[BatchColumns]:
-    """The last batch's columns when ``reqs`` are its requests, in order (an identity check in C), else None."""
-    last = _COLUMNS[0]
-    return last if last is not None and same_requests(reqs, last.reqs) else None
-
-
-def batch_columns(reqs, defaults) -> BatchColumns:
-    """The columns of the batch ``reqs`` (:class:`BatchColumns`): the last batch's when it holds the same
-    requests, else built."""
-    last = _last_columns(reqs)
-    if last is not None and last.defaults is defaults:
-        return last
-    key = tuple(reqs)
-    params = [_req_params(r, defaults) for r in key]
-    # a request with speculation off ({"policy": "none"}) verifies its root alone and shares nothing
-    shares = [p is not None and not isinstance(p, NoneParams) and _req_shares(r) for r, p in zip(key, params)]
-    cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(p is not None for p in params))
-    return cols
-
-
-def _drafted(req, p) -> Optional[str]:
-    """Mark ``req`` drafted with its policy ``p`` (None: native); returns the policy's name, kept on the request."""
-    if p is None:
-        return None
-    name = getattr(req, DRAFTED, None)
-    if name is None:
-        name = policy_name(p)
-        setattr(req, DRAFTED, name)
-    return name
 
 
 def _prepare_for_draft(result, *args, **kwargs):
@@ -272,19 +216,6 @@ def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
                     for req, name in zip(reqs, policies)]
     record_rounds(reqs, policies, "treespec_accept_lengths", per)
     return result
-
-
-def _policies(reqs) -> list:
-    """Each request's policy name, or None for a native request (or one never drafted with its policy): the
-    last batch's names (:class:`BatchColumns`) when ``reqs`` are its requests (an identity check in C), else
-    read off each request."""
-    cols = _last_columns(reqs)
-    if cols is not None:
-        if not cols.any_policy:
-            return [None] * len(reqs)  # no request of the batch has a policy: none was ever drafted with one
-        if cols.names is not None:
-            return cols.names
-    return [getattr(req, DRAFTED, None) or None for req in reqs]
 
 
 def _treespec_round() -> bool:

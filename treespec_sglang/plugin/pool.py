@@ -40,7 +40,7 @@ from .pool_rules import arange, level_policies_keep, parent_entropy, salf_keep, 
 from .rows import _C, _CLF_SPECS, COLUMNS, _rule_row, classifier_ids, kind_id, per_batch, policy_rows, request_row
 
 __all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_token_cap", "unlink_filler", "request_row",
-           "policy_rows", "kind_id", "COLUMNS", "BatchPlan", "classifier_ids", "per_batch"]
+           "policy_rows", "kind_id", "COLUMNS", "BatchPlan", "classifier_ids", "per_batch", "keeps_native_tree"]
 
 _LEVEL_STAGES = ("talon", "c2t", "chain")  # pool_rules.level_policies_keep's rules
 
@@ -136,6 +136,18 @@ def _levels(k: int, P: int, dev) -> torch.Tensor:
 def _group_index(k: int, P: int, dev) -> torch.Tensor:
     """``[1, P]`` the parent-table column of each flat index, ``f // k``."""
     return static(("group", k, P), dev, lambda: (torch.arange(P) // k)[None, :])
+
+
+def keeps_native_tree(p: PolicyParams, N: int, S: int) -> bool:
+    """Whether ``p``'s tree over SGLang's pool is SGLang's own at N verify tokens over S draft steps: a ranking rule
+    (EAGLE-2, SALF with th = 0, Thm. 2-3) keeping at least the N-1 best pool nodes at every depth. EAGLE-2's
+    reranking (EAGLE-2 §4.2) is what ``organize_draft_results`` runs, so such a request needs no selection of its
+    own: it takes SGLang's verbatim, ties as SGLang breaks them."""
+    if pool_rule_of(p).stage not in ("rank", "salf"):
+        return False
+    row = _rule_row(p)
+    depth = row.get("rank_depth")
+    return row.get("top", 0) >= N - 1 and row.get("th", 0.0) <= 0 and (depth is None or depth >= S)
 
 
 def _rows_of(kind: torch.Tensor, names) -> torch.Tensor:

@@ -1,0 +1,169 @@
+"""``columns.batch_columns``: a decode batch's per-request policy columns, built once and reused while the batch holds
+the same requests in the same order under the same defaults; rebuilt on any change."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from treespec_sglang.plugin import columns
+from treespec_sglang.plugin.config import ServerDefaults
+from treespec_sglang.policies import parse_spec
+
+SPECS = [None, {"policy": "talon", "budget": 8}, {"policy": "none"}, {"policy": "salf", "budget": 8}]
+
+
+def req(spec):
+    params = parse_spec(spec) if spec else None
+    return SimpleNamespace(_treespec_params=params, _treespec_shares=bool(spec) and spec["policy"] == "talon")
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """Counts the per-request parses (``_req_params``) behind ``batch_columns``; no columns from another test."""
+    monkeypatch.setattr(columns, "_COLUMNS", [None])
+    calls = []
+    real = columns._req_params
+    monkeypatch.setattr(columns, "_req_params", lambda r, d: calls.append(r) or real(r, d))
+    return calls
+
+
+def test_the_same_requests_reuse_the_columns_and_any_change_rebuilds_them(built):
+    d = ServerDefaults()
+    reqs = [req(s) for s in SPECS]
+    first = columns.batch_columns(reqs, d)
+    assert [p is None for p in first.params] == [True, False, False, False] and first.any_policy
+    assert first.shares == [False, True, False, False]  # "none" never shares
+    assert len(built) == 4
+    assert columns.batch_columns(list(reqs), d) is first and len(built) == 4  # another list, same requests
+    cases = [reqs[:3],  # one left the batch (SGLang filters the list in place)
+             [reqs[1], reqs[0]] + reqs[2:],  # reordered
+             reqs[:3] + [req(SPECS[3])],  # one replaced by another with the same policy
+             reqs]
+    for case in cases:
+        cols = columns.batch_columns(case, d)
+        assert cols.reqs == tuple(case) and [p is None for p in cols.params] == [r._treespec_params is None
+                                                                                 for r in case]
+    n = len(built)
+    assert columns.batch_columns(reqs, ServerDefaults("salf", {"budget": 8})) is not columns.batch_columns(reqs, d)
+    assert len(built) == n + 8  # new defaults: rebuilt (twice: there and back)
+
+
+def test_names_mark_the_requests_drafted_once(built):
+    reqs = [req(s) for s in SPECS]
+    cols = columns.batch_columns(reqs, ServerDefaults())
+    assert not any(hasattr(r, columns.DRAFTED) for r in reqs)  # nothing marked before a draft
+    assert cols.drafted() == [None, "talon", "none", "salf"]
+    assert [getattr(r, columns.DRAFTED, None) for r in reqs] == [None, "talon", "none", "salf"]
+    assert cols.drafted() is cols.drafted()
+
+
+def test_a_native_batch_has_no_policy_unless_the_server_has_a_default(built):
+    def fresh():  # a request whose custom_params carry no policy, not parsed yet
+        return SimpleNamespace(sampling_params=SimpleNamespace(custom_params=None))
+
+    assert not columns.batch_columns([fresh(), fresh()], ServerDefaults()).any_policy
+    cols = columns.batch_columns([fresh()], ServerDefaults("talon", {"budget": 8}))
+    assert cols.any_policy and cols.drafted() == ["talon"]
+
+
+def test_a_rounds_policy_names_come_from_the_batchs_columns_while_it_holds_the_same_requests(built):
+    """The stats hooks' ``_policies``: the columns' names for the batch's requests (no per-request read), a
+    native batch's Nones at once, and each request's own mark for any other list."""
+    d = ServerDefaults()
+    reqs = [req(s) for s in SPECS]
+    cols = columns.batch_columns(reqs, d)
+    names = cols.drafted()
+    assert columns._policies(list(reqs)) is names
+    other = reqs[:3]
+    assert columns._policies(other) == [None, "talon", "none"] and columns._policies(other) is not names
+    native = [req(None) for _ in range(3)]
+    assert not columns.batch_columns(native, d).any_policy
+    setattr(native[0], columns.DRAFTED, "stale")  # never read while the columns say no request has a policy
+    assert columns._policies(native) == [None, None, None]
+    assert columns._policies(native[:2]) == ["stale", None]  # another list: read off each request
+
+
+def test_a_chain_batch_builds_its_stopper_once(built, monkeypatch):
+    """Chain mode: the batch's ChainStopper (betas, lengths, classifiers) is built with its columns' first draft
+    and reused while the batch holds the same requests; a changed batch gets its own."""
+    from treespec_sglang.plugin import chain_stop
+
+    made = []
+    real = chain_stop.ChainStopper
+    monkeypatch.setattr(columns, "ChainStopper", lambda *a: made.append(a) or real(*a))
+    d = ServerDefaults()
+    reqs = [req(s) for s in [None, {"policy": "chain", "length": 2}, {"policy": "none"}]]
+    first = columns.batch_columns(reqs, d).chain_stopper(4, "cpu")
+    assert columns.batch_columns(list(reqs), d).chain_stopper(4, "cpu") is first and len(made) == 1
+    assert first.cut().tolist() == [4, 2, 0]
+    other = columns.batch_columns(reqs[1:], d).chain_stopper(4, "cpu")
+    assert len(made) == 2 and other.cut().tolist() == [2, 0]
+
+
+# ---------------------------------------------------------------------------- requests whose tree is SGLang's own
+K, S, N = 4, 3, 8
+NATIVE_TREES = [{"policy": "eagle2", "budget": N}, {"policy": "eagle2", "budget": 60},
+                {"policy": "salf", "budget": 16, "th": 0.0}, {"policy": "salf", "budget": N, "th": 0.0, "max_depth": S}]
+OWN_TREES = [{"policy": "eagle2", "budget": N - 1}, {"policy": "salf", "budget": 16, "th": 0.0, "max_depth": S - 1},
+             {"policy": "salf", "budget": 16, "th": 0.1}, {"policy": "talon", "budget": N}, {"policy": "none"},
+             {"policy": "c2t", "budget": N}, {"policy": "chain", "length": S}]
+
+
+@pytest.mark.parametrize("spec", NATIVE_TREES + OWN_TREES)
+def test_a_policy_keeps_the_native_tree_only_where_its_selection_is_sglangs(spec):
+    """``keeps_native_tree`` against the selection itself (``select_on_pool``, the torch oracle) on random pools
+    without ties: where it says so, the policy's tree is SGLang's top N-1 with every node kept, on every pool. (A
+    policy of its own may pick the same tree on some pools: SALF's search often does; it is decided per request,
+    before any pool, so only the rules that always do are served natively.)"""
+    from tests.plugin.kernel_cases import make_pool
+    from treespec_sglang.plugin.pool import keeps_native_tree, select_on_pool
+
+    p = parse_spec(spec)
+    assert keeps_native_tree(p, N, S) == (spec in NATIVE_TREES)
+    same = []
+    for seed in range(4):
+        pool = make_pool(K, S, 6, seed=seed)
+        native = select_on_pool(pool, N, [None] * 6)
+        own = select_on_pool(pool, N, [p] * 6)
+        same.append(torch.equal(own[1], native[1]) and bool(own[3].all()))
+    assert all(same) or spec in OWN_TREES, same
+
+
+def test_a_batch_of_native_trees_is_served_as_sglangs_own_round(built):
+    """``selection``: the requests whose tree is SGLang's own are native rows of the selection; with no other
+    policy left the round is SGLang's (params None) and each tree is N nodes; a sharing request under a token
+    cap keeps its policy (the cap may cut it); another shape is decided again."""
+    eagle2, talon = {"policy": "eagle2", "budget": N}, {"policy": "talon", "budget": N}
+    reqs = [req(s) for s in (None, eagle2, talon)]
+    params, sizes, tokens = columns.batch_columns(reqs, ServerDefaults()).selection(N, S)
+    assert params[:2] == [None, None] and params[2] is not None and sizes is None and tokens is None
+    cols = columns.batch_columns(reqs[:2], ServerDefaults())
+    params, sizes, tokens = cols.selection(N, S)
+    assert params is None and sizes.tolist() == tokens == [N, N]
+    assert cols.selection(N, S)[1] is sizes  # kept while the batch lives
+    assert cols.selection(N + 1, S)[0] == [None, cols.params[1]]  # budget N < N + 1: its own tree there
+    shared = [SimpleNamespace(_treespec_params=parse_spec(eagle2), _treespec_shares=True)]
+    capped = ServerDefaults(token_cap=16)
+    assert columns.batch_columns(shared, capped).selection(N, S)[0] == [parse_spec(eagle2)]
+    assert columns.batch_columns(shared, ServerDefaults()).selection(N, S)[0] is None
+
+
+def test_a_native_tree_round_drafts_natively_and_records_the_policies_stats(built):
+    """The draft hook on a batch of native-tree requests: SGLang's draft runs untouched (no draft step, so no
+    selection and no unlink), and each request with a policy gets N as its tree size and verified tokens."""
+    from treespec_sglang.plugin import hooks
+    from treespec_sglang.plugin.round import current, opened
+
+    reqs = [SimpleNamespace(_treespec_params=parse_spec({"policy": "eagle2", "budget": 60}), _treespec_shares=False,
+                            customized_info=None),
+            SimpleNamespace(_treespec_params=None, _treespec_shares=False, customized_info=None)]
+    seen = []
+    worker = SimpleNamespace(topk=K, speculative_num_steps=S, speculative_num_draft_tokens=N)
+    with opened(reqs):
+        out = hooks._draft(lambda w, b: seen.append(current().step) or "drafted", worker, SimpleNamespace(reqs=reqs))
+    hooks._PENDING.flush()
+    assert out == "drafted" and seen == [None]
+    info = reqs[0].customized_info
+    assert info["treespec_policy"] == ["eagle2"] and info["treespec_tree_sizes"] == [N]
+    assert info["treespec_verify_tokens"] == [N] and reqs[1].customized_info is None

@@ -1,0 +1,122 @@
+"""A decode batch's per-request policy columns, built once and kept while the batch holds the same requests
+(no sglang import): each request's parameters (None: native), whether it shares the token cap, the policies'
+names once drafted, the C2T chain stopper, and the parameters the round's selection runs on
+(:meth:`BatchColumns.selection`: a request whose policy keeps SGLang's own tree is a native row there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+
+from ..policies.params import NoneParams
+from .chain_stop import ChainStopper
+from .pool import keeps_native_tree
+from .round import same_requests
+from .server_hooks import _req_params, _req_shares
+from .stats import policy_name
+
+__all__ = ["BatchColumns", "batch_columns", "DRAFTED"]
+
+DRAFTED = "_treespec_drafted"  # on a Req: its policy's name once drafted with it (its stats are ours to keep)
+
+
+@dataclass
+class BatchColumns:
+    """A decode batch's per-request policy columns: ``params`` (None: native), ``shares`` (under the token cap),
+    and once drafted the policies' names. SGLang keeps a decode batch's requests from round to round and a
+    request's policy never changes, so the columns are built once (O(bs) Python) and reused while the batch holds
+    the same requests in the same order under the same defaults (an O(bs) identity check in C)."""
+
+    reqs: tuple
+    defaults: object  # the ServerDefaults they were resolved under
+    params: list
+    shares: list
+    any_policy: bool
+    names: Optional[list] = None
+    stopper: Optional[ChainStopper] = None
+    _selection: Optional[tuple] = None  # ((N, S), params for the selection or None, [bs] sizes, their list)
+
+    def chain_stopper(self, num_steps: int, device) -> ChainStopper:
+        """The batch's :class:`ChainStopper` in chain mode (built the first time, and again when S changes:
+        SGLang's adaptive speculation moves a topk-1 server's step count between rounds)."""
+        if self.stopper is None or self.stopper.num_steps != num_steps:
+            self.stopper = ChainStopper(self.params, num_steps, device)
+        return self.stopper
+
+    def selection(self, num_draft_tokens: int, num_steps: int) -> tuple:
+        """``(params, sizes, tokens)`` for a tree-mode round at N = ``num_draft_tokens`` over S = ``num_steps``:
+        ``params`` with None for every request whose policy keeps SGLang's own tree there
+        (:func:`.pool.keeps_native_tree`) and that the token cap does not cut; or, when that leaves no policy,
+        ``(None, sizes, tokens)``: the round is SGLang's own (nothing to select, nothing to unlink) and every
+        request's tree is N nodes, ``sizes`` ``[bs]`` int64 on the host and ``tokens`` the same as a list (its
+        stats). Built once per (N, S) while the batch lives."""
+        key = (num_draft_tokens, num_steps)
+        if self._selection is None or self._selection[0] != key:
+            capped = self.defaults.token_cap is not None
+            params = [None if p is None or (keeps_native_tree(p, *key) and not (capped and s)) else p
+                      for p, s in zip(self.params, self.shares)]
+            if any(p is not None for p in params):
+                self._selection = (key, params, None, None)
+            else:
+                n = [num_draft_tokens] * len(params)
+                self._selection = (key, None, torch.tensor(n, dtype=torch.int64), n)
+        return self._selection[1:]
+
+    def drafted(self) -> list:
+        """Each request's policy name (None: native), the requests marked drafted (:func:`_drafted`) the first
+        time."""
+        if self.names is None:
+            self.names = [_drafted(r, p) for r, p in zip(self.reqs, self.params)]
+        return self.names
+
+
+_COLUMNS: List[Optional[BatchColumns]] = [None]  # the last batch's (one decode batch per scheduler process)
+
+
+def _last_columns(reqs) -> Optional[BatchColumns]:
+    """The last batch's columns when ``reqs`` are its requests, in order (an identity check in C), else None."""
+    last = _COLUMNS[0]
+    return last if last is not None and same_requests(reqs, last.reqs) else None
+
+
+def batch_columns(reqs, defaults) -> BatchColumns:
+    """The columns of the batch ``reqs`` (:class:`BatchColumns`): the last batch's when it holds the same
+    requests, else built."""
+    last = _last_columns(reqs)
+    if last is not None and last.defaults is defaults:
+        return last
+    key = tuple(reqs)
+    params = [_req_params(r, defaults) for r in key]
+    # a request with speculation off ({"policy": "none"}) verifies its root alone and shares nothing
+    shares = [p is not None and not isinstance(p, NoneParams) and _req_shares(r) for r, p in zip(key, params)]
+    cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(p is not None for p in params))
+    return cols
+
+
+def _drafted(req, p) -> Optional[str]:
+    """Mark ``req`` drafted with its policy ``p`` (None: native); returns the policy's name, kept on the request."""
+    if p is None:
+        return None
+    name = getattr(req, DRAFTED, None)
+    if name is None:
+        name = policy_name(p)
+        setattr(req, DRAFTED, name)
+    return name
+
+
+
+
+def _policies(reqs) -> list:
+    """Each request's policy name, or None for a native request (or one never drafted with its policy): the
+    last batch's names (:class:`BatchColumns`) when ``reqs`` are its requests (an identity check in C), else
+    read off each request."""
+    cols = _last_columns(reqs)
+    if cols is not None:
+        if not cols.any_policy:
+            return [None] * len(reqs)  # no request of the batch has a policy: none was ever drafted with one
+        if cols.names is not None:
+            return cols.names
+    return [getattr(req, DRAFTED, None) or None for req in reqs]
