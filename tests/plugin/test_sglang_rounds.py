@@ -270,3 +270,34 @@ def test_finished_and_retracted_requests_record_no_accept_length(done):
     got = [(r.customized_info or {}).get("treespec_accept_lengths") for r in reqs]
     assert got == [[3], None if done in ("finished", "both") else [2], None if done in ("retracted", "both") else [1],
                    None]
+
+
+def test_a_retracted_round_is_cut_when_processed_so_the_lists_stay_aligned():
+    """Under the overlap scheduler a request retracted after its round was drafted and verified commits nothing
+    for it, then runs on after a new prefill: that round's tree size and verify tokens go when its result is
+    processed, so at the finish the three lists are the committed rounds' (cutting from the end then would drop
+    the last good round instead)."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import columns, hooks
+    from treespec_sglang.plugin.stats import record_rounds, summary_of
+
+    req = LiveReq("talon")
+    columns._COLUMNS[0] = None
+
+    def round_(size, verified, accepted, retracted=False):
+        record_rounds([req], ["talon"], "treespec_tree_sizes", [size])
+        record_rounds([req], ["talon"], "treespec_verify_tokens", [verified])
+        req.is_retracted = retracted
+        hooks._record_accepts(None, None, SimpleNamespace(num_correct_drafts_per_req_cpu=[accepted]),
+                              SimpleNamespace(reqs=[req]))
+        req.is_retracted = False
+
+    round_(5, 8, 2)
+    round_(6, 8, 3, retracted=True)  # its result never commits
+    round_(7, 8, 1)
+    req.finished_reason = "stop"
+    summary = summary_of(req)
+    info = req.customized_info
+    assert info["treespec_tree_sizes"] == [5, 7] and info["treespec_accept_lengths"] == [2, 1]
+    assert info["treespec_verify_tokens"] == [8, 8] and summary["rounds"] == 2 and summary["tree_nodes"] == 12

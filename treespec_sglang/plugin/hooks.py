@@ -47,7 +47,7 @@ from .server_hooks import (_add_cli_args, _create_generation_req, _draft_graph_v
                            _from_cli_args, _handle_batch_request, _request_level_key,
                            _scheduler_metrics, _server_info, _tokenizer_metrics, _verify_sampling_params,
                            _verify_uses_greedy)
-from .stats import PendingSizes, record_rounds, stream_accept
+from .stats import PendingSizes, record_rounds, stream_accept, uncommitted
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
@@ -95,7 +95,7 @@ def _draft(original, self, batch, *args, **kwargs):
     finally:
         r.drafting = False
     sizes = step.sizes  # [bs]
-    if sizes is not None:  # the batch's requests as drafted (a tuple: SGLang edits batch.reqs in place)
+    if sizes is not None:  # the batch's requests as drafted (a tuple: SGLang may rebind or edit batch.reqs)
         _PENDING.push(cols.reqs, cols.drafted(), sizes)
     return out
 
@@ -214,6 +214,9 @@ def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
     if any(map(_RETRACTED, reqs)) or list(map(_FINISH, reqs)).count(None) != len(reqs):
         policies = [None if name is None or req.is_retracted or req.finished() else name
                     for req, name in zip(reqs, policies)]
+        for req in reqs:
+            if req.is_retracted and not req.finished():  # it runs again after a new prefill: cut its round now
+                uncommitted(req)
     record_rounds(reqs, policies, "treespec_accept_lengths", per)
     return result
 

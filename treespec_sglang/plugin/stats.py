@@ -91,6 +91,15 @@ def record_rounds(reqs: Sequence, policies: Sequence[Optional[str]], key: str, v
     last.record(values, scheduler_series())
 
 
+def uncommitted(req) -> None:
+    """A retracted request's round (SGLang commits nothing for it): its tree size and verify tokens, recorded when
+    it was drafted and verified, are cut now (:meth:`RequestStats.close`), so the lists stay aligned round by
+    round when the request runs on after its prefill again."""
+    stats = getattr(req, _STATS, None)
+    if stats is not None:
+        stats.close()
+
+
 def summary_of(req) -> Optional[dict]:
     """The finished request's ``treespec_summary`` brought up to date (None: not ours), its lists closed
     (:meth:`RequestStats.close`). The totals are derived from the per-round lists, not kept per round:
@@ -152,7 +161,9 @@ class RequestStats:
         processed, so a request that stops at round n (an EOS: only length stops are known in advance) was
         drafted and verified once more, and that round commits nothing (its accept length is never recorded).
         Those values are the last ones: they are cut from the end, so the response's three lists stay aligned
-        round by round. (The Prometheus series, fed as rounds run, count that verify's work.)
+        round by round. (The Prometheus series, fed as rounds run, count that verify's work.) A retracted
+        request's uncommitted round is cut the same way when its result is processed (:func:`uncommitted`):
+        it runs on after its prefill again, so its finish would cut a later round instead.
         """
         rounds = self.count(ACCEPTS)
         for key in ROUND_KEYS:
