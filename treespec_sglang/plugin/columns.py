@@ -107,8 +107,6 @@ def _drafted(req, p) -> Optional[str]:
     return name
 
 
-
-
 def _policies(reqs) -> list:
     """Each request's policy name, or None for a native request (or one never drafted with its policy): the
     last batch's names (:class:`BatchColumns`) when ``reqs`` are its requests (an identity check in C), else
