@@ -108,7 +108,7 @@ def step_stats(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 class ChainStopper:
     """Per-row chain lengths from the draft's step-by-step distributions: a batch's constants (its rows' betas,
-    lengths and classifiers), built once per decode batch (:class:`.hooks.BatchColumns`); :meth:`cut` each round.
+    lengths and classifiers), built once per decode batch (:class:`.columns.BatchColumns`); :meth:`cut` each round.
 
     Parameters
     ----------
