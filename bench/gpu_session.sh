@@ -4,7 +4,8 @@
 # Run from the repository root on a GPU machine whose python imports sglang 0.5.23 with CUDA (docs/gpu.md:
 # the test bed's environment). A device call may run for 10 minutes, so pick the steps per call:
 #
-#   STEPS=tests,host,random bash bench/gpu_session.sh    # GPU tests, hooks' host time, round times (no model files)
+#   STEPS=tests,host bash bench/gpu_session.sh           # GPU tests, hooks' host time (2026-11-26 H100: 110 + 10 s)
+#   STEPS=random bash bench/gpu_session.sh               # round times, no model files (two engines: ~5 min)
 #   STEPS=profile bash bench/gpu_session.sh               # the demo target: auto vs torch vs native vs plain
 #   STEPS=flashinfer,bf16,eagle3 bash bench/gpu_session.sh
 #
@@ -35,7 +36,8 @@ step() {  # step NAME SECONDS COMMAND...: run it when STEPS names it; its output
 step tests 330 env GPU_TESTS_S=300 bash bench/gpu_tests.sh  # one file per process, each under its own limit
 step host 90 python bench/round_host_cost.py --device cuda --json "$OUT/round_host_cost.json"
 # before the demo target's files are there: the round times on a random target of its shape (no tokenizer)
-step random 300 "${PROFILE[@]}" --target random --plain --select auto --out "$OUT/random.json"
+# (16 new tokens: on an H100 the two engines' starts and the per-size warm-ups took most of 5 minutes)
+step random 420 "${PROFILE[@]}" --target random --plain --select auto --max-new-tokens 16 --out "$OUT/random.json"
 step profile 540 "${PROFILE[@]}" --plain --select auto,torch --out "$OUT/profile.json"
 step flashinfer 540 "${PROFILE[@]}" --attention flashinfer --select auto --ragged 0,1,tuned \
     --out "$OUT/flashinfer_ragged.json"
