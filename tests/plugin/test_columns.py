@@ -149,9 +149,10 @@ def test_a_batch_of_native_trees_is_served_as_sglangs_own_round(built):
     assert columns.batch_columns(shared, ServerDefaults()).selection(N, S)[0] is None
 
 
-def test_a_native_tree_round_drafts_natively_and_records_the_policies_stats(built):
+def test_a_native_tree_round_drafts_natively_and_records_the_policies_stats(built, series):
     """The draft hook on a batch of native-tree requests: SGLang's draft runs untouched (no draft step, so no
-    selection and no unlink), and each request with a policy gets N as its tree size and verified tokens."""
+    selection and no unlink), each request with a policy gets N as its tree size and verified tokens, and the
+    round's verify forward counts as padded."""
     from treespec_sglang.plugin import hooks
     from treespec_sglang.plugin.round import current, opened
 
@@ -167,3 +168,18 @@ def test_a_native_tree_round_drafts_natively_and_records_the_policies_stats(buil
     info = reqs[0].customized_info
     assert info["treespec_policy"] == ["eagle2"] and info["treespec_tree_sizes"] == [N]
     assert info["treespec_verify_tokens"] == [N] and reqs[1].customized_info is None
+    forwards = {path: series[1].get_sample_value("treespec:verify_forwards_total",
+                                                  {"model_name": "m", "tp_rank": "0", "path": path})
+                for path in ("padded", "ragged")}
+    assert forwards == {"padded": 1.0, "ragged": None}
+
+
+def test_an_unbounded_ranking_row_keeps_the_native_tree(monkeypatch):
+    """A pool rule's None is unbounded (as the row table reads it): a registered ranking policy whose ``top`` or
+    ``rank_depth`` is None keeps SGLang's tree; an unbounded SALF threshold does not."""
+    from treespec_sglang.plugin import pool
+
+    rows = {"a": {"top": None}, "b": {"top": N - 1, "rank_depth": None}, "c": {"top": None, "th": None}}
+    monkeypatch.setattr(pool, "pool_rule_of", lambda p: SimpleNamespace(stage="rank" if p != "c" else "salf"))
+    monkeypatch.setattr(pool, "_rule_row", lambda p: rows[p])
+    assert [pool.keeps_native_tree(p, N, S) for p in "abc"] == [True, True, False]

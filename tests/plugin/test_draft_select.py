@@ -89,6 +89,24 @@ def test_graph_mode_after_a_replayed_draft_runs_one_selection_graph_per_draft_sh
     assert len(made) == 1 and len(select_graph.GRAPHS) == 1  # captured once (the c2t row's classifier in it)
 
 
+def test_graph_mode_under_the_token_cap_counts_the_capped_tree(monkeypatch):
+    """The selection graph's sizes count its own keep; the token cap then cuts the sharing rows' trees, and the
+    round's sizes are the capped trees' (what the verify runs), not the graph's."""
+    from treespec_sglang.plugin import select_graph
+
+    monkeypatch.setenv(draft_select.ENV_SELECT, "graph")
+    monkeypatch.setattr(select_graph, "GRAPHS", {})
+    sl, tl, pl = pools(8, 5)
+    stash_pool(sl, tl, pl, select_from_pool(sl, tl, pl, N, K, [None] * 8)[1])
+    params = [parse_spec({"policy": "talon", "budget": 10})] * 4
+    mine = [[t[:4] for t in part] for part in (sl, tl, pl)]
+    native = select_from_pool(*mine, N, K, [None] * 4)[:3]
+    step = DraftStep(params, K, [True] * 4, 2)  # every row shares a cap of 2 verified tokens a request
+    select_after_draft(step, 8, native[1], native[2], N, S)
+    uncapped = select_from_pool(*mine, N, K, params, native=native)[3].sum(-1)
+    assert torch.equal(step.sizes, step.keep.sum(-1)) and step.sizes.sum() <= 2 * 4 < uncapped.sum()
+
+
 def test_tree_sizes_follow_the_keep_a_round_holds_last():
     """Sizes given with a keep count that keep; a keep set again after the selection (chain mode's cut, rank 0's
     tree) is counted anew, and a keep set with no sizes too."""

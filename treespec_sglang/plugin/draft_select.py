@@ -230,13 +230,14 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
         pool = PoolView.from_flat(scores, tokens, parent_list, step.topk)
         _, top, tokens, keep = selection(dev)(pool, num_draft_tokens, step.params, (None, native_top, native_tokens),
                                               rows_t)
+    selected = keep  # what the graph's sizes count
     if step.token_cap is not None and any(step.shares):  # the token cap for the sharing requests
         keep = share_token_cap(scores, top, keep, rows_t[:, COLUMNS.index("shares")] > 0, step.token_cap)
     # every rank that verifies this batch takes rank 0's tree (one int64 broadcast; alone: a no-op)
     own = (top, tokens, keep)
     top, tokens, keep = agree(own, group)
     record_digest(own, (top, tokens, keep), group)
-    step.selected(keep, sizes if keep is own[2] else None)  # the graph's sizes count its own keep only
+    step.selected(keep, sizes if keep is selected else None)  # a capped or agreed keep is counted anew
     return top, tokens
 
 

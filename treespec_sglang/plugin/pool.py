@@ -27,6 +27,7 @@ same code runs eagerly or inside a CUDA graph and its op count does not grow wit
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -145,9 +146,9 @@ def keeps_native_tree(p: PolicyParams, N: int, S: int) -> bool:
     own: it takes SGLang's verbatim, ties as SGLang breaks them."""
     if pool_rule_of(p).stage not in ("rank", "salf"):
         return False
-    row = _rule_row(p)
-    depth = row.get("rank_depth")
-    return row.get("top", 0) >= N - 1 and row.get("th", 0.0) <= 0 and (depth is None or depth >= S)
+    v = {"top": 0.0, "th": 0.0, "rank_depth": math.inf}  # a policy row's values where its rule names none
+    v.update((c, math.inf if x is None else float(x)) for c, x in _rule_row(p).items() if c in v)  # None: unbounded
+    return v["top"] >= N - 1 and v["th"] <= 0 and v["rank_depth"] >= S
 
 
 def _rows_of(kind: torch.Tensor, names) -> torch.Tensor:
