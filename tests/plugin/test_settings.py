@@ -67,12 +67,12 @@ def test_configure_refuses_once_the_process_serves(monkeypatch):
 
 
 def test_a_round_reads_no_environment_once_frozen(monkeypatch):
-    """One eagle2 round through every hook (``bench/round_host_cost.py``'s stand-in round): no ``os.environ`` read
+    """One selecting eagle2 round through every hook (``bench/round_host_cost.py``'s stand-in round): no ``os.environ`` read
     after the freeze (about 1 us each on the host; a round read ten)."""
     from bench import round_host_cost
 
     a = round_host_cost.parser().parse_args(["--repeats", "1"])
-    _, _, _, _, one = round_host_cost.measure("eagle2", 2, a)  # built, frozen while measured, thawed after
+    _, _, _, _, one = round_host_cost.measure("eagle2-small", 2, a)  # built, frozen while measured, thawed after
     reads = []
     real_get = type(os.environ).__getitem__
     monkeypatch.setattr(type(os.environ), "__getitem__", lambda self, k: reads.append(k) or real_get(self, k))
@@ -121,7 +121,7 @@ def test_a_frozen_round_parses_no_setting_after_its_first(monkeypatch):
     from bench import round_host_cost
 
     a = round_host_cost.parser().parse_args(["--repeats", "1"])
-    _, _, _, _, one = round_host_cost.measure("eagle2", 2, a)
+    _, _, _, _, one = round_host_cost.measure("eagle2-small", 2, a)
     calls = []
     real = settings.env
     with round_host_cost.patched(a):
