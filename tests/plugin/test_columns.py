@@ -177,9 +177,11 @@ def test_a_native_tree_round_drafts_natively_and_records_the_policies_stats(buil
 def test_an_unbounded_ranking_row_keeps_the_native_tree(monkeypatch):
     """A pool rule's None is unbounded (as the row table reads it): a registered ranking policy whose ``top`` or
     ``rank_depth`` is None keeps SGLang's tree; an unbounded SALF threshold does not."""
-    from treespec_sglang.plugin import pool
+    from treespec_sglang.plugin import pool, rows
 
-    rows = {"a": {"top": None}, "b": {"top": N - 1, "rank_depth": None}, "c": {"top": None, "th": None}}
-    monkeypatch.setattr(pool, "pool_rule_of", lambda p: SimpleNamespace(stage="rank" if p != "c" else "salf"))
-    monkeypatch.setattr(pool, "_rule_row", lambda p: rows[p])
-    assert [pool.keeps_native_tree(p, N, S) for p in "abc"] == [True, True, False]
+    # three requests (budgets 2, 3, 4) whose registered rules give these rows
+    rule = {2: {"top": None}, 3: {"top": N - 1, "rank_depth": None}, 4: {"top": None, "th": None}}
+    monkeypatch.setattr(pool, "pool_rule_of", lambda p: SimpleNamespace(stage="rank" if p.budget < 4 else "salf"))
+    monkeypatch.setattr(rows, "_rule_row", lambda p: rule[p.budget])
+    params = [parse_spec({"policy": "eagle2", "budget": b}) for b in rule]
+    assert [pool.keeps_native_tree(p, N, S) for p in params] == [True, True, False]

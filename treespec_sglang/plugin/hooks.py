@@ -73,24 +73,23 @@ def _draft(original, self, batch, *args, **kwargs):
     cols = batch_columns(reqs, server_defaults())
     if not cols.any_policy:
         return original(self, batch, *args, **kwargs)  # native SGLang
-    params = cols.params
+    params, chain = cols.params, None
     if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)
-        stopper = cols.chain_stopper(self.speculative_num_steps, getattr(self, "device", "cpu"))
-        if not stopper.active:
+        chain = cols.chain_stopper(self.speculative_num_steps, getattr(self, "device", "cpu"))
+        if not chain.active:
             return original(self, batch, *args, **kwargs)
     else:
         params, sizes, tokens = cols.selection(self.speculative_num_draft_tokens, self.speculative_num_steps)
         if params is None:  # every tree is SGLang's own: a native round, the policies' stats recorded
             out = original(self, batch, *args, **kwargs)
-            _PENDING.push(cols.reqs, cols.drafted(), sizes)
-            record_rounds(cols.reqs, cols.drafted(), "treespec_verify_tokens", tokens)
+            names = cols.drafted()
+            _PENDING.push(cols.reqs, names, sizes)
+            record_rounds(cols.reqs, names, "treespec_verify_tokens", tokens)
             series = scheduler_series()
             if series is not None:  # its verify runs N tokens a request: padded
                 series.verify_forward(False)
             return out
-    step = DraftStep(params, self.topk, cols.shares, cols.defaults.token_cap)
-    if self.topk == 1:
-        step.chain = stopper
+    step = DraftStep(params, self.topk, cols.shares, cols.defaults.token_cap, chain=chain)
     r = current()
     r.step, r.drafting = step, True
     try:

@@ -27,7 +27,6 @@ same code runs eagerly or inside a CUDA graph and its op count does not grow wit
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -38,7 +37,7 @@ from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY, pool_rule_of, registration_of
 from ..policies.token_cap import select_best
 from .pool_rules import arange, level_policies_keep, parent_entropy, salf_keep, salf_pops, static
-from .rows import _C, _CLF_SPECS, COLUMNS, _rule_row, classifier_ids, kind_id, per_batch, policy_rows, request_row
+from .rows import _C, _CLF_SPECS, COLUMNS, _row_values, _rule_row, classifier_ids, kind_id, per_batch, policy_rows, request_row
 
 __all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_token_cap", "unlink_filler", "request_row",
            "policy_rows", "kind_id", "COLUMNS", "BatchPlan", "classifier_ids", "per_batch", "keeps_native_tree"]
@@ -146,9 +145,8 @@ def keeps_native_tree(p: PolicyParams, N: int, S: int) -> bool:
     own: it takes SGLang's verbatim, ties as SGLang breaks them."""
     if pool_rule_of(p).stage not in ("rank", "salf"):
         return False
-    v = {"top": 0.0, "th": 0.0, "rank_depth": math.inf}  # a policy row's values where its rule names none
-    v.update((c, math.inf if x is None else float(x)) for c, x in _rule_row(p).items() if c in v)  # None: unbounded
-    return v["top"] >= N - 1 and v["th"] <= 0 and v["rank_depth"] >= S
+    v = _row_values(p, False)  # the row the selection reads (a rule's None: unbounded)
+    return v[_C["top"]] >= N - 1 and v[_C["th"]] <= 0 and v[_C["rank_depth"]] >= S
 
 
 def _rows_of(kind: torch.Tensor, names) -> torch.Tensor:
