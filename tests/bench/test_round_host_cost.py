@@ -27,7 +27,9 @@ def test_a_treespec_round_stages_unlinks_and_records_through_the_hooks(select, e
             mock.patch.object(select_graph, "GRAPHS", {}) as graphs:
         us, ops, reads, _, one = round_host_cost.measure("mix", 7, a)
     rounds = 3 + 1 + a.repeats  # warm-up, counted, timed
-    assert us > 0 and ops > 0
+    # a replayed selection of a steady batch dispatches no ATen op of its own (the graph's replay and the unlink's
+    # launch are not ATen ops; its views and scratch are kept per batch size)
+    assert us > 0 and (ops == 0 if (select, eager) == ("graph", False) else ops > 0)
     for i, req in enumerate(one.reqs):
         info = req.customized_info
         if i % len(round_host_cost.SETS["mix"]) == 0:  # the native requests of the mix

@@ -33,7 +33,7 @@ def test_the_same_requests_reuse_the_columns_and_any_change_rebuilds_them(built)
     reqs = [req(s) for s in SPECS]
     first = columns.batch_columns(reqs, d)
     assert [p is None for p in first.params] == [True, False, False, False] and first.any_policy
-    assert first.shares == [False, True, False, False]  # "none" never shares
+    assert first.shares == (False, True, False, False)  # "none" never shares
     assert len(built) == 4
     assert columns.batch_columns(list(reqs), d) is first and len(built) == 4  # another list, same requests
     cases = [reqs[:3],  # one left the batch (SGLang filters the list in place)
@@ -137,15 +137,15 @@ def test_a_batch_of_native_trees_is_served_as_sglangs_own_round(built):
     eagle2, talon = {"policy": "eagle2", "budget": N}, {"policy": "talon", "budget": N}
     reqs = [req(s) for s in (None, eagle2, talon)]
     params, sizes, tokens = columns.batch_columns(reqs, ServerDefaults()).selection(N, S)
-    assert params[:2] == [None, None] and params[2] is not None and sizes is None and tokens is None
+    assert params[:2] == (None, None) and params[2] is not None and sizes is None and tokens is None
     cols = columns.batch_columns(reqs[:2], ServerDefaults())
     params, sizes, tokens = cols.selection(N, S)
     assert params is None and sizes.tolist() == tokens == [N, N]
     assert cols.selection(N, S)[1] is sizes  # kept while the batch lives
-    assert cols.selection(N + 1, S)[0] == [None, cols.params[1]]  # budget N < N + 1: its own tree there
+    assert cols.selection(N + 1, S)[0] == (None, cols.params[1])  # budget N < N + 1: its own tree there
     shared = [SimpleNamespace(_treespec_params=parse_spec(eagle2), _treespec_shares=True)]
     capped = ServerDefaults(token_cap=16)
-    assert columns.batch_columns(shared, capped).selection(N, S)[0] == [parse_spec(eagle2)]
+    assert columns.batch_columns(shared, capped).selection(N, S)[0] == (parse_spec(eagle2),)
     assert columns.batch_columns(shared, ServerDefaults()).selection(N, S)[0] is None
 
 

@@ -235,6 +235,7 @@ def test_graph_mode_gives_a_faulty_test_rank_its_own_scores(monkeypatch):
     monkeypatch.setenv(draft_select.ENV_SELECT, "graph")
     monkeypatch.setattr(select_graph, "GRAPHS", {})
     monkeypatch.setattr(draft_select, "perturbed", lambda lists, group: [-s for s in lists])
+    monkeypatch.setattr(draft_select, "perturbed_rank", lambda group: True)
     sl, tl, pl = pools(8, 9)
     stash_pool(sl, tl, pl)
     params = [parse_spec(s) if s else None for s in SPECS[:6]]

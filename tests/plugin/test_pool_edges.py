@@ -339,3 +339,26 @@ def test_row_tables_and_plans_are_kept_per_batch_composition():
     assert BatchPlan.of([a, None, b], 8, 3) is plan and plan.salf is not None
     assert BatchPlan.of([a, None], 8, 3).salf is None  # b left the batch
     assert BatchPlan.of([a, None, b], 8, 3).salf != BatchPlan.of([a, None, b], 16, 3).salf
+
+
+def test_a_steady_batchs_params_tuple_hits_by_identity_and_a_list_never_does(monkeypatch):
+    """The batch columns' params tuple passed again is the last entry's without the ids' pass (the entry table
+    may even be gone); other shares or another N are built anew; a list edited in place is never taken for the
+    one cached (only an immutable tuple hits by identity)."""
+    from treespec_sglang.plugin import rows as rows_mod
+    a, b = parse_spec({"policy": "talon", "budget": 9}), parse_spec({"policy": "salf", "budget": 12, "th": 0.2})
+    steady = (a, None, b)
+    table, plan = policy_rows(steady, "cpu"), BatchPlan.of(steady, 8, 3)
+    monkeypatch.setattr(rows_mod, "_BATCHES", {})  # only the identity fast path can answer now
+    assert policy_rows(steady, "cpu") is table and BatchPlan.of(steady, 8, 3) is plan
+    assert torch.equal(policy_rows((b, None, a), "cpu"), table[[2, 1, 0]])  # another tuple, the same extra
+    assert BatchPlan.of((a, None), 8, 3).salf is None
+    assert policy_rows(steady, "cpu") is not table  # its entry went with the table: built again, equal
+    shared = policy_rows(steady, "cpu", shares=(True, False, True))
+    assert shared is not table and shared[:, COLUMNS.index("shares")].tolist() == [1.0, 0.0, 1.0]
+    assert BatchPlan.of(steady, 16, 3) is not plan
+    edited = [a, None, b]
+    first = policy_rows(edited, "cpu")
+    edited[2] = a  # the same list object, another batch
+    assert torch.equal(policy_rows(edited, "cpu"), torch.cat([first[:2], first[:1]]))
+    assert BatchPlan.of(edited, 8, 3).salf is None

@@ -117,3 +117,18 @@ def test_the_server_start_checks_the_unlink_wherever_it_takes_the_kernel(monkeyp
     monkeypatch.setattr(draft_select, "warm_up", lambda *a: None)
     draft_select.check_selection("cpu", topk, 3, 7)
     assert seen == ([7] if checked else [])
+
+
+@pytest.mark.parametrize("fill", [-1, 0, 5, 2 ** 40])
+def test_the_kept_scratch_is_reused_and_what_it_held_never_leaks(fill):
+    """A round allocates no scratch (one per batch size and device, kept), and whatever the scratch holds from
+    an earlier round (here poisoned: -1, in-range node ids, huge values) never reaches the chains."""
+    nt, ns, keep = random_chains(random.Random(21), 6, 11)
+    want_t, want_s = unlink_oracle(nt, ns, keep)
+    pool_kernels.unlink_filler_fused(nt.clone(), ns.clone(), keep)
+    scratch = pool_kernels._unlink_scratch(6, 11, keep.device)
+    scratch.fill_(fill)
+    got_t, got_s = nt.clone(), ns.clone()
+    pool_kernels.unlink_filler_fused(got_t, got_s, keep)
+    assert pool_kernels._unlink_scratch(6, 11, keep.device) is scratch
+    assert got_t.tolist() == want_t and got_s.tolist() == want_s

@@ -26,14 +26,15 @@ DRAFTED = "_treespec_drafted"  # on a Req: its policy's name once drafted with i
 @dataclass
 class BatchColumns:
     """A decode batch's per-request policy columns: ``params`` (None: native), ``shares`` (under the token cap),
-    and once drafted the policies' names. SGLang keeps a decode batch's requests from round to round and a
+    and once drafted the policies' names (tuples: the per-batch caches, :func:`.rows.per_batch`, hit a steady
+    batch's by identity). SGLang keeps a decode batch's requests from round to round and a
     request's policy never changes, so the columns are built once (O(bs) Python) and reused while the batch holds
     the same requests in the same order under the same defaults (an O(bs) identity check in C)."""
 
     reqs: tuple
     defaults: object  # the ServerDefaults they were resolved under
-    params: list
-    shares: list
+    params: tuple
+    shares: tuple
     any_policy: bool
     names: Optional[list] = None
     stopper: Optional[ChainStopper] = None
@@ -56,8 +57,8 @@ class BatchColumns:
         key = (num_draft_tokens, num_steps)
         if self._selection is None or self._selection[0] != key:
             capped = self.defaults.token_cap is not None
-            params = [None if p is None or (keeps_native_tree(p, *key) and not (capped and s)) else p
-                      for p, s in zip(self.params, self.shares)]
+            params = tuple(None if p is None or (keeps_native_tree(p, *key) and not (capped and s)) else p
+                           for p, s in zip(self.params, self.shares))
             if any(p is not None for p in params):
                 self._selection = (key, params, None, None)
             else:
@@ -89,9 +90,9 @@ def batch_columns(reqs, defaults) -> BatchColumns:
     if last is not None and last.defaults is defaults:
         return last
     key = tuple(reqs)
-    params = [_req_params(r, defaults) for r in key]
+    params = tuple(_req_params(r, defaults) for r in key)
     # a request with speculation off ({"policy": "none"}) verifies its root alone and shares nothing
-    shares = [p is not None and not isinstance(p, NoneParams) and _req_shares(r) for r, p in zip(key, params)]
+    shares = tuple(p is not None and not isinstance(p, NoneParams) and _req_shares(r) for r, p in zip(key, params))
     cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(p is not None for p in params))
     return cols
 

@@ -32,7 +32,7 @@ import torch
 from .pool import BatchPlan, PoolView, policy_rows, select_on_pool, share_token_cap, unlink_filler, COLUMNS
 from .pool_kernels import check_unlink, select_on_pool_fused, unlink_filler_fused, warm_up
 from .select_graph import graph_for
-from .ranks import agree, perturbed, record_digest, verify_group
+from .ranks import agree, perturbed, perturbed_rank, record_digest, verify_group
 from .settings import derived, env
 
 __all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing", "ENV_SELECT", "selection_mode",
@@ -222,8 +222,8 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
     rows_t = policy_rows(step.params, dev, step.shares)  # cached per batch composition: no op, no list copy
     sizes = None  # [bs] keep.sum(-1) where the selection graph computed it
     if rows is not None and replays_selection(dev):  # a replayed draft: replay the selection's graph too
-        top, tokens, keep, sizes, scores = _select_replayed(step, rows, rows_t, native_top, num_draft_tokens, steps,
-                                                            group)
+        top, tokens, keep, sizes = _select_replayed(step, rows, rows_t, native_top, num_draft_tokens, steps, group)
+        scores = None  # [bs, P] the pool's, read from the stash only if the token cap needs them
     else:
         scores, tokens, parent_list = _stashed(rows or bs, bs, step.topk, steps, dev)
         scores = perturbed([scores], group)[0]  # a no-op unless a test asks for a faulty rank
@@ -232,6 +232,8 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
                                               rows_t)
     selected = keep  # what the graph's sizes count
     if step.token_cap is not None and any(step.shares):  # the token cap for the sharing requests
+        if scores is None:  # a replay's: read where the stash holds them (before the next replay)
+            scores = _stash_of(rows, step.topk, steps, dev)[1][0][:bs]
         keep = share_token_cap(scores, top, keep, rows_t[:, COLUMNS.index("shares")] > 0, step.token_cap)
     # every rank that verifies this batch takes rank 0's tree (one int64 broadcast; alone: a no-op)
     own = (top, tokens, keep)
@@ -246,14 +248,12 @@ def _select_replayed(step, rows: int, rows_t: torch.Tensor, native_top: torch.Te
     """``TREESPEC_SELECT=graph`` (or ``auto`` on CUDA) after a replayed draft: the selection graph of the draft's
     stash (:func:`~.select_graph.graph_for`) with this batch's rows; SGLang's own selection is read where the replay
     stashed it (``native_top`` is copied in only for a draft graph captured without that stash). Returns
-    ``(top [bs, N-1], tokens [bs, N-1], keep [bs, N], sizes [bs], scores [bs, P])``, ``scores`` a view of the
-    stash (read before the next replay)."""
+    ``(top [bs, N-1], tokens [bs, N-1], keep [bs, N], sizes [bs])``, views of the graph's outputs."""
     bs, N = native_top.shape[0], num_draft_tokens
     key, stash = _stash_of(rows, step.topk, steps, native_top.device)
-    scores = stash[0][:bs]
-    faulty = perturbed([scores], group)[0]  # a test-only faulty rank: its own scores in the stash
-    if faulty is not scores:
-        scores.copy_(faulty)
+    if perturbed_rank(group):  # a test-only faulty rank: its own scores in the stash
+        scores = stash[0][:bs]
+        scores.copy_(perturbed([scores], group)[0])
     plan = BatchPlan.of(step.params, N, steps)
     extra = None
     if "custom" in plan.stages:  # the custom rules' own keep, computed on the host as select_on_pool does
@@ -264,4 +264,4 @@ def _select_replayed(step, rows: int, rows_t: torch.Tensor, native_top: torch.Te
         native = None
     graph = graph_for(stash, key, step.topk, N, plan.clf_ids, native)
     top, tokens, keep, sizes = graph.run(rows_t, None if native is not None else native_top, extra)
-    return top, tokens, keep, sizes, scores
+    return top, tokens, keep, sizes

@@ -331,9 +331,22 @@ def unlink_filler_fused(next_token: torch.Tensor, next_sibling: torch.Tensor, ke
                              f"(contiguous: {t.is_contiguous()})")
     if bs == 0:
         return
+    launch_unlink(kernels(interpreted(keep.device)), next_token, next_sibling, keep, _unlink_scratch(bs, N, keep.device))
+
+
+_SCRATCH: Dict[tuple, torch.Tensor] = {}  # (bs, BLOCK_N, device) -> the unlink's [bs, BLOCK_N] int64 scratch
+
+
+def _unlink_scratch(bs: int, N: int, device) -> torch.Tensor:
+    """The unlink kernel's ``[bs, BLOCK_N]`` int64 scratch (every program writes its row before reading it), one
+    per batch size and device, kept: a round allocates nothing. Reuse is safe in stream order: every unlink of a
+    server is launched on its forward stream, so a round's launch runs after the previous round's has read it."""
     block_n = 1 << max(N - 1, 1).bit_length()
-    work = torch.empty(bs, block_n, dtype=torch.int64, device=keep.device)  # [bs, BLOCK_N] scratch
-    launch_unlink(kernels(interpreted(keep.device)), next_token, next_sibling, keep, work)
+    key = (bs, block_n, device)
+    work = _SCRATCH.get(key)
+    if work is None:
+        work = _SCRATCH[key] = torch.empty(bs, block_n, dtype=torch.int64, device=device)
+    return work
 
 
 def launch_unlink(mod, next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Tensor,
