@@ -251,3 +251,9 @@ def test_start_compiles_every_classifier_width_the_server_registered(tmp_path, m
     pool_kernels.warm_up("cpu", 2, 3, 6)
     default_hb = max(64, 1 << (classifiers.registered()["default"].fc1.out_features - 1).bit_length())
     assert sorted(widths) == sorted({default_hb, 64, 128, 256})  # wide and wide2 share 128: one launch
+    # every registered classifier wider than 64 ("default" too): a batch naming none still compiles nothing
+    files = {"default": files["widest"], "wide": files["wide"]}
+    monkeypatch.setenv(classifiers.ENV_CLASSIFIERS, json.dumps(files))
+    widths.clear()
+    pool_kernels.warm_up("cpu", 2, 3, 6)
+    assert sorted(widths) == [64, 128, 256]

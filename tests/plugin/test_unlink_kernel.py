@@ -106,6 +106,23 @@ def test_the_start_check_passes_on_a_sound_kernel_and_stops_a_wrong_one(monkeypa
             pool_kernels.check_unlink("cpu", N)
 
 
+@pytest.mark.parametrize("N,offsets", [(5, {0, 8}), (8, {0})])
+def test_the_start_check_launches_every_alignment_sglangs_buffer_gives(monkeypatch, N, offsets):
+    """Triton compiles a variant per 16-byte alignment of a pointer, and SGLang's ``retrieve_next_token`` is row 1
+    of one ``[3, bs, N]`` int64 buffer (``bs * N * 8`` bytes in): with an odd N the start check launches both
+    alignments, so no round compiles one; each launch's chains are checked (a wrong second launch stops it)."""
+    seen, real = [], pool_kernels.launch_unlink
+    monkeypatch.setattr(pool_kernels, "launch_unlink", lambda mod, nt, ns, keep, work: seen.append(
+        (nt.data_ptr() % 16, ns.data_ptr() % 16)) or real(mod, nt, ns, keep, work))
+    pool_kernels.check_unlink("cpu", N)
+    assert {t for t, _ in seen} == offsets and {s for _, s in seen} == {0} and len(seen) == 2
+    monkeypatch.setattr(pool_kernels, "launch_unlink", lambda mod, nt, ns, keep, work: (
+        real(mod, nt, ns, keep, work) if nt.data_ptr() % 16 == 0 or N % 2 == 0 else None))
+    if N % 2:
+        with pytest.raises(RuntimeError, match="disagrees with the torch unlink"):
+            pool_kernels.check_unlink("cpu", N)
+
+
 @pytest.mark.parametrize("mode,topk,checked", [("triton", 4, True), ("triton", 1, True), ("graph", 1, True),
                                                ("torch", 4, False), ("auto", 4, False)])
 def test_the_server_start_checks_the_unlink_wherever_it_takes_the_kernel(monkeypatch, mode, topk, checked):

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from ..policies.classifier import entropy_topm
+from ..utils.syncs import to_device
 
 __all__ = ["static", "arange", "level_slices", "parent_entropy", "level_policies_keep", "salf_keep", "salf_pops"]
 
@@ -39,7 +40,7 @@ def static(key: tuple, device, build) -> torch.Tensor:
     k = (key, str(torch.device(device)))
     t = _STATIC.get(k)
     if t is None:
-        t = _STATIC[k] = build().to(device)
+        t = _STATIC[k] = to_device(build(), device)
     return t
 
 

@@ -17,6 +17,7 @@ import torch
 
 from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY, pool_rule_of, registration_of
+from ..utils.syncs import to_device
 from .classifiers import DEFAULT_NAME, registered
 
 __all__ = ["COLUMNS", "kind_id", "request_row", "policy_rows", "per_batch", "classifier_ids"]
@@ -87,7 +88,8 @@ def request_row(p: Optional[PolicyParams], device, shares: bool = False) -> torc
     """A request's ``[1, F]`` float32 parameter row on ``device`` (columns :data:`COLUMNS`).
 
     Built once per distinct (parameters, shares, device) and cached: a request pays one host->device
-    copy when its parameter set is first seen, none in the rounds after.
+    copy when its parameter set is first seen (asynchronous on CUDA: :func:`~..utils.syncs.to_device`, so a new
+    request's first round does not wait for the round before), none in the rounds after.
 
     Examples
     --------
@@ -101,7 +103,7 @@ def request_row(p: Optional[PolicyParams], device, shares: bool = False) -> torc
     if row is None:
         if len(_ROWS) > 4096:
             _ROWS.clear()
-        row = _ROWS[key] = torch.tensor([_row_values(p, shares)], dtype=torch.float32, device=device)
+        row = _ROWS[key] = to_device(torch.tensor([_row_values(p, shares)], dtype=torch.float32), device)
     return row
 
 

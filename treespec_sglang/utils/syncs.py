@@ -3,8 +3,10 @@
 Works on any device, CPU included, by watching the ATen ops that must read tensor *values* on
 the host: ``.item()`` / ``bool(t)`` / ``.tolist()`` (``_local_scalar_dense``), boolean-mask
 indexing and ``nonzero`` (data-dependent output shapes), ``unique``, ``masked_select``,
-``repeat_interleave`` without ``output_size``, and copies to the CPU from another device.
-On CUDA, ``torch.cuda.set_sync_debug_mode`` gives the same answer; this also runs in CI.
+``repeat_interleave`` without ``output_size``, a copy to the CPU from another device that waits for it (any
+but an asynchronous one into pinned memory), and a blocking copy from the CPU to another device (the host waits
+for the device's stream: ``torch.tensor(list, device="cuda")`` is one). Unlike ``torch.cuda.set_sync_debug_mode``
+this runs on any device, in CI; the ``gpu`` test compares the two on CUDA.
 """
 
 from __future__ import annotations
@@ -15,13 +17,57 @@ from contextlib import contextmanager
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["SyncCounter", "count_host_syncs", "OpCounter", "count_ops"]
+__all__ = ["SyncCounter", "count_host_syncs", "OpCounter", "count_ops", "sync_of", "to_device"]
 
 _SYNC_OPS = {
-    "aten::_local_scalar_dense", "aten::nonzero", "aten::nonzero_static", "aten::masked_select",
+    "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
     "aten::unique_consecutive", "aten::_unique2", "aten::_unique", "aten::unique_dim", "aten::equal",
-    "aten::is_nonzero", "aten::_assert_async",
-}
+    "aten::is_nonzero",
+}  # (``nonzero_static`` has a fixed output shape and ``_assert_async`` asserts on the device: neither waits)
+
+
+def sync_of(name: str, args: tuple, kwargs: dict):
+    """The reason the ATen op ``name`` called with ``args`` / ``kwargs`` makes the host wait for a device (its
+    name, or ``name`` with the reason in brackets), or None when it does not."""
+    if name in _SYNC_OPS:
+        return name
+    if name in ("aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"):
+        idx = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        if any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in idx or ()):
+            return name + "(bool mask)"
+    elif name == "aten::repeat_interleave.Tensor" and kwargs.get("output_size") is None:
+        return name
+    elif name == "aten::lift_fresh":  # ``torch.tensor(data, device=...)``: its copy ran already, blocking
+        if isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu":
+            return name + "(from cpu, blocking)"
+    elif name in ("aten::_to_copy", "aten::copy_"):
+        copy = name == "aten::copy_"
+        src = args[1] if copy else args[0]
+        if not isinstance(src, torch.Tensor):
+            return None
+        dst = args[0].device if copy else kwargs.get("device")
+        if dst is None:
+            return None
+        src_host, dst_host = src.device.type == "cpu", torch.device(dst).type == "cpu"
+        non_blocking = bool(args[2] if copy and len(args) > 2 else kwargs.get("non_blocking", False))
+        if not src_host and dst_host:
+            # ``.to("cpu", non_blocking=True)`` pins its output; ``copy_`` waits unless its destination is pinned
+            if non_blocking and (not copy or args[0].is_pinned()):
+                return None
+            return name + "(to cpu)"
+        if src_host and not dst_host and not non_blocking:
+            return name + "(from cpu, blocking)"
+    return None
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` (a CPU tensor) on ``device`` without making the host wait for the device: on CUDA through pinned
+    memory, copied asynchronously in stream order (the caching host allocator keeps the pinned block until the copy
+    has run); elsewhere, and while a CUDA graph is being captured (where a copy must not be recorded), ``t.to``."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
 
 
 class SyncCounter(TorchDispatchMode):
@@ -37,21 +83,9 @@ class SyncCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = func._schema.name
-        if name in _SYNC_OPS:
-            self.ops[name] += 1
-        elif name in ("aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"):
-            idx = args[1] if len(args) > 1 else kwargs.get("indices", ())
-            if any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in idx or ()):
-                self.ops[name + "(bool mask)"] += 1
-        elif name == "aten::repeat_interleave.Tensor" and kwargs.get("output_size") is None:
-            self.ops[name] += 1
-        elif name in ("aten::_to_copy", "aten::copy_"):
-            src = args[1] if name == "aten::copy_" else args[0]
-            dst_dev = kwargs.get("device") if name == "aten::_to_copy" else args[0].device
-            if isinstance(src, torch.Tensor) and src.device.type != "cpu" and dst_dev is not None \
-                    and torch.device(dst_dev).type == "cpu":
-                self.ops[name + "(to cpu)"] += 1
+        why = sync_of(func._schema.name, args, kwargs)
+        if why is not None:
+            self.ops[why] += 1
         return func(*args, **kwargs)
 
 
@@ -97,8 +131,8 @@ def _host_reads_seen(on_read):
 
 
 class OpCounter(TorchDispatchMode):
-    """Dispatch mode counting every ATen op (``ops``), the host reads among them (``reads``: the
-    sync-forcing ops of :class:`SyncCounter`) and host->device list copies (``copies``: a tensor built
+    """Dispatch mode counting every ATen op (``ops``), the calls among them that make the host wait (``reads``:
+    :func:`sync_of`, value reads above all) and host->device list copies (``copies``: a tensor built
     from Python data, ``aten::lift_fresh``, or a copy from the CPU to another device).
 
     Examples
