@@ -246,3 +246,42 @@ def test_graph_mode_gives_a_faulty_test_rank_its_own_scores(monkeypatch):
     ref = select_from_pool([-s for s in mine[0]], mine[1], mine[2], N, K, params, native=native)
     assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])
     assert not torch.equal(step.keep, select_from_pool(*mine, N, K, params, native=native)[3])
+
+
+@pytest.mark.parametrize("mode,topk,want", [("graph", K, 2), ("torch", K, 0), ("graph", 1, 0)])
+def test_the_server_start_captures_a_selection_graph_per_captured_draft_shape(monkeypatch, mode, topk, want):
+    """After SGLang captured its draft graphs (here two shapes, 8 and 4 rows, "captured" on the CPU): one selection
+    graph per shape, with every registered classifier and SGLang's stashed selection, so the rounds after (a C2T
+    request naming the default classifier among them) capture nothing; an uncaptured stash gets none. Nothing where
+    the selection is not replayed, or in chain mode."""
+    from treespec_sglang.plugin import select_graph
+
+    for name, value in (("_STASH", {}), ("_NATIVE", {}), ("_CAPTURED", set())):
+        monkeypatch.setattr(draft_select, name, value)
+    monkeypatch.setattr(select_graph, "GRAPHS", {})
+    monkeypatch.setenv(draft_select.ENV_SELECT, mode)
+    monkeypatch.setattr(draft_select, "capturing", lambda t=None: True)
+    for rows in (8, 4):
+        sl, tl, pl = pools(rows, rows)
+        stash_pool(sl, tl, pl, select_from_pool(sl, tl, pl, N, K, [None] * rows)[1])
+    monkeypatch.setattr(draft_select, "capturing", lambda t=None: False)
+    stash_pool(*pools(6, 6))  # an eager draft's: no graph of its own at start
+    assert draft_select.capture_selections(topk, N) == want
+    assert len(select_graph.GRAPHS) == want
+    if not want:
+        return
+    for g in select_graph.GRAPHS.values():
+        assert g.native is not None and len(g.clf_ids) >= 1  # the default classifier at least
+    made = []
+    real = select_graph.SelectionGraph
+    monkeypatch.setattr(select_graph, "SelectionGraph", lambda *a, **k: made.append(a) or real(*a, **k))
+    sl, tl, pl = pools(8, 9)
+    stash_pool(sl, tl, pl, select_from_pool(sl, tl, pl, N, K, [None] * 8)[1])  # the 8-row graph's replay
+    params = [parse_spec(s) if s else None for s in SPECS[:5]]  # talon, native, salf, c2t (default), none
+    mine = [[t[:5] for t in part] for part in (sl, tl, pl)]
+    native = select_from_pool(*mine, N, K, [None] * 5)[:3]
+    step = DraftStep(params, K)
+    top, toks = select_after_draft(step, 8, native[1], native[2], N, S)
+    ref = select_from_pool(*mine, N, K, params, native=native)
+    assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])
+    assert made == []  # served by the graph captured at start

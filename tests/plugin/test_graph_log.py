@@ -5,7 +5,11 @@ from types import SimpleNamespace
 from treespec_sglang.plugin import graph_log as G
 
 
-class EAGLEDraftCudaGraphRunner:  # named like SGLang's runner (the key carries the class name)
+class EAGLEDraftCudaGraphRunner:  # named like SGLang's runners (the key carries the class name)
+    pass
+
+
+class DecodeCudaGraphRunner:
     pass
 
 
@@ -27,11 +31,30 @@ def test_decisions_are_counted_by_runner_mode_result_and_round_kind(monkeypatch,
     registered, ts = [], [True]
     registry = SimpleNamespace(register=lambda target, fn, kind: registered.append((target, fn, kind)))
     assert G.register_counting(registry, "AFTER", lambda: ts[0])
-    assert [t for t, _, _ in registered] == list(G.RUNNERS) and all(fn is G.count_decision for _, fn, _ in registered)
-    runner = EAGLEDraftCudaGraphRunner()
+    assert [t for t, _, _ in registered] == list(G.RUNNERS)
+    bodies = {t.rsplit(".", 2)[-2] + "." + t.rsplit(".", 1)[-1]: fn for t, fn, _ in registered}
+    assert bodies == {"DecodeCudaGraphRunner.can_run_graph": G.count_decision,
+                      "EAGLEDraftExtendCudaGraphRunner.can_run_graph": G.count_decision,
+                      "EAGLEDraftCudaGraphRunner.execute": G.count_draft_replay,
+                      "EagleDraftWorker.draft_forward": G.count_draft_eager}
+    runner = DecodeCudaGraphRunner()
     for result, is_ts in ((True, True), (True, True), (False, True), (True, False)):
         ts[0] = is_ts
-        assert G.count_decision(result, runner, batch("DECODE")) is result
-    assert G.read_counts(str(tmp_path / "log")) == {"EAGLEDraftCudaGraphRunner|DECODE|True|ts": 2,
-                                                    "EAGLEDraftCudaGraphRunner|DECODE|False|ts": 1,
-                                                    "EAGLEDraftCudaGraphRunner|DECODE|True|native": 1}
+        assert G.count_decision(result, runner, batch("TARGET_VERIFY")) is result
+    assert G.read_counts(str(tmp_path / "log")) == {"DecodeCudaGraphRunner|TARGET_VERIFY|True|ts": 2,
+                                                    "DecodeCudaGraphRunner|TARGET_VERIFY|False|ts": 1,
+                                                    "DecodeCudaGraphRunner|TARGET_VERIFY|True|native": 1}
+
+
+def test_the_draft_counts_how_it_ran_not_what_can_run_graph_said(monkeypatch, tmp_path):
+    """A replay of the draft graph counts True, the eager loop False, under the draft graph runner's name, whatever
+    ``can_run_graph`` answered before the plugin (a C2T chain round) or SGLang (a DSA target) drafted eagerly."""
+    monkeypatch.setenv(G.ENV_GRAPH_LOG, str(tmp_path))
+    monkeypatch.setattr(G, "_COUNTS", G.Counter())
+    monkeypatch.setitem(G._LABEL, "treespec_round", lambda: True)
+    assert G.count_draft_replay("out", EAGLEDraftCudaGraphRunner(), batch("DECODE")) == "out"
+    worker = SimpleNamespace()
+    assert G.count_draft_eager("out", worker, batch("DECODE")) == "out"
+    assert G.count_draft_eager("out", worker, forward_batch=batch("DECODE")) == "out"
+    assert G._COUNTS == {"EAGLEDraftCudaGraphRunner|DECODE|True|ts": 1, "EAGLEDraftCudaGraphRunner|DECODE|False|ts": 2}
+    assert set(G.read_counts(str(tmp_path))) == set(G._COUNTS)  # each key written when it first appears

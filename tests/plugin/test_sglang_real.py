@@ -46,6 +46,19 @@ def test_hooked_signatures_match_what_the_hooks_assume(loaded):
         assert params == expected, (target, params)
 
 
+def test_the_graph_counters_targets_take_the_forward_batch_second():
+    """``TREESPEC_GRAPH_LOG``'s targets exist in the installed sglang, each a method whose first parameter after
+    ``self`` is the forward batch its counter reads the mode of."""
+    from pkgutil import resolve_name
+
+    from treespec_sglang.plugin.graph_log import RUNNERS
+
+    for target in RUNNERS:
+        owner, attr = target.rsplit(".", 1)
+        params = list(inspect.signature(inspect.unwrap(getattr(resolve_name(owner), attr))).parameters)
+        assert params[:2] == ["self", "forward_batch"], (target, params)
+
+
 @pytest.mark.parametrize("topk,steps,N", [(3, 3, 8), (4, 4, 16), (2, 5, 9)])
 def test_sglang_draft_functions_agree_with_our_eagle2(loaded, topk, steps, N):
     from treespec_sglang.policies import grow_tree

@@ -301,3 +301,19 @@ def test_a_retracted_round_is_cut_when_processed_so_the_lists_stay_aligned():
     info = req.customized_info
     assert info["treespec_tree_sizes"] == [5, 7] and info["treespec_accept_lengths"] == [2, 1]
     assert info["treespec_verify_tokens"] == [8, 8] and summary["rounds"] == 2 and summary["tree_nodes"] == 12
+
+
+def test_the_selection_graphs_are_captured_right_after_sglangs_draft_graphs(loaded, monkeypatch):
+    """``EagleDraftWorker._capture_cuda_graphs`` (SGLang's draft graphs, at start) is hooked: after it, the selection
+    graphs of the captured shapes, at the worker's topk and N (``draft_select.capture_selections``)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    from treespec_sglang.plugin import hooks
+
+    assert inspect.unwrap(EagleDraftWorker._capture_cuda_graphs) is not EagleDraftWorker._capture_cuda_graphs
+    seen = []
+    monkeypatch.setattr(hooks, "capture_selections", lambda topk, n: seen.append((topk, n)) or 3)
+    worker = SimpleNamespace(topk=4, speculative_num_draft_tokens=16)
+    assert hooks._capture_selections("out", worker) == "out" and seen == [(4, 16)]

@@ -31,12 +31,14 @@ import torch
 
 from .pool import BatchPlan, PoolView, policy_rows, select_on_pool, share_token_cap, unlink_filler, COLUMNS
 from .pool_kernels import check_unlink, select_on_pool_fused, unlink_filler_fused, warm_up
+from .classifiers import registered
+from .rows import _clf_id
 from .select_graph import graph_for
 from .ranks import agree, perturbed, perturbed_rank, record_digest, verify_group
 from .settings import derived, env
 
 __all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing", "ENV_SELECT", "selection_mode",
-           "selection", "check_selection", "replays_selection", "unlink"]
+           "selection", "check_selection", "replays_selection", "capture_selections", "unlink"]
 
 ENV_SELECT = "TREESPEC_SELECT"
 SELECT_MODES = ("torch", "auto", "triton", "graph")
@@ -88,6 +90,21 @@ def replays_selection(device) -> bool:
     ``graph``, or ``auto`` on CUDA."""
     mode = selection_mode()
     return mode == "graph" or (mode == "auto" and torch.device(device).type == "cuda")
+
+
+def capture_selections(topk: int, num_draft_tokens: int) -> int:
+    """Right after SGLang captured its draft graphs (server start, every scheduler process): the selection graph
+    (:func:`~.select_graph.graph_for`) of every stash shape a captured draft graph writes, with every registered
+    classifier, so no round captures one. A capture synchronises the device and empties the allocator's caches
+    (``torch.cuda.graph``): in a round, that stalled the first treespec batch of each batch-size bucket, on every
+    rank. Returns how many graphs serve (none off CUDA, in chain mode or where the selection is not replayed)."""
+    keys = sorted(k for k in _CAPTURED if k in _STASH)
+    if topk < 2 or not keys or not replays_selection(keys[0][3]):
+        return 0
+    ids = sorted({_clf_id(clf) for clf in registered().values()})  # ``default`` among them
+    for key in keys:
+        graph_for(_STASH[key], key, topk, num_draft_tokens, ids, _NATIVE.get(key))
+    return len(keys)
 
 
 def unlink(next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Tensor) -> None:

@@ -35,7 +35,7 @@ from typing import Callable, Dict, List
 from .chain_stop import chain_graph_enabled, chain_loop, keep_mask, record_step, recording_loop
 from .columns import _policies, batch_columns
 from .config import server_defaults
-from .draft_select import capturing, select_after_draft, stash_pool, unlink
+from .draft_select import capture_selections, capturing, select_after_draft, stash_pool, unlink
 from .graph_log import register_counting
 from .profile import profile_from_env, profiled
 from .ragged import amx_extend_metadata, amx_forward_metadata, eager_while_ragged, flashinfer_verify_args, \
@@ -55,6 +55,15 @@ __all__ = ["HOOKS", "SIGNATURES", "Hook", "register_hooks", "DraftStep"]
 
 _BUILD = "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input"
 _PENDING = PendingSizes()
+
+
+def _capture_selections(result, self, *args, **kwargs):
+    # server start: SGLang captured its draft graphs (their replays stash the pool); the selection's graph of each
+    # of their shapes is captured now, not in the first round of each batch-size bucket
+    n = capture_selections(int(self.topk), int(self.speculative_num_draft_tokens))
+    if n:
+        logger.info("treespec-sglang: captured the selection graph of %d draft graph shapes", n)
+    return result
 
 
 # ---------------------------------------------------------------------------- a round, as it runs
@@ -259,6 +268,8 @@ HOOKS_IN_ORDER: List[Hook] = [
     Hook(f"{_SPEC}.eagle_worker_v2.EagleDraftWorker.init_lm_head", "AROUND", _draft_head, ["self"],
          "the draft's class fits the algorithm (EAGLE-3 head <-> EAGLE3); ranks' settings and policy "
          "registries must agree; a token map under TP keeps each rank's shard of the hot head rows (:mod:`.ranks`)"),
+    Hook(f"{_SPEC}.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs", "AFTER", _capture_selections, ["self"],
+         "the selection's CUDA graph for every draft graph shape SGLang captured (:mod:`.select_graph`)"),
     Hook(f"{_SCHED}.Scheduler.init_metrics_collector", "AFTER", _scheduler_metrics, ["self"],
          "the plugin's Prometheus series beside SGLang's (:mod:`.metrics`)"),
     Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.init_metric_collector_watchdog", "AFTER",
