@@ -17,7 +17,8 @@ against ragged and eager, per batch size); ``--draft demo-eagle3`` serves the sh
 a target of the demo target's shape with random weights and no tokenizer (round times and outputs only, accept
 lengths mean nothing; no demo target files needed). With ``--plain`` every set's greedy
 outputs are compared with the plain engine's (``== plain``: the requests that differ, each at its first differing
-token, as ``request@position:token/plain's``); native runs first and again last, so its spread shows beside the gaps.
+token, as ``request@position:token/plain's``); native runs first and again last, so its spread shows beside the gaps,
+and ``--passes K`` serves every set K times in turn, each pass a share of the prompts (ms per round: the median).
 
     python bench/plugin_round_profile.py --bs 1,4 --out bench/measured/<machine>/plugin_round_profile.json
     python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --plain --select auto,torch
@@ -32,6 +33,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import tempfile
 import time
 
@@ -157,10 +159,19 @@ def serve(generate, prompt_ids, sp, bs: int, n: int = 0) -> dict:
     (SGLang's N) also the share of treespec request-rounds the target verified at N tokens (``padded``; a request
     whose tree keeps all N nodes counts too, and a ragged forward can hold one: per forward, one request at a time)
     and the mean verified tokens (``treespec_verify_tokens``). ``treespec:verify_forwards_total`` counts forwards."""
+    return summary(*generated(generate, prompt_ids, sp, bs), n)
+
+
+def generated(generate, prompt_ids, sp, bs: int) -> tuple:
+    """``(seconds, outputs)``: the prompts served ``bs`` at a time, and the wall time it took."""
     t, outs = time.time(), []
     for i in range(0, len(prompt_ids), bs):
         outs += generate(prompt_ids[i:i + bs], sp[i:i + bs])
-    seconds = time.time() - t
+    return time.time() - t, outs
+
+
+def summary(seconds: float, outs: list, n: int = 0) -> dict:
+    """:func:`serve`'s figures of ``outs`` (SGLang's outputs) served in ``seconds``."""
     meta = [o["meta_info"] for o in outs]
     rounds = sum(m.get("spec_verify_ct", 0) for m in meta)
     verified = [v for m in meta for v in (m.get("treespec_verify_tokens") or [])]
@@ -169,6 +180,37 @@ def serve(generate, prompt_ids, sp, bs: int, n: int = 0) -> dict:
             "verified": sum(verified) / len(verified) if verified else None,
             "padded": sum(v == n for v in verified) / len(verified) if verified and n else None,
             "outputs": [list(o["output_ids"]) for o in outs]}
+
+
+def pooled(passes: list, n: int = 0) -> dict:
+    """One set's passes ``[(prompt indices, seconds, outputs, profile delta)]`` as one row: per round kind
+    :func:`per_round` over all its rounds, where ``ms`` is the median of the passes' own means when there are
+    several (``ms_passes``: each; a slow pass, such as one that compiled, moves a median least), and
+    :func:`summary` over every request, the outputs back in prompt order."""
+    order, outs, seconds, prof = [], [], 0.0, {}
+    for idx, sec, got, p in passes:
+        order, outs, seconds, prof = order + list(idx), outs + list(got), seconds + sec, added(prof, p)
+    row = {kind: per_round(p) for kind, p in prof.items()}
+    if len(passes) > 1:
+        for kind, r in row.items():
+            r["ms_passes"] = [per_round(p[kind])["ms"] for *_, p in passes if kind in p]
+            r["ms"] = statistics.median(r["ms_passes"])
+    row.update(summary(seconds, [o for _, o in sorted(zip(order, outs), key=lambda t: t[0])], n))
+    return row
+
+
+def added(a: dict, b: dict) -> dict:
+    """Two :func:`delta` results summed, per round kind."""
+    out = {kind: {"rounds": p["rounds"], "round_s": p["round_s"], "parts": dict(p["parts"]),
+                  "ops": dict(p.get("ops", {}))} for kind, p in a.items()}
+    for kind, p in b.items():
+        o = out.setdefault(kind, {"rounds": 0, "round_s": 0.0, "parts": {}, "ops": {}})
+        o["rounds"], o["round_s"] = o["rounds"] + p["rounds"], o["round_s"] + p["round_s"]
+        for key in ("parts", "ops"):
+            for name, v in p.get(key, {}).items():
+                w = o[key].get(name, [0, 0])
+                o[key][name] = [w[0] + v[0], w[1] + v[1]]
+    return out
 
 
 def warm(generate, prompt_ids, bs: int, specs=(None,)) -> None:
@@ -221,17 +263,23 @@ def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None
     out = {}
     try:
         sets = policy_sets(a.topk, a.steps, a.num_draft_tokens)
+        k = max(1, getattr(a, "passes", 1))
+        shares = [list(range(p, len(prompt_ids), k)) for p in range(k)]  # pass p serves prompts p, p + k, ...
         for bs in a.bs:
             warm(generate, prompt_ids, bs, sets["mix"])  # not measured: every policy's kernels at this size
-            for name, specs in sets.items():
-                before = read_profile(d)
-                sp = params_for(specs, len(prompt_ids), a.max_new_tokens, a.target == "random")
-                served = serve(generate, prompt_ids, sp, bs, a.num_draft_tokens)
-                got = delta(read_profile(d), before)
-                row = out.setdefault(bs, {})[name] = {kind: per_round(p) for kind, p in got.items()}
-                outputs, ref = served.pop("outputs"), (plain or {}).get(bs)
+            runs = {name: [] for name in sets}
+            for idx in shares:  # every set once per pass, in turn: a drift of the machine reaches them alike
+                ids = [prompt_ids[i] for i in idx]
+                for name, specs in sets.items():
+                    before = read_profile(d)
+                    sp = params_for(specs, len(ids), a.max_new_tokens, a.target == "random")
+                    seconds, outs = generated(generate, ids, sp, bs)
+                    runs[name].append((idx, seconds, outs, delta(read_profile(d), before)))
+            for name, passes in runs.items():
+                row = out.setdefault(bs, {})[name] = pooled(passes, a.num_draft_tokens)
+                served = {key: row[key] for key in ("tok_s", "tau", "verified", "padded")}
+                outputs, ref = row.pop("outputs"), (plain or {}).get(bs)
                 row["differing"] = None if ref is None else differences(outputs, ref["outputs"])
-                row.update(served)
                 kinds = ", ".join(f"{k}: {r['rounds']} rounds {r['ms']:.2f} ms (plugin {r['plugin_ms']:.2f})"
                                   for k, r in row.items() if isinstance(r, dict))
                 eq = "" if row["differing"] is None else \
@@ -255,6 +303,7 @@ def report(timed: dict, counted: dict, plain: dict, select: str) -> str:
         base = plain.get(bs)
         lines += [f"\n{select} selection, bs {bs}: native {sets['native']['tok_s']:.1f} tok/s, "
                   f"{nat['ms']:.2f} ms per round (SGLang {nat['sglang_ms']:.2f}, plugin hooks {nat['plugin_ms']:.3f})"
+                  + (f", passes {min(nat['ms_passes']):.2f}-{max(nat['ms_passes']):.2f} ms" if "ms_passes" in nat else "")
                   + (f"; native again {again['tok_s']:.1f} tok/s, {again['native']['ms']:.2f} ms"
                      if "native" in again else "")
                   + (f"; plain {base['tok_s']:.1f} tok/s" if base else ""), "",
@@ -296,6 +345,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--bs", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
     ap.add_argument("--prompts", type=int, default=8, help="held-out prompts (alternating HumanEval / MT-bench)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--passes", type=int, default=1,
+                    help="serve every set this many times in turn, each pass a share of the prompts; ms per round is "
+                         "the median of the passes")
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--num-draft-tokens", type=int, default=8)

@@ -86,3 +86,31 @@ def test_serving_reports_the_verified_tokens_and_the_share_verified_at_n():
     assert got["tau"] == 1 + 6 / 5 and got["verified"] == 32 / 5 and got["padded"] == 3 / 5
     assert got["outputs"] == [[0], [1], [2]]
     assert serve(generate, [2], [None], 1, n=8)["verified"] is None  # native only
+
+
+def test_passes_pool_into_one_row_with_the_median_pass_and_outputs_in_prompt_order():
+    """``--passes``: each set's passes (prompt shares 0, 2 and 1, 3) pooled: ms per round is the median of the passes'
+    own means (a pass that compiled moves it least), SGLang's and the hooks' parts are means over every round,
+    tok/s and tau over every request, and the outputs come back in prompt order for the comparison with plain."""
+    from bench.plugin_round_profile import pooled
+
+    def prof(rounds, seconds, hook_s):
+        return {"ts": {"rounds": rounds, "round_s": seconds, "parts": {"hook:_draft": [hook_s, rounds]},
+                       "ops": {"hook:_draft": [2 * rounds, 0]}}}
+
+    def out(i, tokens):
+        return {"meta_info": {"completion_tokens": tokens, "spec_verify_ct": 2, "spec_num_correct_drafts": 2},
+                "output_ids": [i]}
+
+    passes = [([0, 2], 1.0, [out(0, 10), out(2, 10)], prof(10, 0.050, 0.002)),
+              ([1, 3], 3.0, [out(1, 20), out(3, 20)], prof(10, 0.150, 0.004)),
+              ([4], 1.0, [out(4, 10)], prof(5, 0.030, 0.001))]
+    row = pooled(passes, n=8)
+    ts = row["ts"]
+    assert ts["ms_passes"] == [5.0, 15.0, 6.0] and ts["ms"] == 6.0  # the median, not the mean (9.2)
+    assert ts["rounds"] == 25 and abs(ts["plugin_ms"] - 1e3 * 0.007 / 25) < 1e-9
+    assert ts["ops"]["hook:_draft"] == [2.0, 0.0]
+    assert row["outputs"] == [[0], [1], [2], [3], [4]]
+    assert row["tok_s"] == 70 / 5.0 and row["tau"] == 1 + 10 / 10
+    one = pooled(passes[:1], n=8)["ts"]
+    assert "ms_passes" not in one and one["ms"] == 5.0
