@@ -252,8 +252,9 @@ def test_graph_mode_gives_a_faulty_test_rank_its_own_scores(monkeypatch):
 def test_the_server_start_captures_a_selection_graph_per_captured_draft_shape(monkeypatch, mode, topk, want):
     """After SGLang captured its draft graphs (here two shapes, 8 and 4 rows, "captured" on the CPU): one selection
     graph per shape, with every registered classifier and SGLang's stashed selection, so the rounds after (a C2T
-    request naming the default classifier among them) capture nothing; an uncaptured stash gets none. Nothing where
-    the selection is not replayed, or in chain mode."""
+    request naming the default classifier among them) capture nothing; an uncaptured stash gets none; the buffers a
+    GPU's captured copies never wrote are zeroed first. Nothing where the selection is not replayed, or in chain
+    mode."""
     from treespec_sglang.plugin import select_graph
 
     for name, value in (("_STASH", {}), ("_NATIVE", {}), ("_CAPTURED", set())):
@@ -266,7 +267,13 @@ def test_the_server_start_captures_a_selection_graph_per_captured_draft_shape(mo
         stash_pool(sl, tl, pl, select_from_pool(sl, tl, pl, N, K, [None] * rows)[1])
     monkeypatch.setattr(draft_select, "capturing", lambda t=None: False)
     stash_pool(*pools(6, 6))  # an eager draft's: no graph of its own at start
+    for key in draft_select._CAPTURED:  # on a GPU the captured copies were recorded, never run: any bytes
+        draft_select._NATIVE[key].fill_(10 ** 9)
+        for t in draft_select._STASH[key]:
+            t.fill_(-(10 ** 9))
     assert draft_select.capture_selections(topk, N) == want
+    for key in draft_select._CAPTURED:  # zeroed before the graph's eager first launch read them as indices
+        assert all(not t.any() for t in draft_select._STASH[key] + (draft_select._NATIVE[key],)) == bool(want)
     assert len(select_graph.GRAPHS) == want
     if not want:
         return

@@ -47,13 +47,18 @@ def test_decisions_are_counted_by_runner_mode_result_and_round_kind(monkeypatch,
 
 
 def test_the_draft_counts_how_it_ran_not_what_can_run_graph_said(monkeypatch, tmp_path):
-    """A replay of the draft graph counts True, the eager loop False, under the draft graph runner's name, whatever
-    ``can_run_graph`` answered before the plugin (a C2T chain round) or SGLang (a DSA target) drafted eagerly."""
+    """A replay of the draft graph counts True, the eager loop of a round False, under the draft graph runner's name,
+    whatever ``can_run_graph`` answered before the plugin (a C2T chain round) or SGLang (a DSA target) drafted
+    eagerly; the loop SGLang runs to capture its graph (outside any round) is not counted."""
     monkeypatch.setenv(G.ENV_GRAPH_LOG, str(tmp_path))
     monkeypatch.setattr(G, "_COUNTS", G.Counter())
     monkeypatch.setitem(G._LABEL, "treespec_round", lambda: True)
     assert G.count_draft_replay("out", EAGLEDraftCudaGraphRunner(), batch("DECODE")) == "out"
-    worker = SimpleNamespace()
+    worker, in_round = SimpleNamespace(), [False]
+    monkeypatch.setitem(G._LABEL, "in_round", lambda: in_round[0])
+    assert G.count_draft_eager("out", worker, batch("DECODE")) == "out"  # SGLang capturing its draft graph
+    assert G._COUNTS == {"EAGLEDraftCudaGraphRunner|DECODE|True|ts": 1}
+    in_round[0] = True
     assert G.count_draft_eager("out", worker, batch("DECODE")) == "out"
     assert G.count_draft_eager("out", worker, forward_batch=batch("DECODE")) == "out"
     assert G._COUNTS == {"EAGLEDraftCudaGraphRunner|DECODE|True|ts": 1, "EAGLEDraftCudaGraphRunner|DECODE|False|ts": 2}

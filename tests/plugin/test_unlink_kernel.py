@@ -149,3 +149,22 @@ def test_the_kept_scratch_is_reused_and_what_it_held_never_leaks(fill):
     pool_kernels.unlink_filler_fused(got_t, got_s, keep)
     assert pool_kernels._unlink_scratch(6, 11, keep.device) is scratch
     assert got_t.tolist() == want_t and got_s.tolist() == want_s
+
+
+def test_the_scratch_is_one_buffer_per_width_grown_by_doubling(monkeypatch):
+    """Every batch size's scratch is the first rows of one buffer (memory bounded by twice the largest batch, where a
+    buffer per batch size piled up over a day of drifting sizes); a bigger batch doubles it, and every size's
+    chains stay right across the growth."""
+    monkeypatch.setattr(pool_kernels, "_SCRATCH", {})
+    views = {bs: pool_kernels._unlink_scratch(bs, 11, torch.device("cpu")) for bs in (4, 2, 4)}
+    buf = pool_kernels._SCRATCH[(16, torch.device("cpu"))][0]
+    assert buf.shape == (4, 16) and views[2].data_ptr() == views[4].data_ptr() == buf.data_ptr()
+    assert pool_kernels._unlink_scratch(5, 11, torch.device("cpu")).shape == (5, 16)
+    assert pool_kernels._SCRATCH[(16, torch.device("cpu"))][0].shape == (8, 16)  # doubled, not 5
+    assert pool_kernels._unlink_scratch(20, 11, torch.device("cpu")).shape == (20, 16)
+    for bs in (3, 20, 7):
+        nt, ns, keep = random_chains(random.Random(bs), bs, 11)
+        want_t, want_s = unlink_oracle(nt, ns, keep)
+        pool_kernels.unlink_filler_fused(nt, ns, keep)
+        assert nt.tolist() == want_t and ns.tolist() == want_s
+    assert len(pool_kernels._SCRATCH) == 1

@@ -103,7 +103,7 @@ def test_the_counter_agrees_with_cudas_sync_debug_mode():
 
 def test_to_device_copies_through_pinned_memory_on_cuda_only(monkeypatch):
     """The branches of ``to_device``, each device kind stood in: CUDA pins and copies asynchronously; a capture in
-    progress, and any other device, copy plainly (the CPU's result is the tensor's value)."""
+    progress is refused (no copy recorded); any other device copies plainly (the CPU's result is the value)."""
     t = torch.arange(5)
     assert to_device(t, "cpu").tolist() == [0, 1, 2, 3, 4]
     calls = []
@@ -115,9 +115,9 @@ def test_to_device_copies_through_pinned_memory_on_cuda_only(monkeypatch):
     assert calls == ["pin", ("cuda:1", True)]
     calls.clear()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    to_device(t, "cuda")
-    assert calls == [("cuda", False)]
-    calls.clear()
+    with pytest.raises(RuntimeError, match="inside a CUDA graph capture"):
+        to_device(t, "cuda")
+    assert calls == []
     to_device(t, "meta")
     assert calls == [("meta", False)]
 

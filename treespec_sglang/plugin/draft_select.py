@@ -103,6 +103,10 @@ def capture_selections(topk: int, num_draft_tokens: int) -> int:
         return 0
     ids = sorted({_clf_id(clf) for clf in registered().values()})  # ``default`` among them
     for key in keys:
+        # a captured graph's first copies into these buffers were recorded, never run: they hold whatever the
+        # graph pool held, and the graph's eager first launch reads SGLang's selection there as pool indices
+        for t in _STASH[key] + ((_NATIVE[key],) if key in _NATIVE else ()):
+            t.zero_()
         graph_for(_STASH[key], key, topk, num_draft_tokens, ids, _NATIVE.get(key))
     return len(keys)
 

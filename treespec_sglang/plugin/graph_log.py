@@ -40,7 +40,7 @@ RUNNERS = {
         "decision",
 }
 _COUNTS: Counter = Counter()
-_LABEL: Dict[str, Optional[Callable[[], bool]]] = {"treespec_round": None}
+_LABEL: Dict[str, Optional[Callable[[], bool]]] = {"treespec_round": None, "in_round": None}
 
 
 def _count(runner: str, forward_batch, replayed: bool) -> None:
@@ -70,8 +70,11 @@ def count_draft_replay(result, runner, forward_batch=None, *args, **kwargs):
 
 
 def count_draft_eager(result, worker, forward_batch=None, *args, **kwargs):
-    """``EagleDraftWorker.draft_forward`` AFTER: an eager draft loop, counted under the draft graph's runner."""
-    _count(_DRAFT_RUNNER, forward_batch, False)
+    """``EagleDraftWorker.draft_forward`` AFTER: an eager draft loop of a round, counted under the draft graph's
+    runner (SGLang's draft graph capture runs the loop too, outside any round: not counted)."""
+    in_round = _LABEL["in_round"]
+    if in_round is None or in_round():
+        _count(_DRAFT_RUNNER, forward_batch, False)
     return result
 
 
@@ -88,14 +91,16 @@ def read_counts(directory: str) -> Counter:
     return total
 
 
-def register_counting(registry, hook_type, treespec_round: Callable[[], bool]) -> bool:
+def register_counting(registry, hook_type, treespec_round: Callable[[], bool],
+                      in_round: Optional[Callable[[], bool]] = None) -> bool:
     """Register each body of :data:`RUNNERS` on its target when ``TREESPEC_GRAPH_LOG`` is set
-    (``treespec_round()``: whether the round in progress carries a treespec request). Returns whether it did."""
+    (``treespec_round()``: whether the round in progress carries a treespec request; ``in_round()``: whether a
+    round is in progress at all). Returns whether it did."""
     out = env(ENV_GRAPH_LOG)
     if not out:
         return False
     os.makedirs(out, exist_ok=True)
-    _LABEL["treespec_round"] = treespec_round
+    _LABEL["treespec_round"], _LABEL["in_round"] = treespec_round, in_round
     for target, body in RUNNERS.items():
         registry.register(target, _BODIES[body], hook_type)
     return True

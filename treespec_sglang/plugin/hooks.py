@@ -362,6 +362,7 @@ def register_hooks() -> None:
     for h in HOOKS_IN_ORDER:
         body = h.body if profile is None else profiled(profile, h.target, h.kind, h.body, _treespec_round)
         HookRegistry.register(h.target, body, getattr(HookType, h.kind))
-    counting = register_counting(HookRegistry, HookType.AFTER, _treespec_round)  # TREESPEC_GRAPH_LOG only
+    counting = register_counting(HookRegistry, HookType.AFTER, _treespec_round,  # TREESPEC_GRAPH_LOG only
+                                 lambda: current() is not None)
     logger.info("treespec-sglang: registered %d hooks%s%s", len(HOOKS), " and CUDA-graph counting" if counting else "",
                 ", each timed (TREESPEC_PROFILE)" if profile is not None else "")

@@ -337,18 +337,23 @@ def unlink_filler_fused(next_token: torch.Tensor, next_sibling: torch.Tensor, ke
     launch_unlink(kernels(interpreted(keep.device)), next_token, next_sibling, keep, _unlink_scratch(bs, N, keep.device))
 
 
-_SCRATCH: Dict[tuple, torch.Tensor] = {}  # (bs, BLOCK_N, device) -> the unlink's [bs, BLOCK_N] int64 scratch
+_SCRATCH: Dict[tuple, tuple] = {}  # (BLOCK_N, device) -> (the unlink's [rows, BLOCK_N] int64 scratch, {bs: view})
 
 
 def _unlink_scratch(bs: int, N: int, device) -> torch.Tensor:
-    """The unlink kernel's ``[bs, BLOCK_N]`` int64 scratch (every program writes its row before reading it), one
-    per batch size and device, kept: a round allocates nothing. Reuse is safe in stream order: every unlink of a
-    server is launched on its forward stream, so a round's launch runs after the previous round's has read it."""
+    """The unlink kernel's ``[bs, BLOCK_N]`` int64 scratch (every program writes its row before reading it): the
+    first ``bs`` rows of one buffer per width and device, grown (doubled) when a bigger batch comes, the view kept
+    per batch size, so a round allocates nothing and the memory is bounded by twice the largest batch. Reuse is safe
+    in stream order: every unlink of a server is launched on its forward stream."""
     block_n = 1 << max(N - 1, 1).bit_length()
-    key = (bs, block_n, device)
-    work = _SCRATCH.get(key)
+    key = (block_n, device)
+    buf, views = _SCRATCH.get(key, (None, None))
+    if buf is None or buf.shape[0] < bs:
+        rows = max(bs, 2 * buf.shape[0]) if buf is not None else bs
+        buf, views = _SCRATCH[key] = (torch.empty(rows, block_n, dtype=torch.int64, device=device), {})
+    work = views.get(bs)
     if work is None:
-        work = _SCRATCH[key] = torch.empty(bs, block_n, dtype=torch.int64, device=device)
+        work = views[bs] = buf[:bs]
     return work
 
 

@@ -63,10 +63,20 @@ def sync_of(name: str, args: tuple, kwargs: dict):
 def to_device(t: torch.Tensor, device) -> torch.Tensor:
     """``t`` (a CPU tensor) on ``device`` without making the host wait for the device: on CUDA through pinned
     memory, copied asynchronously in stream order (the caching host allocator keeps the pinned block until the copy
-    has run); elsewhere, and while a CUDA graph is being captured (where a copy must not be recorded), ``t.to``."""
+    has run); elsewhere ``t.to``.
+
+    Raises
+    ------
+    RuntimeError
+        While a CUDA graph is being captured: the copy would be recorded from a buffer freed after the capture (a
+        blocking one cannot run there at all); a captured body builds its tables in an eager run first.
+    """
     dev = torch.device(device)
-    if dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if dev.type != "cuda":
         return t.to(dev)
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("to_device: a host->device copy inside a CUDA graph capture; build the tensor before "
+                           "capturing (an eager run of the captured body)")
     return t.pin_memory().to(dev, non_blocking=True)
 
 
