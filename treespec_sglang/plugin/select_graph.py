@@ -21,8 +21,10 @@ replay, whatever the batch holds:
    queued on the same stream within the same round, before the next round's replay; the stash's scores are
    read the same way.
 
-The classifier table is part of the capture: a graph serves the classifiers it was captured with, and a batch
-naming another one (rare: a server knows a handful) captures the shape again with the union
+A server captures its graphs at start, right after SGLang's draft graphs, one per draft shape with every
+registered classifier (:func:`.draft_select.capture_selections`): a capture synchronises the device and empties
+the allocator's caches, which no round should pay. The classifier table is part of the capture: a graph serves
+the classifiers it was captured with, and a batch naming another one captures the shape again with the union
 (:func:`graph_for`). Off CUDA nothing is captured: the same static-buffer launch runs uncaptured (the CPU
 tests run it in Triton's interpreter), so one code path serves both and the tests check what a replay reads.
 
@@ -144,8 +146,8 @@ class SelectionGraph:
 
 def graph_for(stash: Tuple[torch.Tensor, ...], key: tuple, topk: int, num_draft_tokens: int,
               clf_ids: Sequence[int], native: Optional[torch.Tensor] = None) -> SelectionGraph:
-    """The selection graph of stash ``key`` (``(rows, P, W, device)``) at N = ``num_draft_tokens``, captured on first
-    use and again when a batch names a classifier it was not captured with (with the union) or when the stash of
+    """The selection graph of stash ``key`` (``(rows, P, W, device)``) at N = ``num_draft_tokens``, captured at server
+    start (or on first use) and again when a batch names a classifier it was not captured with (with the union) or when the stash of
     SGLang's own selection (``native``) or the stash itself is not the one it reads (an uncaptured stash is
     freed when another shape is stashed, :func:`.draft_select.stash_pool`)."""
     gkey = (key, num_draft_tokens, topk)
