@@ -3,13 +3,13 @@
 # limit and not the device call; verbose, with faulthandler_timeout, so a stuck test names itself and dumps its
 # stack. Collection runs alone first, under its own limit, for the same reason. Exit status: the last failure's
 # (124: a limit was hit).
-#   bash bench/gpu_tests.sh [PATH...]     (default: tests/plugin tests/training tests/attention)
+#   bash bench/gpu_tests.sh [PATH...]     (default: tests/plugin tests/training tests/attention tests/utils)
 #   GPU_TEST_FILE_S (default 90): one file's limit; GPU_TESTS_S (default 300): the whole run's, after which no
 #   file starts and a running one gets only what is left (an outer `timeout` cannot reach the files' own
 #   timeouts, each in its own process group: TERM is passed on to the file running)
 set -uo pipefail
 paths=("$@")
-[ ${#paths[@]} -gt 0 ] || paths=(tests/plugin tests/training tests/attention)
+[ ${#paths[@]} -gt 0 ] || paths=(tests/plugin tests/training tests/attention tests/utils)
 deadline=$((SECONDS + ${GPU_TESTS_S:-300}))
 child=
 trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; wait; exit 124' TERM INT
