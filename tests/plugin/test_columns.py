@@ -53,7 +53,7 @@ def test_names_mark_the_requests_drafted_once(built):
     reqs = [req(s) for s in SPECS]
     cols = columns.batch_columns(reqs, ServerDefaults())
     assert not any(hasattr(r, columns.DRAFTED) for r in reqs)  # nothing marked before a draft
-    assert cols.drafted() == [None, "talon", "none", "salf"]
+    assert cols.drafted() == (None, "talon", "none", "salf")
     assert [getattr(r, columns.DRAFTED, None) for r in reqs] == [None, "talon", "none", "salf"]
     assert cols.drafted() is cols.drafted()
 
@@ -64,7 +64,7 @@ def test_a_native_batch_has_no_policy_unless_the_server_has_a_default(built):
 
     assert not columns.batch_columns([fresh(), fresh()], ServerDefaults()).any_policy
     cols = columns.batch_columns([fresh()], ServerDefaults("talon", {"budget": 8}))
-    assert cols.any_policy and cols.drafted() == ["talon"]
+    assert cols.any_policy and cols.drafted() == ("talon",)
 
 
 def test_a_rounds_policy_names_come_from_the_batchs_columns_while_it_holds_the_same_requests(built):
@@ -136,12 +136,12 @@ def test_a_batch_of_native_trees_is_served_as_sglangs_own_round(built):
     cap keeps its policy (the cap may cut it); another shape is decided again."""
     eagle2, talon = {"policy": "eagle2", "budget": N}, {"policy": "talon", "budget": N}
     reqs = [req(s) for s in (None, eagle2, talon)]
-    params, sizes, tokens = columns.batch_columns(reqs, ServerDefaults()).selection(N, S)
-    assert params[:2] == (None, None) and params[2] is not None and sizes is None and tokens is None
+    params, tokens = columns.batch_columns(reqs, ServerDefaults()).selection(N, S)
+    assert params[:2] == (None, None) and params[2] is not None and tokens is None
     cols = columns.batch_columns(reqs[:2], ServerDefaults())
-    params, sizes, tokens = cols.selection(N, S)
-    assert params is None and sizes.tolist() == tokens == [N, N]
-    assert cols.selection(N, S)[1] is sizes  # kept while the batch lives
+    params, tokens = cols.selection(N, S)
+    assert params is None and tokens == [N, N]
+    assert cols.selection(N, S)[1] is tokens  # kept while the batch lives
     assert cols.selection(N + 1, S)[0] == (None, cols.params[1])  # budget N < N + 1: its own tree there
     shared = [SimpleNamespace(_treespec_params=parse_spec(eagle2), _treespec_shares=True)]
     capped = ServerDefaults(token_cap=16)

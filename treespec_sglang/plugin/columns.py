@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-import torch
-
 from ..policies.params import NoneParams
 from .chain_stop import ChainStopper
 from .pool import keeps_native_tree
@@ -36,9 +34,9 @@ class BatchColumns:
     params: tuple
     shares: tuple
     any_policy: bool
-    names: Optional[list] = None
+    names: Optional[tuple] = None
     stopper: Optional[ChainStopper] = None
-    _selection: Optional[tuple] = None  # ((N, S), params for the selection or None, [bs] sizes, their list)
+    _selection: Optional[tuple] = None  # ((N, S), params for the selection or None, [bs] tree sizes or None)
 
     def chain_stopper(self, num_steps: int, device) -> ChainStopper:
         """The batch's :class:`ChainStopper` in chain mode (built the first time, and again when S changes:
@@ -48,29 +46,26 @@ class BatchColumns:
         return self.stopper
 
     def selection(self, num_draft_tokens: int, num_steps: int) -> tuple:
-        """``(params, sizes, tokens)`` for a tree-mode round at N = ``num_draft_tokens`` over S = ``num_steps``:
-        ``params`` with None for every request whose policy keeps SGLang's own tree there
-        (:func:`.pool.keeps_native_tree`) and that the token cap does not cut; or, when that leaves no policy,
-        ``(None, sizes, tokens)``: the round is SGLang's own (nothing to select, nothing to unlink) and every
-        request's tree is N nodes, ``sizes`` ``[bs]`` int64 on the host and ``tokens`` the same as a list (its
-        stats). Built once per (N, S) while the batch lives."""
+        """``(params, tokens)`` for a tree-mode round at N = ``num_draft_tokens`` over S = ``num_steps``: ``params``
+        with None for every request whose policy keeps SGLang's own tree there (:func:`.pool.keeps_native_tree`)
+        and that the token cap does not cut, ``tokens`` None; or, when that leaves no policy, ``(None, tokens)``:
+        the round is SGLang's own (nothing to select, nothing to unlink) and every request's tree is N nodes,
+        ``tokens`` the host list of them (its tree sizes and verify tokens). Built once per (N, S) while the batch
+        lives."""
         key = (num_draft_tokens, num_steps)
         if self._selection is None or self._selection[0] != key:
             capped = self.defaults.token_cap is not None
             params = tuple(None if p is None or (keeps_native_tree(p, *key) and not (capped and s)) else p
                            for p, s in zip(self.params, self.shares))
-            if any(p is not None for p in params):
-                self._selection = (key, params, None, None)
-            else:
-                n = [num_draft_tokens] * len(params)
-                self._selection = (key, None, torch.tensor(n, dtype=torch.int64), n)
+            native = not any(p is not None for p in params)
+            self._selection = (key, None, [num_draft_tokens] * len(params)) if native else (key, params, None)
         return self._selection[1:]
 
-    def drafted(self) -> list:
+    def drafted(self) -> tuple:
         """Each request's policy name (None: native), the requests marked drafted (:func:`_drafted`) the first
         time."""
         if self.names is None:
-            self.names = [_drafted(r, p) for r, p in zip(self.reqs, self.params)]
+            self.names = tuple(_drafted(r, p) for r, p in zip(self.reqs, self.params))
         return self.names
 
 

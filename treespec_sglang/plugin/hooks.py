@@ -88,11 +88,11 @@ def _draft(original, self, batch, *args, **kwargs):
         if not chain.active:
             return original(self, batch, *args, **kwargs)
     else:
-        params, sizes, tokens = cols.selection(self.speculative_num_draft_tokens, self.speculative_num_steps)
+        params, tokens = cols.selection(self.speculative_num_draft_tokens, self.speculative_num_steps)
         if params is None:  # every tree is SGLang's own: a native round, the policies' stats recorded
             out = original(self, batch, *args, **kwargs)
             names = cols.drafted()
-            _PENDING.push(cols.reqs, names, sizes)
+            _PENDING.push(cols.reqs, names, tokens)
             record_rounds(cols.reqs, names, "treespec_verify_tokens", tokens)
             series = scheduler_series()
             if series is not None:  # its verify runs N tokens a request: padded

@@ -43,8 +43,9 @@ __all__ = ["DraftStep", "PluginRound", "current", "opened", "drafting_step", "sa
 def same_requests(reqs, held: tuple) -> bool:
     """Whether ``reqs`` are the requests ``held``, in order: by identity (SGLang's ``Req`` has no ``__eq__``; a
     stand-in's value equality must not pass for it), one C-level pass. What the per-batch caches key on: a decode
-    batch keeps its requests from round to round."""
-    return len(reqs) == len(held) and all(map(operator.is_, reqs, held))
+    batch keeps its requests from round to round. ``held`` itself (a tuple: it cannot change) is decided without
+    the pass."""
+    return reqs is held or (len(reqs) == len(held) and all(map(operator.is_, reqs, held)))
 
 
 @dataclass

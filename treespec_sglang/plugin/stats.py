@@ -207,7 +207,8 @@ class BatchStats:
 
     def holds(self, reqs: Sequence, policies: Sequence[Optional[str]], cap: int) -> bool:
         """Whether this is the batch of ``reqs`` (the same objects, in order: identity in C) under ``policies``."""
-        return cap == self.cap and same_requests(reqs, self.reqs) and tuple(policies) == self.policies
+        return cap == self.cap and same_requests(reqs, self.reqs) and (policies is self.policies
+                                                                       or tuple(policies) == self.policies)
 
     def record(self, values: Sequence[int], series) -> None:
         """One round's ``values`` (one per request of the batch; any past the batch's last are not its own):
@@ -304,9 +305,10 @@ class PendingSizes:
         self.rounds: Deque[tuple] = collections.deque()  # (reqs, policies, host sizes [bs], event or None)
         self.spare: Dict[tuple, list] = {}  # (shape, dtype) -> [(pinned buffer, event)] of recorded rounds
 
-    def push(self, reqs, policies, sizes: torch.Tensor) -> None:
-        """One round's ``[bs]`` tree sizes for ``reqs``, recorded under ``policies`` (names; None: not ours)."""
-        if _on_host(sizes):
+    def push(self, reqs, policies, sizes) -> None:
+        """One round's ``[bs]`` tree sizes for ``reqs`` (a tensor, or a host list of ints), recorded under
+        ``policies`` (names; None: not ours)."""
+        if type(sizes) is list or _on_host(sizes):
             self.rounds.append((reqs, policies, sizes, None))
             return
         spare = self.spare.get((sizes.shape, sizes.dtype))
@@ -318,7 +320,8 @@ class PendingSizes:
     def flush(self) -> None:
         while self.rounds and (self.rounds[0][3] is None or self.rounds[0][3].query()):
             reqs, policies, host, event = self.rounds.popleft()
-            record_rounds(reqs, policies, "treespec_tree_sizes", host.tolist())  # a finished host copy: no sync
+            # a host list, or a finished host copy: no sync
+            record_rounds(reqs, policies, "treespec_tree_sizes", host if type(host) is list else host.tolist())
             if event is not None:
                 spare = self.spare.setdefault((host.shape, host.dtype), [])
                 if len(spare) < self.KEEP:
