@@ -263,7 +263,7 @@ def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None
     out = {}
     try:
         sets = policy_sets(a.topk, a.steps, a.num_draft_tokens)
-        k = max(1, getattr(a, "passes", 1))
+        k = max(1, a.passes)
         shares = [list(range(p, len(prompt_ids), k)) for p in range(k)]  # pass p serves prompts p, p + k, ...
         for bs in a.bs:
             warm(generate, prompt_ids, bs, sets["mix"])  # not measured: every policy's kernels at this size
@@ -299,11 +299,12 @@ def report(timed: dict, counted: dict, plain: dict, select: str) -> str:
     lines = []
     for bs, sets in timed.items():
         nat = sets["native"]["native"]
+        spread = nat.get("ms_passes")
         again = sets.get("native_again", {})
         base = plain.get(bs)
         lines += [f"\n{select} selection, bs {bs}: native {sets['native']['tok_s']:.1f} tok/s, "
                   f"{nat['ms']:.2f} ms per round (SGLang {nat['sglang_ms']:.2f}, plugin hooks {nat['plugin_ms']:.3f})"
-                  + (f", passes {min(nat['ms_passes']):.2f}-{max(nat['ms_passes']):.2f} ms" if "ms_passes" in nat else "")
+                  + (f", passes {min(spread):.2f}-{max(spread):.2f} ms" if spread else "")
                   + (f"; native again {again['tok_s']:.1f} tok/s, {again['native']['ms']:.2f} ms"
                      if "native" in again else "")
                   + (f"; plain {base['tok_s']:.1f} tok/s" if base else ""), "",

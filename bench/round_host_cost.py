@@ -161,7 +161,7 @@ def measure(name, bs, a, env="frozen"):
                     one()
                 prof.disable()
                 st = pstats.Stats(prof)
-                top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:int(os.environ.get("BREAKDOWN_TOP", "12"))]  # own time
+                top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]  # own time
                 breakdown = [(f"{os.path.basename(f)}:{ln} {fn}", round(1e6 * tt / a.repeats, 1))
                              for (f, ln, fn), (_, _, tt, _, _) in top]
         finally:

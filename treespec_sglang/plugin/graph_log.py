@@ -31,14 +31,6 @@ __all__ = ["ENV_GRAPH_LOG", "RUNNERS", "count_decision", "count_draft_replay", "
 
 ENV_GRAPH_LOG = "TREESPEC_GRAPH_LOG"
 _DRAFT_RUNNER = "EAGLEDraftCudaGraphRunner"
-# target -> the AFTER body that counts there
-RUNNERS = {
-    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph": "decision",
-    f"sglang.srt.speculative.eagle_draft_cuda_graph_runner.{_DRAFT_RUNNER}.execute": "draft_replay",
-    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward": "draft_eager",
-    "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner.can_run_graph":
-        "decision",
-}
 _COUNTS: Counter = Counter()
 _LABEL: Dict[str, Optional[Callable[[], bool]]] = {"treespec_round": None, "in_round": None}
 
@@ -78,7 +70,14 @@ def count_draft_eager(result, worker, forward_batch=None, *args, **kwargs):
     return result
 
 
-_BODIES = {"decision": count_decision, "draft_replay": count_draft_replay, "draft_eager": count_draft_eager}
+# target -> the AFTER body that counts there
+RUNNERS = {
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph": count_decision,
+    f"sglang.srt.speculative.eagle_draft_cuda_graph_runner.{_DRAFT_RUNNER}.execute": count_draft_replay,
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward": count_draft_eager,
+    "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner.can_run_graph":
+        count_decision,
+}
 
 
 def read_counts(directory: str) -> Counter:
@@ -102,5 +101,5 @@ def register_counting(registry, hook_type, treespec_round: Callable[[], bool],
     os.makedirs(out, exist_ok=True)
     _LABEL["treespec_round"], _LABEL["in_round"] = treespec_round, in_round
     for target, body in RUNNERS.items():
-        registry.register(target, _BODIES[body], hook_type)
+        registry.register(target, body, hook_type)
     return True

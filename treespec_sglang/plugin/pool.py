@@ -37,7 +37,8 @@ from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY, pool_rule_of, registration_of
 from ..policies.token_cap import select_best
 from .pool_rules import arange, level_policies_keep, parent_entropy, salf_keep, salf_pops, static
-from .rows import _C, _CLF_SPECS, COLUMNS, _row_values, _rule_row, classifier_ids, kind_id, per_batch, policy_rows, request_row
+from .rows import (_C, _CLF_SPECS, COLUMNS, _row_values, _rule_row, classifier_ids, kind_id, per_batch, policy_rows,
+                   request_row)
 
 __all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_token_cap", "unlink_filler", "request_row",
            "policy_rows", "kind_id", "COLUMNS", "BatchPlan", "classifier_ids", "per_batch", "keeps_native_tree"]

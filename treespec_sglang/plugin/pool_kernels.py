@@ -334,7 +334,8 @@ def unlink_filler_fused(next_token: torch.Tensor, next_sibling: torch.Tensor, ke
                              f"(contiguous: {t.is_contiguous()})")
     if bs == 0:
         return
-    launch_unlink(kernels(interpreted(keep.device)), next_token, next_sibling, keep, _unlink_scratch(bs, N, keep.device))
+    work = _unlink_scratch(bs, N, keep.device)  # [bs, BLOCK_N]
+    launch_unlink(kernels(interpreted(keep.device)), next_token, next_sibling, keep, work)
 
 
 _SCRATCH: Dict[tuple, tuple] = {}  # (BLOCK_N, device) -> (the unlink's [rows, BLOCK_N] int64 scratch, {bs: view})

@@ -146,10 +146,10 @@ class SelectionGraph:
 
 def graph_for(stash: Tuple[torch.Tensor, ...], key: tuple, topk: int, num_draft_tokens: int,
               clf_ids: Sequence[int], native: Optional[torch.Tensor] = None) -> SelectionGraph:
-    """The selection graph of stash ``key`` (``(rows, P, W, device)``) at N = ``num_draft_tokens``, captured at server
-    start (or on first use) and again when a batch names a classifier it was not captured with (with the union) or when the stash of
-    SGLang's own selection (``native``) or the stash itself is not the one it reads (an uncaptured stash is
-    freed when another shape is stashed, :func:`.draft_select.stash_pool`)."""
+    """The selection graph of stash ``key`` (``(rows, P, W, device)``) at N = ``num_draft_tokens``, captured at
+    server start (or on first use) and again when a batch names a classifier it was not captured with (with the
+    union) or when the stash of SGLang's own selection (``native``) or the stash itself is not the one it reads (an
+    uncaptured stash is freed when another shape is stashed, :func:`.draft_select.stash_pool`)."""
     gkey = (key, num_draft_tokens, topk)
     g = GRAPHS.get(gkey)
     if g is None or not set(clf_ids) <= set(g.clf_ids) or g.native is not native or g.stash is not stash:
