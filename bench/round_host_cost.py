@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from treespec_sglang.plugin import (chain_stop, draft_select, hooks, metrics, pool, pool_kernels,  # noqa: E402
-                                     select_graph, settings)
+                                     select_graph, server_hooks, settings)
 from treespec_sglang.utils.syncs import count_ops  # noqa: E402
 from bench.select_host_cost import pool_lists, sglang_pool  # noqa: E402
 
@@ -72,9 +72,11 @@ class Req:
 class FakeRound:
     """One decode round of SGLang's EAGLE v2 worker with its own work stood in (see the module docstring)."""
 
-    def __init__(self, specs, bs, k, S, N, device, eager):
-        self.k, self.S, self.N, self.eager = k, S, N, eager
+    def __init__(self, specs, bs, k, S, N, device, eager, churn=0):
+        self.k, self.S, self.N, self.eager, self.churn, self.specs = k, S, N, eager, churn, specs
         self.reqs = [Req(specs[i % len(specs)]) for i in range(bs)]
+        # requests replaced so far, the next round's new requests (:meth:`prepare`), the requests that left
+        self.turn, self.arrivals, self.left = 0, [], []
         scores, tokens, parents = sglang_pool(bs, k, S, device)
         self.lists = pool_lists(scores, tokens, parents, k)
         # SGLang's own selection: (parent_list, top_scores_index [bs, N-1], draft_tokens [bs, N-1])
@@ -90,6 +92,18 @@ class FakeRound:
         self.verify_batch = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True), spec_info=None)
         self.result = SimpleNamespace(num_correct_drafts_per_req_cpu=[2] * bs)
         self.batch = SimpleNamespace(reqs=self.reqs)
+
+    def arrival(self, turn: int) -> Req:
+        """A request joining the batch at churn ``turn``, parsed as the scheduler's request hook does when it
+        arrives (``_create_generation_req``, before any round)."""
+        r = Req(self.specs[turn % len(self.specs)])
+        server_hooks._req_params(r, server_hooks.server_defaults())
+        return r
+
+    def prepare(self) -> None:
+        """The next round's arrivals, made outside its timing: a round pays what a new member costs it, not the
+        parse."""
+        self.arrivals = [self.arrival(self.turn + self.churn - i) for i in range(self.churn)]
 
     def _organize(self, *a, **kw):
         return self.native
@@ -113,6 +127,15 @@ class FakeRound:
         hooks._record_accepts(None, None, self.result, batch)
 
     def __call__(self):
+        if self.churn:  # as SGLang's scheduler: finished requests filtered out, new ones merged at the end
+            reqs = list(self.reqs)
+            for _ in range(min(self.churn, len(reqs))):
+                self.turn += 1
+                gone = reqs.pop(self.turn * 7 % len(reqs))
+                gone.finished_reason = "length"
+                self.left.append(gone)
+                reqs.append(self.arrivals.pop() if self.arrivals else self.arrival(self.turn))
+            self.reqs = self.batch.reqs = reqs
         hooks._eagle_round(lambda w, b: self._round(w, b), self.worker, self.batch)
 
 
@@ -143,13 +166,14 @@ def measure(name, bs, a, env="frozen"):
         if env == "frozen":
             settings.freeze()
         try:
-            one = FakeRound(SETS[name], bs, a.topk, a.steps, a.N, a.device, a.eager)
+            one = FakeRound(SETS[name], bs, a.topk, a.steps, a.N, a.device, a.eager, a.churn)
             for _ in range(3):
                 one()  # builds the rows, tables, the graph; records the first stats
             with count_ops() as c:
                 one()
             times = []
             for _ in range(a.repeats):
+                one.prepare()
                 t = time.perf_counter()
                 one()
                 times.append((time.perf_counter() - t) * 1e6)
@@ -184,6 +208,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--env", default="frozen", help="comma list: frozen (the settings' snapshot a server reads "
                     "once its draft worker started), live (every read from os.environ)")
     ap.add_argument("--breakdown", action="store_true", help="the functions with the most own time (cProfile)")
+    ap.add_argument("--churn", type=int, default=0, help="requests replaced by new ones every round (a "
+                    "server's batch at high concurrency changes most rounds); 0: the same requests every round")
     ap.add_argument("--json")
     return ap
 

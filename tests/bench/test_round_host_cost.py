@@ -16,7 +16,7 @@ from treespec_sglang.plugin.rows import policy_rows  # noqa: E402
 
 def args(**kw):
     return argparse.Namespace(**{**dict(select="graph", eager=False, topk=2, steps=3, N=6, repeats=3, device="cpu",
-                                        breakdown=False), **kw})
+                                        breakdown=False, churn=0), **kw})
 
 
 @pytest.mark.parametrize("select,eager", [("graph", False), ("graph", True), ("triton", False), ("torch", False)])
@@ -46,6 +46,28 @@ def test_a_treespec_round_stages_unlinks_and_records_through_the_hooks(select, e
         assert torch.equal(graph.rows_in[:7], policy_rows(params, "cpu", shares))
     torch_unlink = select == "torch"
     assert len(unlinks) == (0 if torch_unlink else rounds)  # the fused unlink (its launch stubbed)
+
+
+def test_a_churning_batch_replaces_requests_and_each_ones_stats_stay_aligned():
+    """``--churn 2``: every round two requests leave (filtered out, finished) and two join at the end, parsed on
+    arrival; each treespec request's three lists have one value per round it was in the batch, the mix's
+    natives none."""
+    a = args(churn=2)
+    us, ops, reads, _, one = round_host_cost.measure("mix", 7, a)
+    rounds = 3 + 1 + a.repeats
+    assert len(one.reqs) == 7 and len(one.left) == 2 * rounds and all(r.finished() for r in one.left)
+    assert not set(map(id, one.left)) & set(map(id, one.reqs))
+    served = 0
+    for req in one.left + one.reqs:
+        info = req.customized_info
+        if req.sampling_params.custom_params is None or (info is None and req in one.left):  # native; left unserved
+            assert info is None
+            continue
+        n = len(info["treespec_accept_lengths"])
+        assert n >= 1 and len(info["treespec_verify_tokens"]) == n == len(info["treespec_tree_sizes"])
+        served += n
+    natives = sum(r.sampling_params.custom_params is None for r in one.left + one.reqs)
+    assert served > 0 and served + natives <= 7 * rounds
 
 
 def test_a_native_round_calls_straight_through():

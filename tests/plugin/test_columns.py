@@ -46,7 +46,9 @@ def test_the_same_requests_reuse_the_columns_and_any_change_rebuilds_them(built)
                                                                                  for r in case]
     n = len(built)
     assert columns.batch_columns(reqs, ServerDefaults("salf", {"budget": 8})) is not columns.batch_columns(reqs, d)
-    assert len(built) == n + 8  # new defaults: rebuilt (twice: there and back)
+    # new defaults: the columns rebuilt (twice: there and back), each request's entry read, not resolved again
+    # (a request's parameters are parsed once, on arrival: the defaults a server starts with never change)
+    assert len(built) == n == 5
 
 
 def test_names_mark_the_requests_drafted_once(built):
@@ -74,14 +76,17 @@ def test_a_rounds_policy_names_come_from_the_batchs_columns_while_it_holds_the_s
     reqs = [req(s) for s in SPECS]
     cols = columns.batch_columns(reqs, d)
     names = cols.drafted()
-    assert columns._policies(list(reqs)) is names
+    held, got = columns._policies(list(reqs))
+    assert got is names and held is cols.reqs  # the columns' tuple: the stats check it by identity
     other = reqs[:3]
-    assert columns._policies(other) == [None, "talon", "none"] and columns._policies(other) is not names
+    held, got = columns._policies(other)
+    assert got == [None, "talon", "none"] and got is not names and held is other
     native = [req(None) for _ in range(3)]
-    assert not columns.batch_columns(native, d).any_policy
+    native_cols = columns.batch_columns(native, d)
+    assert not native_cols.any_policy
     setattr(native[0], columns.DRAFTED, "stale")  # never read while the columns say no request has a policy
-    assert columns._policies(native) == [None, None, None]
-    assert columns._policies(native[:2]) == ["stale", None]  # another list: read off each request
+    assert columns._policies(native) == (native_cols.reqs, (None, None, None))
+    assert columns._policies(native[:2])[1] == ["stale", None]  # another list: read off each request
 
 
 def test_a_chain_batch_builds_its_stopper_once(built, monkeypatch):
@@ -185,3 +190,35 @@ def test_an_unbounded_ranking_row_keeps_the_native_tree(monkeypatch):
     monkeypatch.setattr(rows, "_rule_row", lambda p: rule[p.budget])
     params = [parse_spec({"policy": "eagle2", "budget": b}) for b in rule]
     assert [pool.keeps_native_tree(p, N, S) for p in params] == [True, True, False]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("cap", [None, 16])
+def test_selection_and_names_equal_a_row_by_row_reading(built, seed, cap):
+    """``selection`` and ``drafted`` work once per parameter set and map the result over the rows by id: on
+    random batches (requests sharing one parameter object, equal parameters in separate objects, natives, rows
+    sharing the token cap or not) they equal the row-by-row reading of each request."""
+    import random
+
+    from treespec_sglang.plugin.pool import keeps_native_tree
+
+    rng = random.Random(seed)
+    specs = NATIVE_TREES + OWN_TREES + [None]
+    shared = {i: parse_spec(s) for i, s in enumerate(specs) if s is not None}
+    reqs, names = [], []
+    for _ in range(rng.randint(1, 24)):
+        i = rng.randrange(len(specs))
+        p = None if specs[i] is None else shared[i] if rng.random() < 0.5 else parse_spec(specs[i])
+        reqs.append(SimpleNamespace(_treespec_params=p, _treespec_shares=rng.random() < 0.5))
+        names.append(None if specs[i] is None else specs[i]["policy"])
+    cols = columns.batch_columns(reqs, ServerDefaults(token_cap=cap))
+    capped = cap is not None
+    want = tuple(None if p is None or (keeps_native_tree(p, N, S) and not (capped and s)) else p
+                 for p, s in zip(cols.params, cols.shares))
+    params, tokens = cols.selection(N, S)
+    if all(p is None for p in want):
+        assert params is None and tokens == [N] * len(reqs)
+    else:
+        assert tokens is None and all(a is b for a, b in zip(params, want)) and len(params) == len(want)
+    assert cols.drafted() == tuple(names)
+    assert [getattr(r, columns.DRAFTED) for r in reqs] == names

@@ -196,6 +196,23 @@ def test_rows_are_built_once_per_parameter_set():
     assert a[0, COLUMNS.index("budget")] == 23 and a[0, COLUMNS.index("log_mu")] == pytest.approx(math.log(0.07))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_batchs_row_table_is_each_requests_row_in_order(seed):
+    """``policy_rows`` builds each (parameter set, shares) row once and maps them over the batch by id: on random
+    batches (one object shared by several requests, equal parameters in separate objects, natives, rows sharing
+    the token cap or not) it equals the requests' own rows stacked in batch order."""
+    rng = random.Random(seed)
+    specs = [None, {"policy": "talon", "budget": 9}, {"policy": "salf", "th": 0.2}, {"policy": "eagle2", "budget": 5}]
+    shared = [None if s is None else parse_spec(s) for s in specs]
+    params, shares = [], []
+    for _ in range(rng.randint(1, 20)):
+        i = rng.randrange(len(specs))
+        params.append(shared[i] if rng.random() < 0.5 or specs[i] is None else parse_spec(specs[i]))
+        shares.append(rng.random() < 0.5)
+    want = torch.stack([request_row(p, "cpu", s)[0] for p, s in zip(params, shares)])
+    assert torch.equal(policy_rows(params, "cpu", shares), want)
+
+
 def oracles_parents(parent_list, top, k, N):
     sel = top.tolist()
     parents = [-1]

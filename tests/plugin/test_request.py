@@ -109,3 +109,25 @@ def test_a_requests_token_cap_opt_out_is_read_once(monkeypatch):
     for _ in range(3):
         assert server_hooks._req_shares(out) is False and server_hooks._req_shares(shared) is True
     assert len(reads) == 2
+
+
+def test_requests_with_the_same_parameters_share_one_object(monkeypatch):
+    """``request_params`` gives one object per parameter set (a batch's per-set work and per-composition caches
+    key on it): equal values the same object, other values their own, the server default one object too; a full
+    table starts again (sharing lost, values intact)."""
+    from treespec_sglang.plugin import request
+    from treespec_sglang.plugin.config import ServerDefaults
+
+    def params(spec, defaults=ServerDefaults()):
+        return request.request_params(SimpleNamespace(custom_params=spec and {"treespec": spec}), defaults)
+
+    monkeypatch.setattr(request, "_INTERNED", {})
+    a, b = params({"policy": "talon", "budget": 9}), params({"budget": 9, "policy": "talon"})
+    c = params({"policy": "talon", "budget": 10})
+    assert a is b and a == parse_spec({"policy": "talon", "budget": 9}) and c is not a and c.budget == 10
+    d = ServerDefaults("salf", {"budget": 8})
+    assert params(None, d) is params(None, d) is params({"policy": "salf", "budget": 8})
+    assert params(None) is None
+    monkeypatch.setattr(request, "_INTERNED", {i: i for i in range(4096)})  # full: starts again
+    e = params({"policy": "talon", "budget": 9})
+    assert e == a and e is not a and params({"policy": "talon", "budget": 9}) is e and len(request._INTERNED) == 1

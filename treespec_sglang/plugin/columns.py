@@ -6,12 +6,16 @@ names once drafted, the C2T chain stopper, and the parameters the round's select
 
 from __future__ import annotations
 
+import collections
+import itertools
+import operator
 from dataclasses import dataclass
 from typing import List, Optional
 
 from ..policies.params import NoneParams
 from .chain_stop import ChainStopper
 from .pool import keeps_native_tree
+from .rows import by_id
 from .round import same_requests
 from .server_hooks import _req_params, _req_shares
 from .stats import policy_name
@@ -55,17 +59,23 @@ class BatchColumns:
         key = (num_draft_tokens, num_steps)
         if self._selection is None or self._selection[0] != key:
             capped = self.defaults.token_cap is not None
-            params = tuple(None if p is None or (keeps_native_tree(p, *key) and not (capped and s)) else p
-                           for p, s in zip(self.params, self.shares))
-            native = not any(p is not None for p in params)
+            # per parameter set (requests share theirs: .request._interned), then mapped over the rows in C
+            ids, of = by_id(self.params)
+            served = {(i, s): None if of[i] is None or (keeps_native_tree(of[i], *key) and not (capped and s))
+                      else of[i] for i, s in dict.fromkeys(zip(ids, self.shares))}
+            params = tuple(map(served.__getitem__, zip(ids, self.shares)))
+            native = not any(map(operator.is_not, params, _NONES))
             self._selection = (key, None, [num_draft_tokens] * len(params)) if native else (key, params, None)
         return self._selection[1:]
 
     def drafted(self) -> tuple:
-        """Each request's policy name (None: native), the requests marked drafted (:func:`_drafted`) the first
-        time."""
+        """Each request's policy name (None: native), kept on each request (:data:`DRAFTED`: its stats are ours
+        to keep) the first time."""
         if self.names is None:
-            self.names = tuple(_drafted(r, p) for r, p in zip(self.reqs, self.params))
+            ids, of = by_id(self.params)
+            names = {i: None if p is None else policy_name(p) for i, p in of.items()}
+            self.names = tuple(map(names.__getitem__, ids))
+            collections.deque(map(setattr, self.reqs, itertools.repeat(DRAFTED), self.names), maxlen=0)  # in C
         return self.names
 
 
@@ -85,32 +95,38 @@ def batch_columns(reqs, defaults) -> BatchColumns:
     if last is not None and last.defaults is defaults:
         return last
     key = tuple(reqs)
-    params = tuple(_req_params(r, defaults) for r in key)
-    # a request with speculation off ({"policy": "none"}) verifies its root alone and shares nothing
-    shares = tuple(p is not None and not isinstance(p, NoneParams) and _req_shares(r) for r, p in zip(key, params))
-    cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(p is not None for p in params))
+    entries = [getattr(r, _ENTRY, None) or _entry(r, defaults) for r in key]
+    params, shares = (tuple(c) for c in zip(*entries)) if entries else ((), ())
+    cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(map(operator.is_not, params, _NONES)))
     return cols
 
 
-def _drafted(req, p) -> Optional[str]:
-    """Mark ``req`` drafted with its policy ``p`` (None: native); returns the policy's name, kept on the request."""
-    if p is None:
-        return None
-    name = getattr(req, DRAFTED, None)
-    if name is None:
-        name = policy_name(p)
-        setattr(req, DRAFTED, name)
-    return name
+_ENTRY = "_treespec_column"  # on a Req: (its parameters, whether it shares the token cap), resolved once
+_NONES = itertools.repeat(None)
 
 
-def _policies(reqs) -> list:
-    """Each request's policy name, or None for a native request (or one never drafted with its policy): the
-    last batch's names (:class:`BatchColumns`) when ``reqs`` are its requests (an identity check in C), else
-    read off each request."""
+def _entry(req, defaults) -> tuple:
+    """A request's ``(params, shares)`` (:func:`.server_hooks._req_params`: parsed once, on arrival), kept on the
+    request: a batch that changes reads its members' entries, not their parameters again. A request with
+    speculation off (``{"policy": "none"}``) verifies its root alone and shares nothing."""
+    p = _req_params(req, defaults)
+    entry = (p, p is not None and not isinstance(p, NoneParams) and _req_shares(req))
+    try:
+        setattr(req, _ENTRY, entry)
+    except AttributeError:  # a slotted request type: resolved again next time
+        pass
+    return entry
+
+
+def _policies(reqs) -> tuple:
+    """``(reqs, names)``: each request's policy name, or None for a native request (or one never drafted with
+    its policy). When ``reqs`` are the last batch's requests (an identity check in C), its columns' names and
+    ``reqs`` as the tuple they hold (so the stats' own batch check is one of identity); else ``reqs`` and each
+    request's own mark."""
     cols = _last_columns(reqs)
     if cols is not None:
         if not cols.any_policy:
-            return [None] * len(reqs)  # no request of the batch has a policy: none was ever drafted with one
+            return cols.reqs, (None,) * len(reqs)  # no request of the batch has a policy: none was ever drafted
         if cols.names is not None:
-            return cols.names
-    return [getattr(req, DRAFTED, None) or None for req in reqs]
+            return cols.reqs, cols.names
+    return reqs, [getattr(req, DRAFTED, None) or None for req in reqs]

@@ -82,6 +82,7 @@ def _draft(original, self, batch, *args, **kwargs):
     cols = batch_columns(reqs, server_defaults())
     if not cols.any_policy:
         return original(self, batch, *args, **kwargs)  # native SGLang
+    current().reqs = cols.reqs  # the same requests, as the tuple the batch's caches hold: later checks by identity
     params, chain = cols.params, None
     if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)
         chain = cols.chain_stopper(self.speculative_num_steps, getattr(self, "device", "cpu"))
@@ -203,8 +204,8 @@ def _runner_forward(original, self, forward_batch, *args, **kwargs):
 
 
 def _record_verify_tokens(reqs, per_request) -> None:
-    reqs = reqs or ()
-    record_rounds(reqs, _policies(reqs), "treespec_verify_tokens", per_request)
+    reqs, policies = _policies(reqs or ())
+    record_rounds(reqs, policies, "treespec_verify_tokens", per_request)
 
 
 _RETRACTED, _FINISH = operator.attrgetter("is_retracted"), operator.attrgetter("finished_reason")
@@ -215,10 +216,9 @@ def _record_accepts(result, self, batch_result, batch, *args, **kwargs):
     per = getattr(batch_result, "num_correct_drafts_per_req_cpu", None)  # host list, set by the hooked body
     if per is None:
         return result
-    policies = _policies(batch.reqs)
+    reqs, policies = _policies(batch.reqs)
     if not any(policies):
         return result  # a native batch
-    reqs = batch.reqs
     # retracted and finished requests commit nothing (SGLang commits nothing for them either). SGLang's
     # Req.finished() is `finished_reason is not None`: read in C, so a round where none stopped (nearly every
     # round) pays no per-request Python

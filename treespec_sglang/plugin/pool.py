@@ -37,8 +37,8 @@ from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY, pool_rule_of, registration_of
 from ..policies.token_cap import select_best
 from .pool_rules import arange, level_policies_keep, parent_entropy, salf_keep, salf_pops, static
-from .rows import (_C, _CLF_SPECS, COLUMNS, _row_values, _rule_row, classifier_ids, kind_id, per_batch, policy_rows,
-                   request_row)
+from .rows import (_C, _CLF_SPECS, COLUMNS, _row_values, _rule_row, by_id, classifier_ids, kind_id, per_batch,
+                   policy_rows, request_row)
 
 __all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_token_cap", "unlink_filler", "request_row",
            "policy_rows", "kind_id", "COLUMNS", "BatchPlan", "classifier_ids", "per_batch", "keeps_native_tree"]
@@ -144,10 +144,17 @@ def keeps_native_tree(p: PolicyParams, N: int, S: int) -> bool:
     (EAGLE-2, SALF with th = 0, Thm. 2-3) keeping at least the N-1 best pool nodes at every depth. EAGLE-2's
     reranking (EAGLE-2 §4.2) is what ``organize_draft_results`` runs, so such a request needs no selection of its
     own: it takes SGLang's verbatim, ties as SGLang breaks them."""
-    if pool_rule_of(p).stage not in ("rank", "salf"):
-        return False
-    v = _row_values(p, False)  # the row the selection reads (a rule's None: unbounded)
-    return v[_C["top"]] >= N - 1 and v[_C["th"]] <= 0 and v[_C["rank_depth"]] >= S
+    keeps = _NATIVE_TREES.get((p, N, S))
+    if keeps is None:  # once per parameter set and shape: a batch whose requests change asks for each of them
+        if len(_NATIVE_TREES) > 4096:
+            _NATIVE_TREES.clear()
+        v = _row_values(p, False)  # the row the selection reads (a rule's None: unbounded)
+        keeps = _NATIVE_TREES[(p, N, S)] = (pool_rule_of(p).stage in ("rank", "salf") and v[_C["top"]] >= N - 1
+                                            and v[_C["th"]] <= 0 and v[_C["rank_depth"]] >= S)
+    return keeps
+
+
+_NATIVE_TREES: Dict[tuple, bool] = {}  # (params, N, S) -> keeps_native_tree
 
 
 def _rows_of(kind: torch.Tensor, names) -> torch.Tensor:
@@ -183,6 +190,7 @@ class BatchPlan:
     def _of(cls, params, N: int, S: int) -> "BatchPlan":
         stages: Dict[str, set] = {}
         mask_depth, salf = False, []
+        params = tuple(by_id(params)[1].values())  # each parameter set once (a plan reads sets, not rows)
         for p in params:
             if p is None:
                 stages.setdefault("native", set()).add("native")

@@ -14,7 +14,7 @@ while the batch's other items run normally.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 from ..policies import PolicyParams, parse_spec
 from ..policies.registry import pool_rule_of, registration_of
@@ -85,18 +85,35 @@ def flag_invalid_items(sampling_params):
     return out
 
 
+_INTERNED: Dict[PolicyParams, PolicyParams] = {}  # parameter set -> the one object every request of it shares
+
+
+def _interned(p: PolicyParams) -> PolicyParams:
+    """The one object of ``p``'s value (frozen, so shareable): requests with the same parameters carry the same
+    object, so a batch's per-composition caches (:func:`.rows.per_batch`, keyed by the objects' ids) hit when a
+    request is replaced by another of the same parameters, and value-keyed caches find it without ``__eq__``.
+    Bounded: past 4096 sets the table starts again (sharing lost for a while, never correctness)."""
+    q = _INTERNED.get(p)
+    if q is None:
+        if len(_INTERNED) >= 4096:
+            _INTERNED.clear()
+        q = _INTERNED[p] = p
+    return q
+
+
 def request_params(sampling_params, defaults: ServerDefaults) -> Optional[PolicyParams]:
     """The request's policy: its own ``custom_params['treespec']``, else the server default, else
-    None (native SGLang behaviour). Raises ``ValueError`` (``custom_params['treespec']: ...``) for a
-    malformed value: never a silent fallback, which could differ from rank to rank. Values were validated
-    on arrival; the scheduler refuses one that still fails (a request built by hand) on every rank alike."""
+    None (native SGLang behaviour), one shared object per parameter set (:func:`_interned`). Raises
+    ``ValueError`` (``custom_params['treespec']: ...``) for a malformed value: never a silent fallback, which
+    could differ from rank to rank. Values were validated on arrival; the scheduler refuses one that still
+    fails (a request built by hand) on every rank alike."""
     raw = _raw(getattr(sampling_params, "custom_params", None))
     if raw is not None:
         try:
-            return _parse(raw)
+            return _interned(_parse(raw))
         except ValueError as e:
             raise ValueError(f"custom_params['{CUSTOM_KEY}']: {e}") from None
-    return _parse(defaults.spec) if defaults.active else None
+    return _interned(_parse(defaults.spec)) if defaults.active else None
 
 
 def request_shares(sampling_params) -> bool:

@@ -20,7 +20,7 @@ from ..policies.registry import REGISTRY, pool_rule_of, registration_of
 from ..utils.syncs import to_device
 from .classifiers import DEFAULT_NAME, registered
 
-__all__ = ["COLUMNS", "kind_id", "request_row", "policy_rows", "per_batch", "classifier_ids"]
+__all__ = ["COLUMNS", "kind_id", "request_row", "policy_rows", "per_batch", "classifier_ids", "by_id"]
 
 # the row table: one float32 row per request, these columns
 COLUMNS = ("kind", "budget", "top", "rank_depth", "topk", "log_mu", "th", "batch", "max_depth", "beta", "clf", "shares")
@@ -98,12 +98,17 @@ def request_row(p: Optional[PolicyParams], device, shares: bool = False) -> torc
     >>> [row[COLUMNS.index(c)].item() for c in ("kind", "budget", "topk")] == [kind_id("talon"), 9.0, 10.0]
     True
     """
-    key = (p, bool(shares), str(torch.device(device)))
-    row = _ROWS.get(key)
+    return _request_row(p, bool(shares), str(torch.device(device)), device)
+
+
+def _request_row(p: Optional[PolicyParams], shares: bool, where: str, device) -> torch.Tensor:
+    """:func:`request_row` with the device's name (``where``) worked out once by the caller (a batch's rows)."""
+    row = _ROWS.get((p, shares, where))
     if row is None:
         if len(_ROWS) > 4096:
             _ROWS.clear()
-        row = _ROWS[key] = to_device(torch.tensor([_row_values(p, shares)], dtype=torch.float32), device)
+        row = _ROWS[(p, shares, where)] = to_device(torch.tensor([_row_values(p, shares)], dtype=torch.float32),
+                                                   device)
     return row
 
 
@@ -136,10 +141,25 @@ def policy_rows(params: Sequence[Optional[PolicyParams]], device, shares: Option
     """``[bs, F]`` row table for a batch: the cached rows concatenated (one op, no host->device copy), kept
     per batch composition (:func:`per_batch`: a steady batch pays neither the op nor the walk). Read-only."""
     shares = tuple(shares) if shares is not None else (False,) * len(params)
-    return per_batch("rows", params, (shares, str(torch.device(device))), lambda: torch.cat(
-        [request_row(p, device, s) for p, s in zip(params, shares)]))
+    where = str(torch.device(device))
+
+    def build():
+        ids, of = by_id(params)
+        rows = {(i, s): _request_row(of[i], bool(s), where, device) for i, s in dict.fromkeys(zip(ids, shares))}
+        return torch.cat(list(map(rows.__getitem__, zip(ids, shares))))
+
+    return per_batch("rows", params, (shares, where), build)
+
+
+def by_id(params: Sequence) -> tuple:
+    """``(each row's id(params), id -> params)``, both built in C: a batch's rows share few parameter sets (a
+    server's requests share one object per set: :func:`.request._interned`), so per-set work is done once per set
+    and mapped over the rows by id (an int key: no dataclass hash)."""
+    ids = tuple(map(id, params))
+    return ids, dict(zip(ids, params))
 
 
 def classifier_ids(params) -> List[int]:
     """The ids (the row table's ``clf``) of the classifiers the batch's rows name, ascending."""
-    return sorted({_clf_id(_rule_row(p)["clf"]) for p in params if p is not None and "clf" in _rule_row(p)})
+    return sorted({_clf_id(_rule_row(p)["clf"]) for p in by_id(params)[1].values() if p is not None
+                   and "clf" in _rule_row(p)})

@@ -26,6 +26,7 @@ whose requests or policies changed pays O(bs) Python, once.
 from __future__ import annotations
 
 import collections
+import itertools
 import operator
 from typing import Deque, Dict, Optional, Sequence
 
@@ -183,52 +184,95 @@ class RequestStats:
         return out
 
 
+class _Members:
+    """The requests of a batch (``reqs``, the same objects in order) that are ours under ``policies`` (names; None:
+    not ours): ``stats`` their :class:`RequestStats` (a request's first round creates it), ``pick`` (None: all
+    are ours) takes theirs from a round's values, ``groups`` policy -> the positions among ours (None: all). One
+    batch's three keys share it: built once in O(bs) Python when the batch's requests or policies change."""
+
+    __slots__ = ("reqs", "policies", "stats", "pick", "groups")
+
+    def __init__(self, reqs: tuple, policies: tuple):
+        self.reqs, self.policies = reqs, policies
+        ours = _where(map(operator.is_not, policies, _NONES))
+        self.pick = None if len(ours) == len(policies) else _getter(ours)  # ours from a round's values, when not all
+        reqs, names = (reqs, policies) if self.pick is None else (self.pick(reqs), self.pick(policies))
+        self.stats = list(map(getattr, reqs, itertools.repeat(_STATS), _NONES))  # in C: most have theirs already
+        series = scheduler_series()
+        for j in _where(map(operator.is_, self.stats, _NONES)):  # a request's first round
+            self.stats[j] = RequestStats(reqs[j], names[j], series)
+        groups = {name: _where(map(operator.eq, names, itertools.repeat(name))) for name in set(names)}
+        self.groups = {name: (None if len(ix) == len(names) else _getter(ix)) for name, ix in groups.items()}
+
+    def holds(self, reqs: Sequence, policies: Sequence[Optional[str]]) -> bool:
+        """Whether these are the members of ``reqs`` (the same objects, in order: identity in C) under
+        ``policies``."""
+        return same_requests(reqs, self.reqs) and (policies is self.policies or tuple(policies) == self.policies)
+
+
+_MEMBERS: Deque[_Members] = collections.deque(maxlen=2)  # the last batches' (a round's sizes may follow the next)
+
+
+def _members(reqs: Sequence, policies: Sequence[Optional[str]]) -> _Members:
+    """The members of ``reqs`` under ``policies``: a recent batch's when it holds them, else built."""
+    for m in _MEMBERS:
+        if m.holds(reqs, policies):
+            return m
+    m = _Members(tuple(reqs), tuple(policies))
+    _MEMBERS.append(m)
+    return m
+
+
+_LISTS = operator.attrgetter("lists")
+
+
 class BatchStats:
     """A batch's stats columns for one key: each of its requests' sink (:meth:`RequestStats.sink`), in batch
-    order, and the policies' positions for the metrics. Built in O(bs) Python when the batch's requests or
-    policies change (a request's first round creates its :class:`RequestStats`); a round then appends its values
-    in C. ``room`` counts the rounds every sink still takes; at 0 the sinks are looked up again (a list reached
-    the cap, or an overflow is folded)."""
+    order, over the batch's :class:`_Members` (shared by the keys). A round appends its values in C. ``room``
+    counts the rounds every sink still takes; at 0 the sinks are looked up again (a list reached the cap, or
+    an overflow is folded)."""
 
-    __slots__ = ("key", "cap", "reqs", "policies", "pick", "stats", "sinks", "room", "groups")
+    __slots__ = ("key", "cap", "members", "sinks", "room")
 
     def __init__(self, key: str, reqs: Sequence, policies: Sequence[Optional[str]], cap: int):
-        self.key, self.cap, self.reqs, self.policies = key, cap, tuple(reqs), tuple(policies)
-        ours = [i for i, p in enumerate(policies) if p is not None]
-        series = scheduler_series()
-        self.stats = [getattr(reqs[i], _STATS, None) or RequestStats(reqs[i], policies[i], series) for i in ours]
-        self.pick = None if len(ours) == len(policies) else _getter(ours)  # ours from a round's values, when not all
-        names = [policies[i] for i in ours]
-        by_policy: Dict[str, list] = {}
-        for j, name in enumerate(names):
-            by_policy.setdefault(name, []).append(j)
-        self.groups = {name: (None if len(ix) == len(names) else _getter(ix)) for name, ix in by_policy.items()}
+        self.key, self.cap, self.members = key, cap, _members(reqs, policies)
         self.sinks, self.room = [], 0
 
     def holds(self, reqs: Sequence, policies: Sequence[Optional[str]], cap: int) -> bool:
         """Whether this is the batch of ``reqs`` (the same objects, in order: identity in C) under ``policies``."""
-        return cap == self.cap and same_requests(reqs, self.reqs) and (policies is self.policies
-                                                                       or tuple(policies) == self.policies)
+        return cap == self.cap and self.members.holds(reqs, policies)
+
+    def _look_up(self) -> None:
+        """The sinks again: each member's visible list while every one is below the cap (in C), else each one's
+        :meth:`RequestStats.sink`."""
+        stats = self.members.stats
+        visible = list(map(operator.itemgetter(self.key), map(_LISTS, stats)))
+        longest = max(map(len, visible), default=0)
+        if longest < self.cap:
+            self.sinks, self.room = visible, self.cap - longest
+            return
+        looked = [st.sink(self.key, self.cap) for st in stats]
+        self.sinks, self.room = [s for s, _ in looked], min((n for _, n in looked), default=0)
 
     def record(self, values: Sequence[int], series) -> None:
         """One round's ``values`` (one per request of the batch; any past the batch's last are not its own):
         appended to the sinks, fed to the series."""
-        if len(values) < len(self.reqs) or (values and type(values[0]) is not int):
+        m = self.members
+        if len(values) < len(m.reqs) or (values and type(values[0]) is not int):
             raise ValueError(f"record_rounds({self.key!r}): one Python int per request of the batch, got "
                              f"{len(values)} values of type {type(values[0]).__name__ if values else None} for "
-                             f"{len(self.reqs)} requests")
-        if self.pick is not None:
-            values = self.pick(values)
-        elif len(values) != len(self.reqs):
-            values = values[:len(self.reqs)]
+                             f"{len(m.reqs)} requests")
+        if m.pick is not None:
+            values = m.pick(values)
+        elif len(values) != len(m.reqs):
+            values = values[:len(m.reqs)]
         if self.room < 1:
-            looked = [st.sink(self.key, self.cap) for st in self.stats]
-            self.sinks, self.room = [s for s, _ in looked], min((n for _, n in looked), default=0)
+            self._look_up()
         collections.deque(map(list.append, self.sinks, values), maxlen=0)
         self.room -= 1
         if series is not None:
             method = getattr(series, ROUND_KEYS[self.key][1])
-            for name, ix in self.groups.items():
+            for name, ix in m.groups.items():
                 method(name, values if ix is None else ix(values))
 
 
@@ -265,6 +309,14 @@ def stream_accept(original, self, *args, **kwargs):
         column[row] = delta
         sent[key] = len(values)
     return out
+
+
+_NONES = itertools.repeat(None)
+
+
+def _where(flags) -> list:
+    """The positions of the true ``flags`` (an iterable of bools), in C."""
+    return list(itertools.compress(itertools.count(), flags))
 
 
 def _getter(positions: Sequence[int]):
