@@ -213,6 +213,21 @@ def test_a_batchs_row_table_is_each_requests_row_in_order(seed):
     assert torch.equal(policy_rows(params, "cpu", shares), want)
 
 
+def test_by_id_reads_each_rows_parameters_and_keeps_a_tuples_answer():
+    """``rows.by_id``: each row's id and the id -> parameters map; a tuple's answer is kept (asked again: the same
+    answer), a list's or another tuple's (equal in value) is worked out again, and each answer is its own."""
+    from treespec_sglang.plugin.rows import by_id
+
+    a, b = parse_spec({"policy": "talon", "budget": 9}), parse_spec({"policy": "talon", "budget": 9})
+    rows = (a, None, b, a)
+    ids, of = by_id(rows)
+    assert ids == (id(a), id(None), id(b), id(a)) and of == {id(a): a, id(None): None, id(b): b}
+    assert by_id(rows) == (ids, of) and by_id(rows)[1] is of
+    again = tuple([a, None, a, a])
+    assert by_id(again)[0] == (id(a), id(None), id(a), id(a)) and by_id(list(rows))[1] is not of
+    assert by_id(rows)[1] is of  # the two last tuples are kept
+
+
 def oracles_parents(parent_list, top, k, N):
     sel = top.tolist()
     parents = [-1]

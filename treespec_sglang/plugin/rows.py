@@ -11,7 +11,8 @@ come from its registration's ``pool_rule.row``.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+import collections
+from typing import Deque, Dict, List, Optional, Sequence
 
 import torch
 
@@ -154,9 +155,20 @@ def policy_rows(params: Sequence[Optional[PolicyParams]], device, shares: Option
 def by_id(params: Sequence) -> tuple:
     """``(each row's id(params), id -> params)``, both built in C: a batch's rows share few parameter sets (a
     server's requests share one object per set: :func:`.request._interned`), so per-set work is done once per set
-    and mapped over the rows by id (an int key: no dataclass hash)."""
+    and mapped over the rows by id (an int key: no dataclass hash). A round asks for its batch's columns and its
+    selection's rows several times: the last two tuples' answers are kept (a tuple cannot change, and the entry
+    keeps it alive, so its ids stay its own)."""
+    for held, answer in _BY_ID:
+        if held is params:
+            return answer
     ids = tuple(map(id, params))
-    return ids, dict(zip(ids, params))
+    answer = (ids, dict(zip(ids, params)))
+    if type(params) is tuple:
+        _BY_ID.append((params, answer))
+    return answer
+
+
+_BY_ID: Deque[tuple] = collections.deque(maxlen=2)  # (params tuple, by_id's answer): the columns', the selection's
 
 
 def classifier_ids(params) -> List[int]:
