@@ -36,7 +36,8 @@ from ..policies.classifier import c2t_features, entropy_topm
 from ..policies.params import ChainParams, NoneParams
 from .config import env_switch
 from .pool import _Classifiers
-from .rows import COLUMNS, _clf_id, classifier_ids, policy_rows
+from .pool_rules import static
+from .rows import COLUMNS, _clf_id, by_id, classifier_ids, policy_rows
 from .ranks import agree
 from .settings import derived
 
@@ -125,17 +126,19 @@ class ChainStopper:
         self.beta = rows[:, COLUMNS.index("beta")]  # [bs] -1 where the row has no early stop: never stops
         # a chain's own length (budget = length + 1), 0 for speculation off, the captured S for native rows
         self.max_len = (rows[:, COLUMNS.index("budget")] - 1).clamp(max=num_steps).long()  # [bs]
+        sets = by_id(params)[1].values()  # each parameter set once: a batch's requests share theirs
         self.active = any((isinstance(p, ChainParams) and (p.beta is not None or p.length < num_steps))
-                          or isinstance(p, NoneParams) for p in params)
+                          or isinstance(p, NoneParams) for p in sets)
         # only rows with a beta read the loop's step statistics: without one the cut is the row's length alone,
         # and the round keeps SGLang's draft graph (and its loop computes nothing of ours)
-        self.reads_steps = num_steps > 1 and any(isinstance(p, ChainParams) and p.beta is not None for p in params)
+        self.reads_steps = num_steps > 1 and any(isinstance(p, ChainParams) and p.beta is not None for p in sets)
         # every classifier of the early-stopping rows scores the batch, each row keeps its own (the default
         # classifier scores the other rows, against beta -1)
         ids = classifier_ids(params)
         self.classifiers = _Classifiers(ids or [_clf_id(None)], rows[:, COLUMNS.index("clf")], self.device) \
             if self.reads_steps else None
-        self.depth = torch.arange(2, num_steps + 1, device=self.device)  # [S-1] the scored depths
+        # [S-1] the scored depths 2..S, built once per S
+        self.depth = static(("depths", num_steps), self.device, lambda: torch.arange(2, num_steps + 1))
 
     def cut(self, rows: Optional[int] = None) -> torch.Tensor:
         """``[bs]`` int64 each row's kept chain depth this round (0 = the root alone), from the loop's steps in the
