@@ -7,43 +7,9 @@ import pytest
 import torch
 
 from tests.helpers import GlooGroup, run_ranks
+from tests.plugin.chains import PARAMS, S, V, plain_lengths, step_logits
 from treespec_sglang.plugin.chain_stop import ChainStopper, keep_mask, record_step
 from treespec_sglang.policies import parse_spec
-from treespec_sglang.policies.params import NoneParams
-from treespec_sglang.policies.classifier import entropy_topm, load_classifier
-
-S, V = 6, 40
-
-
-def step_logits(seed, bs=4):
-    g = torch.Generator().manual_seed(seed)
-    sharp = torch.tensor([6.0, 2.0, 0.5, 6.0])[:bs, None]  # confident rows run longer
-    return [torch.randn(bs, V, generator=g) * sharp for _ in range(S - 1)]
-
-
-PARAMS = [{"policy": "chain", "length": 6, "beta": 0.5}, {"policy": "chain", "length": 6, "beta": 0.5},
-          None, {"policy": "chain", "length": 3, "beta": 0.5}]
-
-
-def plain_lengths(params, logits):
-    """The oracle: each row's kept chain depth, one row and one step at a time (C2T Eq. 6-8 in plain Python)."""
-    clf, out = load_classifier(None), []
-    for b, p in enumerate(params):
-        if p is None or isinstance(p, NoneParams):  # native: the captured chain; none: the root alone
-            out.append(S if p is None else 0)
-            continue
-        length, logp = 1, 0.0
-        for d, lg in enumerate(logits, start=2):
-            lp = torch.log_softmax(lg[b], -1)
-            logp += float(lp.max())
-            with torch.no_grad():
-                score = float(clf(torch.tensor([torch.tensor(logp).exp().item(), float(entropy_topm(lp)), float(d)])))
-            if d > p.length or (p.beta is not None and score < p.beta):
-                break
-            length += 1
-        out.append(length)
-    return out
-
 
 def stashed(params, logits, rows=None):
     """``[bs]`` the cut decided from what the draft loop recorded (a replay's padded batch of ``rows``: extra rows)."""

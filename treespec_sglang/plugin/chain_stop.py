@@ -41,7 +41,7 @@ from .rows import COLUMNS, _clf_id, by_id, classifier_ids, policy_rows
 from .ranks import agree
 from .settings import derived
 
-__all__ = ["ChainStopper", "keep_mask", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH", "ChainLoop",
+__all__ = ["ChainStopper", "cut_lengths", "keep_mask", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH", "ChainLoop",
            "chain_loop", "recording_loop"]
 
 ENV_CHAIN_GRAPH = "TREESPEC_CHAIN_STOP_GRAPH"
@@ -120,7 +120,7 @@ class ChainStopper:
     def __init__(self, params: List, num_steps: int, device):
         self.num_steps = num_steps
         # each request's cached parameter row (:func:`.pool.policy_rows`: no host->device copy per round)
-        rows = policy_rows(params, torch.device(device))
+        self.rows = rows = policy_rows(params, torch.device(device))  # [bs, F]
         # the device as a tensor's (SGLang's worker says "cuda", its tensors are on "cuda:0"): the stash's key
         self.device = rows.device
         self.beta = rows[:, COLUMNS.index("beta")]  # [bs] -1 where the row has no early stop: never stops
@@ -134,9 +134,10 @@ class ChainStopper:
         self.reads_steps = num_steps > 1 and any(isinstance(p, ChainParams) and p.beta is not None for p in sets)
         # every classifier of the early-stopping rows scores the batch, each row keeps its own (the default
         # classifier scores the other rows, against beta -1)
-        ids = classifier_ids(params)
-        self.classifiers = _Classifiers(ids or [_clf_id(None)], rows[:, COLUMNS.index("clf")], self.device) \
+        self.clf_ids = classifier_ids(params) or [_clf_id(None)]
+        self.classifiers = _Classifiers(self.clf_ids, rows[:, COLUMNS.index("clf")], self.device) \
             if self.reads_steps else None
+        self._fixed: Dict[int, tuple] = {}  # n_nodes -> (keep, sizes) of a batch whose cut is its rows' lengths
         # [S-1] the scored depths 2..S, built once per S
         self.depth = static(("depths", num_steps), self.device, lambda: torch.arange(2, num_steps + 1))
 
@@ -153,17 +154,43 @@ class ChainStopper:
         ``TREESPEC_CHAIN_STOP_GRAPH=1`` replayed for a C2T chain round)."""
         if not self.reads_steps:  # no row has a beta (or S = 1: no loop step): the cut is the rows' own lengths
             return self.max_len
-        bs, S = self.max_len.shape[0], self.num_steps
-        key = (rows or bs, S - 1, str(self.device))
+        bs = self.max_len.shape[0]
+        top, entropy = (t[:bs] for t in self.steps(rows))  # [bs, S-1] each; read before the next replay
+        return cut_lengths(top, entropy, self.depth, self.classifiers, self.beta, self.max_len)
+
+    def steps(self, rows: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The stash the draft loop of ``rows`` rows (None: this batch's size) recorded its steps into: ``(top
+        log-prob, entropy)`` ``[rows, S-1]`` each. Raises RuntimeError when no loop of that shape recorded."""
+        key = (rows or self.max_len.shape[0], self.num_steps - 1, str(self.device))
         if key not in _STASH:
             raise RuntimeError(f"treespec: no chain draft loop of shape {key[:2]} recorded its steps; a C2T chain "
                                f"round needs an eager draft or a draft graph captured with {ENV_CHAIN_GRAPH}=1")
-        top, entropy = (t[:bs] for t in _STASH[key])  # [bs, S-1] each; read before the next replay (stream order)
-        depth = self.depth  # [S-1]
-        feats = c2t_features(top.cumsum(dim=1), entropy, depth.expand(bs, -1))  # [bs, S-1, 3]
-        ok = (self.classifiers(feats) >= self.beta[:, None]) & (depth[None, :] <= self.max_len[:, None])
-        # the first failing depth ends the chain (depth 1 kept unless the row's length is 0: ``none``)
-        return torch.minimum(1 + ok.long().cumprod(dim=1).sum(dim=1), self.max_len)
+        return _STASH[key]
+
+    def fixed_keep(self, n_nodes: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """A batch whose cut reads no step (:attr:`reads_steps` False): ``(keep [bs, n_nodes] bool, sizes [bs])``
+        from its rows' lengths alone, the same every round: built once per ``n_nodes``, read-only."""
+        fixed = self._fixed.get(n_nodes)
+        if fixed is None:
+            keep = keep_mask(self.max_len, n_nodes)
+            fixed = self._fixed[n_nodes] = (keep, keep.sum(-1))
+        return fixed
+
+
+def cut_lengths(top: torch.Tensor, entropy: torch.Tensor, depth: torch.Tensor, classifiers, beta: torch.Tensor,
+                max_len: torch.Tensor) -> torch.Tensor:
+    """``[bs]`` int64 each row's kept chain depth from its draft loop's steps (C2T Eq. 6-8 features per depth d =
+    2..S: the joint probability of the chain to d, the entropy of step d's top-1000, d): a row keeps depth d iff
+    every depth 2..d scored at least its beta and d <= its length.
+
+    ``top``, ``entropy`` ``[bs, S-1]`` the steps' top log-prob and top-1000 entropy; ``depth`` ``[S-1]`` the
+    depths 2..S; ``classifiers`` ``[bs, S-1, 3] -> [bs, S-1]``; ``beta`` ``[bs]`` (-1: never stops);
+    ``max_len`` ``[bs]`` int64 each row's own length."""
+    bs = top.shape[0]
+    feats = c2t_features(top.cumsum(dim=1), entropy, depth.expand(bs, -1))  # [bs, S-1, 3]
+    ok = (classifiers(feats) >= beta[:, None]) & (depth[None, :] <= max_len[:, None])
+    # the first failing depth ends the chain (depth 1 kept unless the row's length is 0: ``none``)
+    return torch.minimum(1 + ok.long().cumprod(dim=1).sum(dim=1), max_len)
 
 
 def keep_mask(length: torch.Tensor, n_nodes: int, group=None) -> torch.Tensor:

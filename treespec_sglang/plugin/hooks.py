@@ -32,7 +32,8 @@ import operator
 from dataclasses import dataclass
 from typing import Callable, Dict, List
 
-from .chain_stop import chain_graph_enabled, chain_loop, keep_mask, record_step, recording_loop
+from .chain_graph import capture_cuts, chain_keep
+from .chain_stop import chain_graph_enabled, chain_loop, record_step, recording_loop
 from .columns import _policies, batch_columns
 from .config import server_defaults
 from .draft_select import capture_selections, capturing, select_after_draft, stash_pool, unlink
@@ -63,6 +64,10 @@ def _capture_selections(result, self, *args, **kwargs):
     n = capture_selections(int(self.topk), int(self.speculative_num_draft_tokens))
     if n:
         logger.info("treespec-sglang: captured the selection graph of %d draft graph shapes", n)
+    if int(self.topk) == 1:
+        n = capture_cuts(int(self.speculative_num_steps), int(self.speculative_num_draft_tokens))
+        if n:
+            logger.info("treespec-sglang: captured the chain cut graph of %d draft graph shapes", n)
     return result
 
 
@@ -172,11 +177,11 @@ def _build_verify_input(original, *args, **kwargs):
 def _verify_input(result, *args, **kwargs):
     step = drafting_step()
     if step is not None and step.chain is not None:  # the loop's steps are in the stash: cut each row's chain
-        length = step.chain.cut(step.runner.bs if step.runner is not None else None)  # [bs]
         # a cut read off the draft's steps is rank 0's on every rank; one from the rows' lengths alone is the
         # same everywhere already (the ranks' settings and requests agree): no broadcast
         group = verify_group() if step.chain.reads_steps else None
-        step.selected(keep_mask(length, result.retrieve_next_token.shape[-1], group))
+        rows = step.runner.bs if step.runner is not None else None  # a replay's padded batch
+        step.selected(*chain_keep(step.chain, rows, result.retrieve_next_token.shape[-1], group))
     if step is None or step.keep is None:
         return result
     unlink(result.retrieve_next_token, result.retrieve_next_sibling, step.keep)

@@ -34,7 +34,7 @@ of shape (8, P, W) computes all 8 (rows 5-7 as native rows on the padded pool) a
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -42,7 +42,7 @@ from .pool import PoolView, request_row
 from .pool_kernels import (classifier_table, graph_args, interpreted, kernels, launch, no_classifier, stage_table,
                            workspace)
 
-__all__ = ["SelectionGraph", "graph_for", "GRAPHS"]
+__all__ = ["SelectionGraph", "graph_for", "captured", "GRAPHS"]
 
 # (stash key, N, topk) -> the graph serving it (classifier ids grow by recapture, never shrink)
 GRAPHS: Dict[tuple, "SelectionGraph"] = {}
@@ -88,13 +88,7 @@ class SelectionGraph:
         self.stages = stage_table(dev)
         self.args = graph_args(N, 1 + (P - topk) // (topk * topk), P, bool(self.clf_ids))
         self._body()  # eager first: compiles the kernel and builds every cached table outside a capture
-        self.graph = None
-        if capture and dev.type == "cuda":
-            self.graph = torch.cuda.CUDAGraph()
-            pool = _MEMPOOL.setdefault(str(dev), torch.cuda.graph_pool_handle())
-            torch.cuda.synchronize(dev)
-            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
-                self._body()
+        self.graph = captured(self._body, dev) if capture else None
 
     def _body(self) -> None:
         pool = PoolView.from_flat(*self.stash, self.k)
@@ -142,6 +136,21 @@ class SelectionGraph:
         if views is None:
             views = self._views[bs] = tuple(t[:bs] for t in self.out[:3]) + (self.sizes[:bs],)
         return views
+
+
+def captured(body: Callable[[], None], device) -> Optional["torch.cuda.CUDAGraph"]:
+    """``body`` captured as a CUDA graph on a CUDA ``device`` (its static buffers written on every replay), in the
+    memory pool the plugin's graphs share; None off CUDA (the caller runs ``body`` itself). Run ``body`` once
+    eagerly first: a capture must not compile, load or allocate what a first call does."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    graph = torch.cuda.CUDAGraph()
+    pool = _MEMPOOL.setdefault(str(dev), torch.cuda.graph_pool_handle())
+    torch.cuda.synchronize(dev)
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        body()
+    return graph
 
 
 def graph_for(stash: Tuple[torch.Tensor, ...], key: tuple, topk: int, num_draft_tokens: int,
