@@ -8,8 +8,8 @@ SGLang 0.5.23's order, with SGLang's own work stood in by functions that return 
 (ragged or not; the verify-token stats) -> ``_resolve_spec_v2_tokens`` (the accept-length stats, the tree sizes
 of the rounds before). What is left is the hooks' own host time: their Python and the ATen ops they dispatch
 (on a GPU each an async launch of about 5-10 us of host time). The selection's device work is stubbed as in
-``select_host_cost.py``: the graph body / the kernel launch / the unlink launch do nothing; the verify group is
-None (one rank).
+``select_host_cost.py``: the graph body / the kernel launch / the unlink launch do nothing (chain mode's cut graph
+computes in its first round, and its replays after it do nothing); the verify group is None (one rank).
 
 A native batch (no request with a policy) goes through the same hooks, which then call straight through: the
 difference is what a treespec round adds on the host. ``--metrics`` turns on the plugin's Prometheus series (a
@@ -41,8 +41,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from treespec_sglang.plugin import (chain_stop, draft_select, hooks, metrics, pool, pool_kernels,  # noqa: E402
-                                     select_graph, server_hooks, settings)
+from treespec_sglang.plugin import (chain_graph, chain_stop, draft_select, hooks, metrics, pool,  # noqa: E402
+                                     pool_kernels, select_graph, server_hooks, settings)
 from treespec_sglang.utils.syncs import count_ops  # noqa: E402
 from bench.select_host_cost import pool_lists, sglang_pool  # noqa: E402
 
@@ -142,8 +142,16 @@ class FakeRound:
 @contextlib.contextmanager
 def patched(a):
     """The stand-ins of :func:`measure` (``a.select`` in the environment, the device work stubbed), undone after."""
+    real_cut = chain_graph.CutGraph._body
+
+    def cut_once(self):  # the chain cut graph's body: computed in its first round (its rows in), later replays stubbed
+        if self._rows_seen is not None and not getattr(self, "_bench_cut", False):
+            self._bench_cut = True
+            real_cut(self)
+
     patches = [mock.patch.dict(os.environ, {draft_select.ENV_SELECT: a.select, chain_stop.ENV_CHAIN_GRAPH: "1"}),
                mock.patch.object(select_graph.SelectionGraph, "_body", lambda self: None),
+               mock.patch.object(chain_graph.CutGraph, "_body", cut_once),
                mock.patch.object(pool_kernels, "launch", lambda *x, **y: None),
                mock.patch.object(pool_kernels, "launch_unlink", lambda *x, **y: None),
                # in a server the verify group is a dict read of SGLang's parallel context; outside one its lookup
