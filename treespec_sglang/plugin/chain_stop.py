@@ -41,8 +41,8 @@ from .rows import COLUMNS, _clf_id, by_id, classifier_ids, policy_rows
 from .ranks import agree
 from .settings import derived
 
-__all__ = ["ChainStopper", "cut_lengths", "keep_mask", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH", "ChainLoop",
-           "chain_loop", "recording_loop"]
+__all__ = ["ChainStopper", "cut_lengths", "keep_mask", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH",
+           "ChainLoop", "chain_loop", "recording_loop"]
 
 ENV_CHAIN_GRAPH = "TREESPEC_CHAIN_STOP_GRAPH"
 # (rows, S - 1, device) -> (top log-prob [rows, S-1], top-m entropy [rows, S-1]) float32

@@ -158,7 +158,7 @@ def by_id(params: Sequence) -> tuple:
     and mapped over the rows by id (an int key: no dataclass hash). A round asks for its batch's columns and its
     selection's rows several times: the last two tuples' answers are kept (a tuple cannot change, and the entry
     keeps it alive, so its ids stay its own)."""
-    for held, answer in _BY_ID:
+    for held, answer in tuple(_BY_ID):  # a snapshot: never iterated while another caller appends
         if held is params:
             return answer
     ids = tuple(map(id, params))

@@ -215,7 +215,7 @@ _MEMBERS: Deque[_Members] = collections.deque(maxlen=2)  # the last batches' (a 
 
 def _members(reqs: Sequence, policies: Sequence[Optional[str]]) -> _Members:
     """The members of ``reqs`` under ``policies``: a recent batch's when it holds them, else built."""
-    for m in _MEMBERS:
+    for m in tuple(_MEMBERS):  # a snapshot: never iterated while another caller appends
         if m.holds(reqs, policies):
             return m
     m = _Members(tuple(reqs), tuple(policies))
