@@ -51,7 +51,7 @@ def test_the_graph_cuts_as_the_plain_oracle_over_batches_that_come_and_go():
     go native again), two classifiers mixed: lengths, keep and sizes equal the oracle's row by row."""
     rng = random.Random(0)
     g = None
-    for bs in (7, 3, 9, 3):
+    for bs in (7, 7, 3, 9, 3):  # a new batch of the same size too: its table is copied in all the same
         params = random_batch(rng, bs)
         logits = [torch.randn(bs, V, generator=torch.Generator().manual_seed(rng.randrange(99))) * rng.uniform(1, 6)
                   for _ in range(S - 1)]
@@ -156,3 +156,6 @@ def test_the_captured_cut_equals_the_uncaptured_one_on_cuda():
     for a, b in zip(graph.run(stop.rows), plain.run(stop.rows)):
         assert torch.equal(a, b)
     assert graph.run(stop.rows)[0].tolist() == plain_lengths(params, [lg.cpu() for lg in logits])
+    other = [parse_spec({"policy": "chain", "length": 2}), None, parse_spec({"policy": "chain", "beta": 0.9})]
+    small = ChainStopper(other, S, "cuda")  # another table, a smaller batch: replayed on what run() copied in
+    assert graph.run(small.rows)[0].tolist() == plain_lengths(other, [lg[:3].cpu() for lg in logits])

@@ -186,6 +186,7 @@ def test_an_unbounded_ranking_row_keeps_the_native_tree(monkeypatch):
 
     # three requests (budgets 2, 3, 4) whose registered rules give these rows
     rule = {2: {"top": None}, 3: {"top": N - 1, "rank_depth": None}, 4: {"top": None, "th": None}}
+    monkeypatch.setattr(pool, "_NATIVE_TREES", {})  # decided under these rules only, forgotten after
     monkeypatch.setattr(pool, "pool_rule_of", lambda p: SimpleNamespace(stage="rank" if p.budget < 4 else "salf"))
     monkeypatch.setattr(rows, "_rule_row", lambda p: rule[p.budget])
     params = [parse_spec({"policy": "eagle2", "budget": b}) for b in rule]
@@ -200,21 +201,20 @@ def test_selection_and_names_equal_a_row_by_row_reading(built, seed, cap):
     sharing the token cap or not) they equal the row-by-row reading of each request."""
     import random
 
-    from treespec_sglang.plugin.pool import keeps_native_tree
-
     rng = random.Random(seed)
     specs = NATIVE_TREES + OWN_TREES + [None]
     shared = {i: parse_spec(s) for i, s in enumerate(specs) if s is not None}
-    reqs, names = [], []
+    reqs, names, native = [], [], []
     for _ in range(rng.randint(1, 24)):
         i = rng.randrange(len(specs))
         p = None if specs[i] is None else shared[i] if rng.random() < 0.5 else parse_spec(specs[i])
         reqs.append(SimpleNamespace(_treespec_params=p, _treespec_shares=rng.random() < 0.5))
         names.append(None if specs[i] is None else specs[i]["policy"])
+        native.append(specs[i] in NATIVE_TREES)  # SGLang's own tree (checked against the selection above)
     cols = columns.batch_columns(reqs, ServerDefaults(token_cap=cap))
     capped = cap is not None
-    want = tuple(None if p is None or (keeps_native_tree(p, N, S) and not (capped and s)) else p
-                 for p, s in zip(cols.params, cols.shares))
+    want = tuple(None if p is None or (n and not (capped and s)) else p
+                 for p, s, n in zip(cols.params, cols.shares, native))
     params, tokens = cols.selection(N, S)
     if all(p is None for p in want):
         assert params is None and tokens == [N] * len(reqs)

@@ -161,6 +161,8 @@ def by_id(params: Sequence) -> tuple:
     for held, answer in tuple(_BY_ID):  # a snapshot: never iterated while another caller appends
         if held is params:
             return answer
+    if not isinstance(params, (tuple, list)):  # read twice below: an iterator would give nothing the second time
+        params = tuple(params)
     ids = tuple(map(id, params))
     answer = (ids, dict(zip(ids, params)))
     if type(params) is tuple:
