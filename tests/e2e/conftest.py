@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -141,6 +142,22 @@ def greedy_params(custom=None, n=N_NEW) -> dict:
     if custom is not None:
         sp["custom_params"] = {"treespec": custom}
     return sp
+
+
+def check_meta(meta, completion_tokens):
+    """A treespec request's ``meta_info`` against SGLang's own counters: tree sizes within 1..N, accept lengths
+    within 0..S and as many as SGLang's verify rounds (their sum its accepted drafts), the completion tokens they
+    produce; returns the tree sizes."""
+    sizes, accepts = meta["treespec_tree_sizes"], meta["treespec_accept_lengths"]
+    assert all(1 <= s <= N for s in sizes), sizes
+    assert all(0 <= a <= STEPS for a in accepts), accepts
+    assert len(accepts) == meta["spec_verify_ct"] and sum(accepts) == meta["spec_num_correct_drafts"]
+    # the first token comes from the prefill, every round commits accepts + 1 (the last may be cut)
+    produced = 1 + sum(a + 1 for a in accepts)
+    assert produced - (STEPS + 1) < completion_tokens <= produced
+    # SGLang's spec_accept_length counts every completion token (the prefill's too) per verify round
+    assert math.isclose(completion_tokens / len(accepts), meta["spec_accept_length"], rel_tol=1e-6)
+    return sizes
 
 
 def same_tokens(sglang_ids, ref_ids) -> bool:

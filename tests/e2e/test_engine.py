@@ -2,12 +2,10 @@
 the shipped draft + token map, the plugin loaded; greedy equality, per-request policies, meta_info,
 bad-parameter isolation, and the law of sampled tokens at T > 0."""
 
-import math
-
 import pytest
 
-from tests.e2e.conftest import (N, POLICIES, STEPS, TOPK, cpu_engine_kwargs, eagle_kwargs, every_policy_and_native,
-                                greedy_params, same_tokens, shipped_draft)
+from tests.e2e.conftest import (N, POLICIES, STEPS, TOPK, check_meta, cpu_engine_kwargs, eagle_kwargs,
+                                every_policy_and_native, greedy_params, same_tokens, shipped_draft)
 from tests.e2e.law import DRAWS, Z2, chi2_stat, chi2_threshold, draw_pairs, temperature_power, temperature_z
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
@@ -45,19 +43,6 @@ def test_native_eagle_equals_plain_greedy(eagle, prompt_ids, plain_greedy):
         assert same_tokens(o["output_ids"], ref)
         assert "treespec_policy" not in o["meta_info"]  # no policy: SGLang's own tree, untouched
         assert o["meta_info"]["spec_verify_ct"] >= 1
-
-
-def check_meta(meta, completion_tokens):
-    sizes, accepts = meta["treespec_tree_sizes"], meta["treespec_accept_lengths"]
-    assert all(1 <= s <= N for s in sizes), sizes
-    assert all(0 <= a <= STEPS for a in accepts), accepts
-    assert len(accepts) == meta["spec_verify_ct"] and sum(accepts) == meta["spec_num_correct_drafts"]
-    # the first token comes from the prefill, every round commits accepts + 1 (the last may be cut)
-    produced = 1 + sum(a + 1 for a in accepts)
-    assert produced - (STEPS + 1) < completion_tokens <= produced
-    # SGLang's spec_accept_length counts every completion token (the prefill's too) per verify round
-    assert math.isclose(completion_tokens / len(accepts), meta["spec_accept_length"], rel_tol=1e-6)
-    return sizes
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
