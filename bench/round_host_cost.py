@@ -19,8 +19,10 @@ server started with ``--enable-metrics``).
     python bench/round_host_cost.py --select graph --metrics --json out.json
     python bench/round_host_cost.py --topk 1 --steps 5 --N 6 --sets native,chain,chain-lengths   # chain mode
 
-Per row: microseconds per round (median of ``--repeats`` steady-state rounds, the same requests every round),
-ATen ops dispatched, host reads; ``--breakdown`` adds the 12 functions with the most own time (cProfile).
+Per row: microseconds per round (median of ``--repeats`` steady-state rounds, the same requests every round;
+``--churn K``: K requests leave and K join every round, as SGLang filters and merges its decode batch; ``--stream``:
+every request streamed, the round's output hook included), ATen ops dispatched, host reads; ``--breakdown`` adds
+the 12 functions with the most own time (cProfile).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from treespec_sglang.plugin import (chain_graph, chain_stop, draft_select, hooks, metrics, pool,  # noqa: E402
-                                     pool_kernels, select_graph, server_hooks, settings)
+                                     pool_kernels, select_graph, server_hooks, settings, stats)
 from treespec_sglang.utils.syncs import count_ops  # noqa: E402
 from bench.select_host_cost import pool_lists, sglang_pool  # noqa: E402
 
@@ -62,6 +64,7 @@ class Req:
     def __init__(self, spec):
         self.sampling_params = SimpleNamespace(custom_params={"treespec": spec} if spec else None)
         self.customized_info = None
+        self.stream = False  # --stream: every round emits a chunk for it (SGLang's default stream interval)
         self.is_retracted = False
         self.finished_reason = None
 
@@ -69,12 +72,18 @@ class Req:
         return self.finished_reason is not None
 
 
+def _emit(acc, req) -> None:
+    """SGLang's ``_GenerationStreamAccumulator.accept`` stood in: a chunk for ``req``."""
+    acc.rids.append(req)
+
+
 class FakeRound:
     """One decode round of SGLang's EAGLE v2 worker with its own work stood in (see the module docstring)."""
 
-    def __init__(self, specs, bs, k, S, N, device, eager, churn=0):
+    def __init__(self, specs, bs, k, S, N, device, eager, churn=0, stream=False):
         self.k, self.S, self.N, self.eager, self.churn, self.specs = k, S, N, eager, churn, specs
-        self.reqs = [Req(specs[i % len(specs)]) for i in range(bs)]
+        self.stream = stream
+        self.reqs = [self.streamed(Req(specs[i % len(specs)])) for i in range(bs)]
         # requests replaced so far, the next round's new requests (:meth:`prepare`), the requests that left
         self.turn, self.arrivals, self.left = 0, [], []
         scores, tokens, parents = sglang_pool(bs, k, S, device)
@@ -96,8 +105,12 @@ class FakeRound:
     def arrival(self, turn: int) -> Req:
         """A request joining the batch at churn ``turn``, parsed as the scheduler's request hook does when it
         arrives (``_create_generation_req``, before any round)."""
-        r = Req(self.specs[turn % len(self.specs)])
+        r = self.streamed(Req(self.specs[turn % len(self.specs)]))
         server_hooks._req_params(r, server_hooks.server_defaults())
+        return r
+
+    def streamed(self, r: Req) -> Req:
+        r.stream = self.stream
         return r
 
     def prepare(self) -> None:
@@ -125,6 +138,10 @@ class FakeRound:
         hooks._draft(lambda w, b: self._draft(w, b), self.worker, batch)
         hooks._runner_forward(lambda runner, fb: None, self.target, self.verify_batch)
         hooks._record_accepts(None, None, self.result, batch)
+        if self.stream:  # the round's output: SGLang's accumulator takes each request (a chunk each, stood in)
+            acc = SimpleNamespace(rids=[], customized_info={})
+            for req in batch.reqs:
+                stats.stream_accept(_emit, acc, req=req)
 
     def __call__(self):
         if self.churn:  # as SGLang's scheduler: finished requests filtered out, new ones merged at the end
@@ -174,7 +191,7 @@ def measure(name, bs, a, env="frozen"):
         if env == "frozen":
             settings.freeze()
         try:
-            one = FakeRound(SETS[name], bs, a.topk, a.steps, a.N, a.device, a.eager, a.churn)
+            one = FakeRound(SETS[name], bs, a.topk, a.steps, a.N, a.device, a.eager, a.churn, a.stream)
             for _ in range(3):
                 one()  # builds the rows, tables, the graph; records the first stats
             with count_ops() as c:
@@ -218,6 +235,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--breakdown", action="store_true", help="the functions with the most own time (cProfile)")
     ap.add_argument("--churn", type=int, default=0, help="requests replaced by new ones every round (a "
                     "server's batch at high concurrency changes most rounds); 0: the same requests every round")
+    ap.add_argument("--stream", action="store_true", help="every request streamed: each round ends with SGLang's "
+                    "output accumulator taking each request (the plugin's output hook), a chunk each")
     ap.add_argument("--json")
     return ap
 

@@ -16,7 +16,7 @@ from treespec_sglang.plugin.rows import policy_rows  # noqa: E402
 
 def args(**kw):
     return argparse.Namespace(**{**dict(select="graph", eager=False, topk=2, steps=3, N=6, repeats=3, device="cpu",
-                                        breakdown=False, churn=0), **kw})
+                                        breakdown=False, churn=0, stream=False), **kw})
 
 
 @pytest.mark.parametrize("select,eager", [("graph", False), ("graph", True), ("triton", False), ("torch", False)])
@@ -68,6 +68,19 @@ def test_a_churning_batch_replaces_requests_and_each_ones_stats_stay_aligned():
         served += n
     natives = sum(r.sampling_params.custom_params is None for r in one.left + one.reqs)
     assert served > 0 and served + natives <= 7 * rounds
+
+
+def test_a_streamed_round_sends_each_requests_new_rounds_through_the_output_hook():
+    """``--stream``: each round ends with the output hook taking every request; a treespec request's chunks have
+    sent each of its lists whole (its own count of what went), a native one has nothing sent."""
+    us, ops, reads, _, one = round_host_cost.measure("mix", 7, args(stream=True))
+    for req in one.reqs:
+        if req.sampling_params.custom_params is None:
+            assert req.customized_info is None and not hasattr(req, "_treespec_sent")
+            continue
+        sent = req._treespec_sent
+        for key in ("treespec_tree_sizes", "treespec_verify_tokens", "treespec_accept_lengths"):
+            assert sent[key] == len(req.customized_info[key]) == 3 + 1 + 3, key
 
 
 def test_a_native_round_calls_straight_through():

@@ -230,10 +230,56 @@ def test_the_summary_goes_up_to_date_with_a_finished_requests_output():
         S.record_rounds([req], ["talon"], "treespec_accept_lengths", [2])
         req.done = True
         S.stream_accept(accept, acc, req=req)
-        if stream:  # our keys go in the hook's own columns: the summary with the last chunk only
-            assert seen[-2:] == [None, None] and acc.customized_info[S.SUMMARY][0] == []
+        if stream:  # the hook sets each chunk's row of our keys: the summary with the last chunk only
+            assert acc.customized_info[S.SUMMARY][0] == []
             summary = acc.customized_info[S.SUMMARY][1][0]
         else:
             assert seen[-2][0]["rounds"] == 0  # running: not sent, left as it was
             summary = seen[-1][0]
         assert summary["rounds"] == 2 and summary["accepted_tokens"] == 5, stream
+
+
+@pytest.mark.parametrize("cap", [4096, 5])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_streams_chunks_add_up_to_the_whole_lists(monkeypatch, cap, seed):
+    """The output hook on a stream: a round recorded before each step, some steps emitting no chunk (SGLang's
+    stream interval), the lists capped: accumulated as the tokenizer manager does (each chunk's values appended),
+    the chunks carry each list whole, the policy once and the summary with the last chunk only; a native request in
+    the same output batch carries none of them."""
+    monkeypatch.setenv(S.ENV_MAX_ROUNDS, str(cap))
+    rng = random.Random(seed)
+    req, native = Client("salf"), Client(None)
+    req.stream = native.stream = True
+    req.send_token_offset = native.send_token_offset = 0
+    native.customized_info = {"other": ["x"]}  # another plugin's key: left to SGLang
+
+    def accept(self, req):  # SGLang's accumulator, as 0.5.23 treats request-level keys (ours are) of a stream
+        if not req.emit:  # the stream interval: no chunk this step
+            return
+        self.rids.append(req)
+        for key, values in (req.customized_info or {}).items():
+            if req.send_token_offset == 0:  # a stream's request-level keys go with its first chunk only, as they are
+                self.customized_info.setdefault(key, [[] for _ in range(len(self.rids) - 1)]).append(values)
+        for column in self.customized_info.values():  # every column padded to the chunks
+            column.extend([] for _ in range(len(self.rids) - len(column)))
+        req.send_token_offset += 1
+
+    got = {}
+    for step in range(40):
+        for key in KEYS:  # one round: its tree size, verify tokens and accept length
+            S.record_rounds([req], ["salf"], key, [rng.randint(0, 9)])
+        req.done = step == 39
+        req.emit = native.emit = req.done or rng.random() < 0.6
+        acc = SimpleNamespace(rids=[], customized_info={})
+        S.stream_accept(accept, acc, req=native)
+        S.stream_accept(accept, acc, req=req)
+        ours = {k: col for k, col in acc.customized_info.items() if k != "other"}
+        if req.emit:
+            assert all(len(col) == 2 and col[0] == [] for col in ours.values())
+            for key, col in ours.items():
+                assert all(col[1] is not v for v in req.customized_info.values())  # a copy: the lists grow on
+                got.setdefault(key, []).extend(col[1])
+        assert native.customized_info == {"other": ["x"]}
+    for key in KEYS:
+        assert got[key] == req.customized_info[key] and len(got[key]) <= cap, key
+    assert got["treespec_policy"] == ["salf"] and got[S.SUMMARY] == req.customized_info[S.SUMMARY]

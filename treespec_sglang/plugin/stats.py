@@ -47,6 +47,7 @@ ROUND_KEYS = {"treespec_tree_sizes": ("tree_nodes", "drafted"),
               "treespec_verify_tokens": ("verified_tokens", "verified_tokens"),
               "treespec_accept_lengths": ("accepted_tokens", "accepted_round")}
 ACCEPTS = "treespec_accept_lengths"
+_KEYS = ("treespec_policy", *ROUND_KEYS, SUMMARY)  # every key a request's stats put in its customized_info
 ENV_MAX_ROUNDS = "TREESPEC_STATS_MAX_ROUNDS"
 FOLD = 4096  # values past the cap kept before they are folded into a total
 _STATS = "_treespec_stats"  # on the Req: its RequestStats
@@ -277,33 +278,39 @@ class BatchStats:
 
 
 def stream_accept(original, self, *args, **kwargs):
-    """AROUND ``_GenerationStreamAccumulator.accept(self, *, req)``."""
+    """AROUND ``_GenerationStreamAccumulator.accept(self, *, req)``: once per request of every output batch (every
+    round of a stream), so its cost is per request and chunk: a request without stats is SGLang's at once, and a
+    chunk sets only what SGLang would not (a long stream's whole lists were copied every chunk: quadratic)."""
     req = kwargs.get("req", args[0] if args else None)
-    if getattr(req, _STATS, None) is not None and req.finished():
+    if getattr(req, _STATS, None) is None:  # not ours (our keys come with a request's stats)
+        return original(self, *args, **kwargs)
+    finished = req.finished()
+    if finished:
         summary_of(req)  # the one time it is sent: streamed or not, with the request's last output
     info = getattr(req, "customized_info", None)
-    if not getattr(req, "stream", False) or not info or not any(str(k).startswith(PREFIX) for k in info):
+    if not getattr(req, "stream", False) or not info:
         return original(self, *args, **kwargs)
-    ours = {k: info.pop(k) for k in list(info) if str(k).startswith(PREFIX)}
     n_before = len(self.rids)
-    try:
-        out = original(self, *args, **kwargs)
-    finally:
-        info.update(ours)
+    # our keys are request-level (``_request_level_key``): a stream's first chunk takes them as they are (set
+    # again below), a later one leaves an empty row, right for the policy (sent once) and a running summary
+    out = original(self, *args, **kwargs)
     if len(self.rids) == n_before:  # this step emits no chunk for the request: send later
         return out
     sent = getattr(req, _SENT, None)
+    keys = _KEYS if sent is None or finished else ROUND_KEYS
     if sent is None:
         sent = {}
         setattr(req, _SENT, sent)
     row = len(self.rids) - 1  # the chunk the original just appended for this request
-    for key, values in ours.items():
-        values = list(values or [])
+    for key in keys:
+        values = info.get(key) or []
         if key == SUMMARY:  # totals, not a list of rounds: the last chunk carries them, once
-            delta = [dict(v) for v in values] if req.finished() else []
+            delta = [dict(v) for v in values] if finished else []
         else:
             delta = values[min(sent.get(key, 0), len(values)):]  # treespec_policy (one value) goes once
-        column = self.customized_info.setdefault(key, [[] for _ in range(row)])
+        column = self.customized_info.get(key)
+        if column is None:  # the batch's first chunk of ours: the rows before it carry nothing of it
+            column = self.customized_info[key] = [[] for _ in range(row)]
         while len(column) <= row:
             column.append([])
         column[row] = delta
