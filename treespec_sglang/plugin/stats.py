@@ -18,9 +18,11 @@ the lists were cut) always covers every round. It is derived from the lists when
 (:func:`summary_of`), the one time it is sent: a stream carries it with its last chunk only.
 The Prometheus series (:mod:`.metrics`) are fed by the same call, so they equal these sums.
 
-Host cost per round (a decode batch keeps its requests from round to round): each key's values are appended
-to the batch's cached per-request lists (:class:`BatchStats`) in C, with no per-request Python; only a batch
-whose requests or policies changed pays O(bs) Python, once.
+Host cost per round: each key's values are appended to the batch's cached per-request lists
+(:class:`BatchStats`) in C, with no per-request Python. A batch whose requests or policies changed (most rounds
+at high concurrency: requests finish and join) finds its members again in C-level passes, shared by the three
+keys (:class:`_Members`); only a request's first round builds its :class:`RequestStats` in Python. A streamed
+request's output hook (:func:`stream_accept`) costs the same every chunk, whatever the stream's length.
 """
 
 from __future__ import annotations
