@@ -162,7 +162,7 @@ def patched(a):
     real_cut = chain_graph.CutGraph._body
 
     def cut_once(self):  # the chain cut graph's body: computed in its first round (its rows in), later replays stubbed
-        if self._rows_seen is not None and not getattr(self, "_bench_cut", False):
+        if self.static_rows.seen is not None and not getattr(self, "_bench_cut", False):
             self._bench_cut = True
             real_cut(self)
 

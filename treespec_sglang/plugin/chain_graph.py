@@ -27,19 +27,19 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-from .chain_stop import _STASH, ChainStopper, chain_graph_enabled, cut_lengths, keep_mask
+from .chain_stop import (_STASH, ChainStopper, chain_graph_enabled, cut_lengths, depths, keep_mask, positions,
+                         row_limits)
 from .classifiers import registered
 from .draft_select import replays_selection
 from .pool import _Classifiers
-from .pool_rules import static
-from .rows import COLUMNS, _clf_id, request_row
-from .select_graph import captured
+from .rows import COLUMNS, _clf_id
+from .select_graph import StaticRows, captured
 
 __all__ = ["CutGraph", "cut_graph_for", "chain_keep", "capture_cuts", "CUT_GRAPHS"]
 
 # (stash key (rows, S-1, device), N) -> the graph serving it (classifier ids grow by recapture, never shrink)
 CUT_GRAPHS: Dict[tuple, "CutGraph"] = {}
-_BETA, _BUDGET, _CLF = (COLUMNS.index(c) for c in ("beta", "budget", "clf"))
+_CLF = COLUMNS.index("clf")
 
 
 class CutGraph:
@@ -59,13 +59,12 @@ class CutGraph:
         top = steps[0]
         rows, dev, S = top.shape[0], top.device, top.shape[1] + 1
         self.steps, self.n_nodes, self.num_steps, self.clf_ids = steps, n_nodes, S, tuple(clf_ids)
-        self._native_row = request_row(None, dev)  # [1, F]
-        self.rows_in = self._native_row.expand(rows, -1).clone()  # [rows, F]; rows past a batch stay native
-        self._filled, self._rows_seen = 0, None  # rows the last batch wrote; its table (kept: no id reuse)
+        self.static_rows = StaticRows(rows, dev)
+        self.rows_in = self.static_rows.table  # [rows, F]; rows past a batch stay native
         # each classifier scores every row, each row keeps its own: reads the clf column where run() writes it
         self.classifiers = _Classifiers(list(self.clf_ids), self.rows_in[:, _CLF], dev)
-        self.depth = static(("depths", S), dev, lambda: torch.arange(2, S + 1))  # [S-1]
-        self.positions = static(("positions", n_nodes), dev, lambda: torch.arange(n_nodes)[None, :])  # [1, N]
+        self.depth = depths(S, dev)  # [S-1]
+        self.positions = positions(n_nodes, dev)  # [1, N]
         self.length = torch.zeros(rows, dtype=torch.int64, device=dev)  # [rows] kept depth (0: the root alone)
         self.keep = torch.zeros(rows, n_nodes, dtype=torch.bool, device=dev)  # [rows, N]
         self.sizes = torch.zeros(rows, dtype=torch.int64, device=dev)  # [rows] kept nodes, root included
@@ -74,8 +73,7 @@ class CutGraph:
         self.graph = captured(self._body, dev) if capture else None
 
     def _body(self) -> None:
-        beta = self.rows_in[:, _BETA]  # [rows]
-        max_len = (self.rows_in[:, _BUDGET] - 1).clamp(max=self.num_steps).long()  # [rows]
+        beta, max_len = row_limits(self.rows_in, self.num_steps)  # [rows] each
         length = cut_lengths(*self.steps, self.depth, self.classifiers, beta, max_len)  # [rows]
         self.length.copy_(length)
         torch.le(self.positions, self.length[:, None], out=self.keep)
@@ -88,11 +86,7 @@ class CutGraph:
         ``(length [bs] int64, keep [bs, N] bool, sizes [bs] int64)``, views of the static outputs: valid until the
         next ``run`` (read them on this stream before it, as a round does)."""
         bs = rows.shape[0]
-        if rows is not self._rows_seen:  # a steady batch passes its stopper's table again: already in place
-            self.rows_in[:bs].copy_(rows)
-            if bs < self._filled:  # rows a bigger batch wrote last: native again (their stash rows are padding)
-                self.rows_in[bs:self._filled].copy_(self._native_row)  # [1, F] broadcast
-            self._filled, self._rows_seen = bs, rows
+        self.static_rows.write(rows)  # a steady batch passes its stopper's table again: already in place
         if self.graph is not None:
             self.graph.replay()
         else:

@@ -41,8 +41,8 @@ from .rows import COLUMNS, _clf_id, by_id, classifier_ids, policy_rows
 from .ranks import agree
 from .settings import derived
 
-__all__ = ["ChainStopper", "cut_lengths", "keep_mask", "record_step", "chain_graph_enabled", "ENV_CHAIN_GRAPH",
-           "ChainLoop", "chain_loop", "recording_loop"]
+__all__ = ["ChainStopper", "cut_lengths", "row_limits", "depths", "positions", "keep_mask", "record_step",
+           "chain_graph_enabled", "ENV_CHAIN_GRAPH", "ChainLoop", "chain_loop", "recording_loop"]
 
 ENV_CHAIN_GRAPH = "TREESPEC_CHAIN_STOP_GRAPH"
 # (rows, S - 1, device) -> (top log-prob [rows, S-1], top-m entropy [rows, S-1]) float32
@@ -123,9 +123,7 @@ class ChainStopper:
         self.rows = rows = policy_rows(params, torch.device(device))  # [bs, F]
         # the device as a tensor's (SGLang's worker says "cuda", its tensors are on "cuda:0"): the stash's key
         self.device = rows.device
-        self.beta = rows[:, COLUMNS.index("beta")]  # [bs] -1 where the row has no early stop: never stops
-        # a chain's own length (budget = length + 1), 0 for speculation off, the captured S for native rows
-        self.max_len = (rows[:, COLUMNS.index("budget")] - 1).clamp(max=num_steps).long()  # [bs]
+        self.beta, self.max_len = row_limits(rows, num_steps)  # [bs] each
         sets = by_id(params)[1].values()  # each parameter set once: a batch's requests share theirs
         self.active = any((isinstance(p, ChainParams) and (p.beta is not None or p.length < num_steps))
                           or isinstance(p, NoneParams) for p in sets)
@@ -138,8 +136,7 @@ class ChainStopper:
         self.classifiers = _Classifiers(self.clf_ids, rows[:, COLUMNS.index("clf")], self.device) \
             if self.reads_steps else None
         self._fixed: Dict[int, tuple] = {}  # n_nodes -> (keep, sizes) of a batch whose cut is its rows' lengths
-        # [S-1] the scored depths 2..S, built once per S
-        self.depth = static(("depths", num_steps), self.device, lambda: torch.arange(2, num_steps + 1))
+        self.depth = depths(num_steps, self.device)  # [S-1]
 
     def cut(self, rows: Optional[int] = None) -> torch.Tensor:
         """``[bs]`` int64 each row's kept chain depth this round (0 = the root alone), from the loop's steps in the
@@ -177,6 +174,18 @@ class ChainStopper:
         return fixed
 
 
+def row_limits(rows: torch.Tensor, num_steps: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` ``[bs, F]`` (the row table) -> ``(beta [bs], max_len [bs] int64)``: each row's early-stop threshold
+    (-1 where it has none: never stops) and its own length (budget = length + 1; 0 for speculation off; the
+    captured S = ``num_steps`` for native rows)."""
+    return rows[:, COLUMNS.index("beta")], (rows[:, COLUMNS.index("budget")] - 1).clamp(max=num_steps).long()
+
+
+def depths(num_steps: int, device) -> torch.Tensor:
+    """``[S-1]`` the scored chain depths 2..S, built once per S and device (:func:`.pool_rules.static`)."""
+    return static(("depths", num_steps), device, lambda: torch.arange(2, num_steps + 1))
+
+
 def cut_lengths(top: torch.Tensor, entropy: torch.Tensor, depth: torch.Tensor, classifiers, beta: torch.Tensor,
                 max_len: torch.Tensor) -> torch.Tensor:
     """``[bs]`` int64 each row's kept chain depth from its draft loop's steps (C2T Eq. 6-8 features per depth d =
@@ -198,5 +207,10 @@ def keep_mask(length: torch.Tensor, n_nodes: int, group=None) -> torch.Tensor:
     (0 = root) is kept iff i <= length, rank 0's lengths on every rank of ``group`` (a ``GroupCoordinator``:
     :func:`~treespec_sglang.plugin.ranks.agree`)."""
     (length,) = agree([length], group)
-    return torch.arange(n_nodes, device=length.device)[None, :] <= length[:, None]
+    return positions(n_nodes, length.device) <= length[:, None]
+
+
+def positions(n_nodes: int, device) -> torch.Tensor:
+    """``[1, n_nodes]`` int64 the chain's node positions 0..N-1 (root first), built once per N and device."""
+    return static(("positions", n_nodes), device, lambda: torch.arange(n_nodes)[None, :])
 

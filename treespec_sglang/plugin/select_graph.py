@@ -42,7 +42,7 @@ from .pool import PoolView, request_row
 from .pool_kernels import (classifier_table, graph_args, interpreted, kernels, launch, no_classifier, stage_table,
                            workspace)
 
-__all__ = ["SelectionGraph", "graph_for", "captured", "GRAPHS"]
+__all__ = ["SelectionGraph", "StaticRows", "graph_for", "captured", "GRAPHS"]
 
 # (stash key, N, topk) -> the graph serving it (classifier ids grow by recapture, never shrink)
 GRAPHS: Dict[tuple, "SelectionGraph"] = {}
@@ -71,10 +71,8 @@ class SelectionGraph:
         dev, N = scores.device, num_draft_tokens
         self.stash, self.k, self.clf_ids = stash, topk, tuple(clf_ids)
         self.mod = kernels(interpreted(dev))
-        self._native_row = request_row(None, dev)  # [1, F]
-        self.rows_in = self._native_row.expand(rows, -1).clone()  # [rows, F]; rows past a batch stay native
-        self._filled = 0  # rows of rows_in the last batch wrote
-        self._rows_seen: Optional[torch.Tensor] = None  # the row table rows_in holds (kept: no id reuse)
+        self.static_rows = StaticRows(rows, dev)
+        self.rows_in = self.static_rows.table  # [rows, F]; rows past a batch stay native
         self.native = native  # the stash's [rows, N-1] (None: native_in is the graph's own, copied in by run)
         self.native_in = native if native is not None else torch.zeros(rows, N - 1, dtype=torch.int64, device=dev)
         self.extra_in = torch.zeros(rows, P, dtype=torch.bool, device=dev)  # [rows, P]
@@ -113,11 +111,7 @@ class SelectionGraph:
         stream before it, as a round does).
         """
         bs = rows.shape[0]
-        if rows is not self._rows_seen:  # a steady batch passes its cached table again: already in place
-            self.rows_in[:bs].copy_(rows)
-            if bs < self._filled:  # rows a bigger batch wrote last: native again (their pool rows are padding)
-                self.rows_in[bs:self._filled].copy_(self._native_row)  # [1, F] broadcast
-            self._filled, self._rows_seen = bs, rows
+        self.static_rows.write(rows)
         if native_top is not None:
             self.native_in[:bs].copy_(native_top)
         elif self.native is None:
@@ -136,6 +130,30 @@ class SelectionGraph:
         if views is None:
             views = self._views[bs] = tuple(t[:bs] for t in self.out[:3]) + (self.sizes[:bs],)
         return views
+
+
+class StaticRows:
+    """A captured graph's static row table ``[rows, F]`` (columns :data:`.rows.COLUMNS`), native rows to start.
+
+    :meth:`write` copies a batch's ``[bs, F]`` table into its first ``bs`` rows, and rows a bigger batch wrote
+    before go native again (their pool or stash rows are padding). A steady batch passes its cached table again
+    (the same object): already in place, no op."""
+
+    def __init__(self, rows: int, device):
+        self._native = request_row(None, device)  # [1, F]
+        self.table = self._native.expand(rows, -1).clone()  # [rows, F]
+        self._filled = 0  # rows the last batch wrote
+        self.seen: Optional[torch.Tensor] = None  # the table the rows hold (kept: its id is not reused)
+
+    def write(self, rows: torch.Tensor) -> None:
+        """The batch's ``rows`` ``[bs, F]`` in the table's first ``bs`` rows, the rest native."""
+        if rows is self.seen:
+            return
+        bs = rows.shape[0]
+        self.table[:bs].copy_(rows)
+        if bs < self._filled:
+            self.table[bs:self._filled].copy_(self._native)  # [1, F] broadcast
+        self._filled, self.seen = bs, rows
 
 
 def captured(body: Callable[[], None], device) -> Optional["torch.cuda.CUDAGraph"]:
