@@ -9,6 +9,7 @@ import torch
 from treespec_sglang.plugin import columns
 from treespec_sglang.plugin.config import ServerDefaults
 from treespec_sglang.policies import parse_spec
+from treespec_sglang.utils.bounded import Bounded
 
 SPECS = [None, {"policy": "talon", "budget": 8}, {"policy": "none"}, {"policy": "salf", "budget": 8}]
 
@@ -186,7 +187,7 @@ def test_an_unbounded_ranking_row_keeps_the_native_tree(monkeypatch):
 
     # three requests (budgets 2, 3, 4) whose registered rules give these rows
     rule = {2: {"top": None}, 3: {"top": N - 1, "rank_depth": None}, 4: {"top": None, "th": None}}
-    monkeypatch.setattr(pool, "_NATIVE_TREES", {})  # decided under these rules only, forgotten after
+    monkeypatch.setattr(pool, "_NATIVE_TREES", Bounded(4096))  # decided under these rules only, forgotten after
     monkeypatch.setattr(pool, "pool_rule_of", lambda p: SimpleNamespace(stage="rank" if p.budget < 4 else "salf"))
     monkeypatch.setattr(rows, "_rule_row", lambda p: rule[p.budget])
     params = [parse_spec({"policy": "eagle2", "budget": b}) for b in rule]

@@ -17,6 +17,8 @@ from treespec_sglang.policies import parse_spec
 from treespec_sglang.policies.registry import REGISTRY
 from treespec_sglang.policies.classifier import C2TClassifier
 from treespec_sglang.tree import sglang_retrive
+from treespec_sglang.utils.bounded import Bounded
+
 
 @pytest.mark.parametrize("seed", range(4))
 def test_unlink_filler_equals_its_oracle_entry_by_entry(seed):
@@ -349,7 +351,7 @@ def test_a_steady_batchs_params_tuple_hits_by_identity_and_a_list_never_does(mon
     a, b = parse_spec({"policy": "talon", "budget": 9}), parse_spec({"policy": "salf", "budget": 12, "th": 0.2})
     steady = (a, None, b)
     table, plan = policy_rows(steady, "cpu"), BatchPlan.of(steady, 8, 3)
-    monkeypatch.setattr(rows_mod, "_BATCHES", {})  # only the identity fast path can answer now
+    monkeypatch.setattr(rows_mod, "_BATCHES", Bounded(256))  # only the identity fast path can answer now
     assert policy_rows(steady, "cpu") is table and BatchPlan.of(steady, 8, 3) is plan
     assert torch.equal(policy_rows((b, None, a), "cpu"), table[[2, 1, 0]])  # another tuple, the same extra
     assert BatchPlan.of((a, None), 8, 3).salf is None

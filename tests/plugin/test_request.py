@@ -6,6 +6,7 @@ import pytest
 
 from treespec_sglang.plugin.request import unsupported_reason
 from treespec_sglang.policies import parse_spec
+from treespec_sglang.utils.bounded import Bounded
 
 TREE = [{"policy": "talon"}, {"policy": "salf"}, {"policy": "c2t"}, {"policy": "eagle2", "budget": 4}]
 CHAIN = [{"policy": "chain", "length": 2}, {"policy": "chain", "beta": 0.5}, {"policy": "none"}]
@@ -121,13 +122,15 @@ def test_requests_with_the_same_parameters_share_one_object(monkeypatch):
     def params(spec, defaults=ServerDefaults()):
         return request.request_params(SimpleNamespace(custom_params=spec and {"treespec": spec}), defaults)
 
-    monkeypatch.setattr(request, "_INTERNED", {})
+    monkeypatch.setattr(request, "_INTERNED", Bounded(4096))
     a, b = params({"policy": "talon", "budget": 9}), params({"budget": 9, "policy": "talon"})
     c = params({"policy": "talon", "budget": 10})
     assert a is b and a == parse_spec({"policy": "talon", "budget": 9}) and c is not a and c.budget == 10
     d = ServerDefaults("salf", {"budget": 8})
     assert params(None, d) is params(None, d) is params({"policy": "salf", "budget": 8})
     assert params(None) is None
-    monkeypatch.setattr(request, "_INTERNED", {i: i for i in range(4096)})  # full: starts again
+    full = Bounded(4096)
+    full.update({i: i for i in range(4096)})
+    monkeypatch.setattr(request, "_INTERNED", full)  # full, without a's set: starts again
     e = params({"policy": "talon", "budget": 9})
     assert e == a and e is not a and params({"policy": "talon", "budget": 9}) is e and len(request._INTERNED) == 1

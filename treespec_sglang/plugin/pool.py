@@ -36,6 +36,7 @@ from ..policies.classifier import c2t_features, load_classifier
 from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY, pool_rule_of, registration_of
 from ..policies.token_cap import select_best
+from ..utils.bounded import Bounded
 from .pool_rules import arange, level_policies_keep, parent_entropy, salf_keep, salf_pops, static
 from .rows import (_C, _CLF_SPECS, COLUMNS, _row_values, _rule_row, by_id, classifier_ids, kind_id, per_batch,
                    policy_rows, request_row)
@@ -146,15 +147,13 @@ def keeps_native_tree(p: PolicyParams, N: int, S: int) -> bool:
     own: it takes SGLang's verbatim, ties as SGLang breaks them."""
     keeps = _NATIVE_TREES.get((p, N, S))
     if keeps is None:  # once per parameter set and shape: a batch whose requests change asks for each of them
-        if len(_NATIVE_TREES) > 4096:
-            _NATIVE_TREES.clear()
         v = _row_values(p, False)  # the row the selection reads (a rule's None: unbounded)
-        keeps = _NATIVE_TREES[(p, N, S)] = (pool_rule_of(p).stage in ("rank", "salf") and v[_C["top"]] >= N - 1
-                                            and v[_C["th"]] <= 0 and v[_C["rank_depth"]] >= S)
+        keeps = _NATIVE_TREES.put((p, N, S), pool_rule_of(p).stage in ("rank", "salf") and v[_C["top"]] >= N - 1
+                                  and v[_C["th"]] <= 0 and v[_C["rank_depth"]] >= S)
     return keeps
 
 
-_NATIVE_TREES: Dict[tuple, bool] = {}  # (params, N, S) -> keeps_native_tree
+_NATIVE_TREES: Dict[tuple, bool] = Bounded(4096)  # (params, N, S) -> keeps_native_tree
 
 
 def _rows_of(kind: torch.Tensor, names) -> torch.Tensor:

@@ -44,6 +44,7 @@ import torch
 from ..policies.classifier import C2TClassifier
 from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY
+from ..utils.bounded import Bounded
 from ..utils.syncs import to_device
 from .pool import BatchPlan, PoolView, _Classifiers, unlink_filler
 from .rows import _clf_id, policy_rows
@@ -59,7 +60,7 @@ FLAGS = {"talon": 1, "c2t": 2, "chain": 4, "salf": 8, "conf": 16, "mask_depth": 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pool_kernels_triton.py")
 _KERNELS: Dict[bool, object] = {}  # interpret? -> the loaded source module
 _STAGE_TABLES: Dict[tuple, torch.Tensor] = {}
-_CLF_TABLES: Dict[tuple, tuple] = {}
+_CLF_TABLES: Dict[tuple, tuple] = Bounded(256)  # one entry per classifier set a batch used
 
 
 def kernels(interpret: bool):
@@ -182,10 +183,7 @@ def classifier_table(ids: Sequence[int], device):
             w[j, 3, :h] = m.fc1.bias.float()
             w[j, 4, :h] = m.fc2.weight.float()[0]
             w[j, 5, 0] = m.fc2.bias.float()[0]
-    if len(_CLF_TABLES) > 256:  # one entry per classifier set a batch used: bounded like pool's row cache
-        _CLF_TABLES.clear()
-    hit = _CLF_TABLES[key] = (to_device(torch.tensor(list(ids), dtype=torch.float32), device), w, hb)
-    return hit
+    return _CLF_TABLES.put(key, (to_device(torch.tensor(list(ids), dtype=torch.float32), device), w, hb))
 
 
 def _dummy(dtype, device) -> torch.Tensor:

@@ -19,6 +19,7 @@ from typing import Dict, Optional
 from ..policies import PolicyParams, parse_spec
 from ..policies.registry import pool_rule_of, registration_of
 from ..policies.token_cap import split_batch_option
+from ..utils.bounded import Bounded
 from .classifiers import resolve_request_classifier
 from .config import ServerDefaults
 
@@ -85,7 +86,7 @@ def flag_invalid_items(sampling_params):
     return out
 
 
-_INTERNED: Dict[PolicyParams, PolicyParams] = {}  # parameter set -> the one object every request of it shares
+_INTERNED: Dict[PolicyParams, PolicyParams] = Bounded(4096)  # parameter set -> the one object its requests share
 
 
 def _interned(p: PolicyParams) -> PolicyParams:
@@ -94,11 +95,7 @@ def _interned(p: PolicyParams) -> PolicyParams:
     request is replaced by another of the same parameters, and value-keyed caches find it without ``__eq__``.
     Bounded: past 4096 sets the table starts again (sharing lost for a while, never correctness)."""
     q = _INTERNED.get(p)
-    if q is None:
-        if len(_INTERNED) >= 4096:
-            _INTERNED.clear()
-        q = _INTERNED[p] = p
-    return q
+    return _INTERNED.put(p, p) if q is None else q
 
 
 def request_params(sampling_params, defaults: ServerDefaults) -> Optional[PolicyParams]:

@@ -18,6 +18,7 @@ import torch
 
 from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY, pool_rule_of, registration_of
+from ..utils.bounded import Bounded
 from ..utils.syncs import to_device
 from .classifiers import DEFAULT_NAME, registered
 
@@ -30,7 +31,7 @@ _BIG = 1 << 20
 
 _CLF_IDS: Dict[object, int] = {}  # classifier spec key -> id (the row's "clf" column)
 _CLF_SPECS: List[object] = []
-_ROWS: Dict[tuple, torch.Tensor] = {}  # (params, shares, device) -> [1, F] row, built once
+_ROWS: Dict[tuple, torch.Tensor] = Bounded(4096)  # (params, shares, device) -> [1, F] row, built once
 
 
 def _clf_id(spec) -> int:
@@ -52,7 +53,7 @@ def kind_id(name: str) -> int:
     return 0 if name == "native" else 1 + list(REGISTRY).index(name)
 
 
-_RULE_ROWS: Dict[PolicyParams, dict] = {}  # params -> its pool rule's row, computed once
+_RULE_ROWS: Dict[PolicyParams, dict] = Bounded(4096)  # params -> its pool rule's row, computed once
 
 
 def _rule_row(p: PolicyParams) -> dict:
@@ -64,9 +65,7 @@ def _rule_row(p: PolicyParams) -> dict:
         if unknown:  # checked before caching: every later row of these parameters fails the same way
             raise ValueError(f"{registration_of(p).name}: pool_rule.row gave unknown columns {unknown}; "
                              f"allowed: {list(COLUMNS[1:-1])}")
-        if len(_RULE_ROWS) > 4096:
-            _RULE_ROWS.clear()
-        _RULE_ROWS[p] = row
+        _RULE_ROWS.put(p, row)
     return row
 
 
@@ -106,14 +105,13 @@ def _request_row(p: Optional[PolicyParams], shares: bool, where: str, device) ->
     """:func:`request_row` with the device's name (``where``) worked out once by the caller (a batch's rows)."""
     row = _ROWS.get((p, shares, where))
     if row is None:
-        if len(_ROWS) > 4096:
-            _ROWS.clear()
-        row = _ROWS[(p, shares, where)] = to_device(torch.tensor([_row_values(p, shares)], dtype=torch.float32),
-                                                   device)
+        row = _ROWS.put((p, shares, where), to_device(torch.tensor([_row_values(p, shares)], dtype=torch.float32),
+                                                      device))
     return row
 
 
-_BATCHES: Dict[tuple, tuple] = {}  # (what, ids of the batch's params, ...) -> (the params, kept alive; value)
+# (what, ids of the batch's params, extra) -> (the params, kept alive; value): one per composition seen lately
+_BATCHES: Dict[tuple, tuple] = Bounded(256)
 _LAST: Dict[str, tuple] = {}  # what -> (the last params tuple, extra, value): a steady batch's hit by identity
 
 
@@ -130,9 +128,7 @@ def per_batch(what: str, params: Sequence, extra: tuple, build):
     key = (what, tuple(map(id, params)), extra)
     hit = _BATCHES.get(key)
     if hit is None:
-        if len(_BATCHES) > 256:  # one entry per composition seen lately: bounded
-            _BATCHES.clear()
-        hit = _BATCHES[key] = (tuple(params), build())
+        hit = _BATCHES.put(key, (tuple(params), build()))
     if type(params) is tuple:
         _LAST[what] = (params, extra, hit[1])
     return hit[1]

@@ -1,4 +1,4 @@
-"""Small shared helpers (host-sync accounting, CUDA-graph capture)."""
+"""Small shared helpers (host-sync accounting, CUDA-graph capture, bounded memo tables)."""
 
 from .syncs import SyncCounter, count_host_syncs
 
