@@ -8,16 +8,19 @@
 #   STEPS=random bash bench/gpu_session.sh               # round times, no model files (two engines: ~5 min)
 #   STEPS=profile bash bench/gpu_session.sh               # the demo target: auto vs torch vs native vs plain
 #   STEPS=flashinfer,bf16,eagle3 bash bench/gpu_session.sh
+#   STEPS=fi,firandom bash bench/gpu_session.sh           # FlashInfer carried (bench/gpu_flashinfer.sh), no model files
 #
 # Steps: tests (pytest -m gpu, one file per process: bench/gpu_tests.sh); host (the hooks' host time per round,
 # bench/round_host_cost.py, on this GPU's host with real CUDA dispatch, the selection's device work stubbed); random
 # (the profile below on a random-weight target of the demo target's shape: round times and outputs == plain, no
 # accept lengths); profile (float32, Triton attention, selection auto vs torch, beside native and plain, outputs
-# compared with plain); flashinfer (padded, ragged and tuned verify per batch size); bf16; eagle3 (the shipped EAGLE-3
+# compared with plain); fi (installs the carried FlashInfer: bench/gpu_flashinfer.sh); firandom (SGLang's FlashInfer
+# backend, bf16, on the random target: our custom-mask verify's outputs against plain and its round times);
+# flashinfer (padded, ragged and tuned verify per batch size on the demo target); bf16; eagle3 (the shipped EAGLE-3
 # head). Each profile runs concurrency 1, 16 and 64 over 64 prompts (held-out ones on the demo target).
 set -uo pipefail
 OUT=${OUT:-bench/measured/gpu-run}
-STEPS=${STEPS:-tests,host,random,profile,flashinfer,bf16,eagle3}
+STEPS=${STEPS:-tests,host,random,fi,firandom,profile,flashinfer,bf16,eagle3}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/card.txt" 2>&1 || true
 PROFILE=(python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --no-ops)
@@ -38,8 +41,12 @@ step host 90 python bench/round_host_cost.py --device cuda --json "$OUT/round_ho
 # before the demo target's files are there: the round times on a random target of its shape (no tokenizer)
 # (16 new tokens: on an H100 the two engines' starts and the per-size warm-ups took most of 5 minutes)
 step random 420 "${PROFILE[@]}" --target random --plain --select auto --max-new-tokens 16 --out "$OUT/random.json"
+step fi 120 bash bench/gpu_flashinfer.sh install
+step firandom 420 "${PROFILE[@]}" --target random --attention flashinfer --dtype bfloat16 --plain --select auto \
+    --max-new-tokens 16 --out "$OUT/flashinfer_random.json"
 step profile 540 "${PROFILE[@]}" --plain --select auto,torch --out "$OUT/profile.json"
-step flashinfer 540 "${PROFILE[@]}" --attention flashinfer --select auto --ragged 0,1,tuned \
+# FlashInfer has no float32 kernels: bf16, beside the bf16 step's Triton figures
+step flashinfer 540 "${PROFILE[@]}" --attention flashinfer --dtype bfloat16 --select auto --ragged 0,1,tuned \
     --out "$OUT/flashinfer_ragged.json"
 step bf16 240 "${PROFILE[@]}" --dtype bfloat16 --plain --select auto --out "$OUT/bf16.json"
 step eagle3 240 "${PROFILE[@]}" --draft demo-eagle3 --select auto --out "$OUT/eagle3.json"

@@ -22,8 +22,8 @@ and ``--passes K`` serves every set K times in turn, each pass a share of the pr
 
     python bench/plugin_round_profile.py --bs 1,4 --out bench/measured/<machine>/plugin_round_profile.json
     python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --plain --select auto,torch
-    python bench/plugin_round_profile.py --device cuda --attention flashinfer --bs 1,16,64 --prompts 64 \
-        --ragged 0,1,tuned
+    python bench/plugin_round_profile.py --device cuda --attention flashinfer --dtype bfloat16 --bs 1,16,64 \
+        --prompts 64 --ragged 0,1,tuned
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def start(a, env: dict, speculative: bool = True):
         return lambda ids, sp: host.generate(input_ids=ids, sampling_params=sp), host.close
     os.environ.update(env)  # inherited by the scheduler processes
     import sglang as sgl
-    llm = sgl.Engine(model_path=model, dtype=a.dtype, attention_backend=a.attention,
-                     sampling_backend="flashinfer" if a.attention == "flashinfer" else "pytorch",
+    # greedy: the sampling backend draws nothing; pytorch's spares FlashInfer's sampling JIT on a new GPU machine
+    llm = sgl.Engine(model_path=model, dtype=a.dtype, attention_backend=a.attention, sampling_backend="pytorch",
                      mem_fraction_static=0.35, cuda_graph_max_bs_decode=max(64, max(a.bs)), random_seed=0,
                      log_level="warning", disable_prefill_cuda_graph=True, **spec)
     return lambda ids, sp: llm.generate(input_ids=ids, sampling_params=sp), llm.shutdown
@@ -340,7 +340,8 @@ def machine(device: str) -> str:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--attention", default="triton", help="CUDA: SGLang's attention backend (triton, flashinfer)")
+    ap.add_argument("--attention", default="triton", choices=("triton", "flashinfer"),
+                    help="CUDA: SGLang's attention backend (FlashInfer: --dtype bfloat16 or float16)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--sync", action="store_true", help="CUDA: charge each part its device time")
     ap.add_argument("--bs", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
@@ -363,8 +364,18 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, checked before any engine starts: FlashInfer has no float32 attention kernels (its JIT
+    modules take fp16, bf16 and fp8), so SGLang's FlashInfer backend would fail at its first forward."""
+    ap = parser()
+    a = ap.parse_args(argv)
+    if a.device == "cuda" and a.attention == "flashinfer" and a.dtype == "float32":
+        ap.error("--attention flashinfer needs --dtype bfloat16 or float16: FlashInfer has no float32 kernels")
+    return a
+
+
 def main(argv=None):
-    a = parser().parse_args(argv)
+    a = parse_args(argv)
     from treespec_sglang.data.prompts import humaneval, mtbench
     from treespec_sglang.engine import SpecEngine
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from bench import round_host_cost
-from bench.plugin_round_profile import parser
+from bench.plugin_round_profile import parse_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,22 +42,23 @@ def run_script(tmp_path, steps, script="bench/gpu_session.sh", wrap=(), **env):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
 def test_every_profile_step_parses_and_runs_in_order(tmp_path):
-    done, calls, out = run_script(tmp_path, "eagle3,profile,flashinfer,bf16,host,random,tests")
+    done, calls, out = run_script(tmp_path, "eagle3,profile,flashinfer,firandom,bf16,host,random,tests")
     assert done.returncode == 0, done.stderr
     tests, calls = calls[:3], calls[3:]  # the GPU tests: a collection, then one run per file (bench/gpu_tests.sh)
     assert "--collect-only" in tests[0] and [t.split()[-5] for t in tests[1:]] == \
         ["tests/plugin/test_a.py", "tests/training/test_b.py"]
     assert [c.split()[0] for c in calls] == ["bench/round_host_cost.py"] + \
-        ["bench/plugin_round_profile.py"] * 5  # the script's order
-    for c in calls[1:]:
-        a = parser().parse_args(c.split()[1:])
-        assert a.device == "cuda" and a.bs == [1, 16, 64] and a.out.startswith(str(out))
-    assert "--target random" in calls[1] and all("--target" not in c for c in calls[2:])
-    assert "--ragged 0,1,tuned" in calls[3] and "--attention flashinfer" in calls[3]
-    assert "--draft demo-eagle3" in calls[5]
+        ["bench/plugin_round_profile.py"] * 6  # the script's order
+    profiles = [parse_args(c.split()[1:]) for c in calls[1:]]  # checked as the script checks: FlashInfer never float32
+    assert all(a.device == "cuda" and a.bs == [1, 16, 64] and a.out.startswith(str(out)) for a in profiles)
+    assert [a.target for a in profiles] == ["random", "random", "demo", "demo", "demo", "demo"]
+    assert [a.attention for a in profiles] == ["triton", "flashinfer", "triton", "flashinfer", "triton", "triton"]
+    assert profiles[1].plain and profiles[1].dtype == "bfloat16" and profiles[3].ragged == "0,1,tuned"
+    assert profiles[5].draft == "demo-eagle3"
     assert round_host_cost.parser().parse_args(calls[0].split()[1:]).device == "cuda"
     status = (out / "steps.txt").read_text().splitlines()
-    assert [s.split(":")[0] for s in status] == ["tests", "host", "random", "profile", "flashinfer", "bf16", "eagle3"]
+    assert [s.split(":")[0] for s in status] == ["tests", "host", "random", "firandom", "profile", "flashinfer",
+                                                 "bf16", "eagle3"]
     assert all("rc 0" in s for s in status) and (out / "profile.log").read_text().startswith("ran ")
     # every step's output also reaches the call's stdout (what returns when $OUT does not), in the steps' order
     ran = [ln for ln in done.stdout.splitlines() if ln.startswith("ran ")]
@@ -98,3 +99,18 @@ def test_a_term_from_outside_stops_the_file_running(tmp_path):
 def test_collections_own_status_is_reported(tmp_path):
     done, calls, _ = run_script(tmp_path, "", script="bench/gpu_tests.sh", NO_TESTS="1")
     assert done.returncode == 5 and "(collection rc 5)" in done.stdout and len(calls) == 1
+
+
+@pytest.mark.parametrize("dtype, ok", [("float32", False), ("bfloat16", True), ("float16", True)])
+def test_flashinfer_is_refused_in_float32_before_an_engine_starts(dtype, ok, capsys):
+    """FlashInfer's JIT has no float32 kernels: such a run would fail at SGLang's first forward, after the engine's
+    start had spent a GPU call's minutes; Triton takes float32, and the CPU ignores ``--attention``."""
+    argv = ["--device", "cuda", "--attention", "flashinfer", "--dtype", dtype]
+    if ok:
+        assert parse_args(argv).dtype == dtype
+    else:
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert "--attention flashinfer needs --dtype bfloat16 or float16" in capsys.readouterr().err
+    assert parse_args(["--device", "cuda", "--attention", "triton", "--dtype", dtype]).dtype == dtype
+    assert parse_args(["--attention", "flashinfer", "--dtype", dtype]).device == "cpu"

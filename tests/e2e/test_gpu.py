@@ -10,7 +10,8 @@ test, and ``launch_server`` with the OpenAI client and ``/metrics``.
 Float32. A greedy mismatch on a GPU passes only as a documented near-tie: the first differing token's two
 candidates are within ``NEAR_TIE`` of each other in the target's own logits at that position (transformers,
 float32, this GPU), and the test prints the margin. ``TREESPEC_GPU_ATTENTION=flashinfer`` runs SGLang's
-FlashInfer backend (the custom-mask verify path) instead of Triton; ``TREESPEC_SELECT=triton`` (inherited by
+FlashInfer backend (the custom-mask verify path) instead of Triton, in bf16 (FlashInfer has no float32 kernels),
+where a near-tie is one within bf16's bound (:data:`~treespec_sglang.engine.exactness.TIE_BOUND`); ``TREESPEC_SELECT=triton`` (inherited by
 the engines' processes) selects every tree with the fused Triton kernel instead of the torch selection.
 """
 
@@ -26,13 +27,16 @@ if not torch.cuda.is_available():
 from tests.e2e.conftest import (N_NEW, POLICIES, free_port, get, greedy_params, same_tokens,  # noqa: E402
                                 serving, shipped_draft)
 from tests.e2e.law import Z2, chi2_stat, chi2_threshold, draw_pairs, temperature_z  # noqa: E402
+from treespec_sglang.engine.exactness import TIE_BOUND  # noqa: E402
 from treespec_sglang.plugin.cpu.host import eagle_kwargs  # noqa: E402
 from treespec_sglang.plugin.graph_log import ENV_GRAPH_LOG, read_counts  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sglang, pytest.mark.e2e, pytest.mark.slow]
 
-NEAR_TIE = 0.01  # logits: float32 kernels of different shapes order closer candidates either way
 ATTENTION = os.environ.get("TREESPEC_GPU_ATTENTION", "triton")
+DTYPE = "bfloat16" if ATTENTION == "flashinfer" else "float32"  # FlashInfer's JIT takes fp16, bf16 and fp8 only
+# logits: float32 kernels of different shapes order closer candidates either way; bf16 rounds far more
+NEAR_TIE = 0.01 if DTYPE == "float32" else TIE_BOUND
 CONFIGS = {"eagle-4-3-8": (4, 3, 8, "EAGLE"), "eagle-8-5-32": (8, 5, 32, "EAGLE"), "eagle3-4-3-8": (4, 3, 8, "EAGLE3")}
 
 
@@ -46,9 +50,9 @@ def policies(topk, steps, n):
 
 
 def gpu_engine_kwargs(target, **spec):
-    """``sgl.Engine`` arguments on a CUDA GPU: float32, decode / draft / verify / draft-extend graphs on (the
-    prefill graph off: a minute per start, and no speculative round replays it)."""
-    kw = dict(model_path=target, dtype="float32", attention_backend=ATTENTION,
+    """``sgl.Engine`` arguments on a CUDA GPU: float32 (bf16 with FlashInfer), decode / draft / verify /
+    draft-extend graphs on (the prefill graph off: a minute per start, and no speculative round replays it)."""
+    kw = dict(model_path=target, dtype=DTYPE, attention_backend=ATTENTION,
               sampling_backend="flashinfer" if ATTENTION == "flashinfer" else "pytorch", mem_fraction_static=0.35,
               cuda_graph_max_bs_decode=32, max_running_requests=32, random_seed=0, log_level="warning",
               disable_prefill_cuda_graph=True)
