@@ -3,18 +3,19 @@
 # FlashInfer, the GPU machine's image has none and no network, and SGLang's FlashInfer backend (our custom-mask
 # verify path) needs it; FlashInfer also has no float32 kernels, so its runs are bf16.
 #
-#   bash bench/gpu_flashinfer.sh pack      # here, from the repository root: gpu/fi1 gpu/fi2 ... (git-ignored; fi1
-#       # rides beside gpu/s2, each other piece in a call of its own): flashinfer-python 0.7.2 with
-#       # its attention modules compiled here for sm_90a (bench/gpu_flashinfer_aot.py; loaded as is there), without
-#       # the sources of kernel families SGLang's attention never builds (MoE, GEMM, comm, sampling add-ons)
+#   bash bench/gpu_flashinfer.sh pack      # here, from the repository root: gpu/fi1 (7 MB, beside gpu/s1) and
+#       # gpu/fi2 (~8 MB, beside gpu/s2), git-ignored: flashinfer-python 0.7.2 with its attention modules compiled
+#       # here for sm_90a (bench/gpu_flashinfer_aot.py; loaded as is there), without the sources of the kernel
+#       # families SGLang's attention never builds (MoE, GEMM, comm, ...). About 6 minutes the first time.
 #   bash bench/gpu_flashinfer.sh install   # there, in every call that carries a piece: stages it in $STAGE; once
-#       # all pieces are staged, unpacks the package into $SITE (the test bed's site on PYTHONPATH). Idempotent.
+#       # all pieces are staged, unpacks the package into $SITE, a folder of its own: only the FlashInfer steps put
+#       # it on PYTHONPATH (SGLang uses FlashInfer wherever it imports, so the Triton runs stay as they were)
 #
 # Environment: FI_WHL (the wheel cache, filled here when empty), FI_AOT (compiled modules kept between packs),
-# SITE (default /root/site), STAGE (default /root/stage/fi), FIRST_MB and REST_MB (the pieces' sizes).
+# SITE (default /root/site-flashinfer), STAGE (default /root/stage/fi), FIRST_MB and REST_MB (the pieces' sizes).
 set -euo pipefail
 VERSION=0.7.2
-FIRST_MB=${FIRST_MB:-14}  # the first piece's size (it rides beside gpu/s2); the others up to REST_MB each
+FIRST_MB=${FIRST_MB:-7}  # the first piece's size (beside gpu/s1 in a call); the others up to REST_MB each
 REST_MB=${REST_MB:-32}
 cmd=${1:-}
 
@@ -45,17 +46,22 @@ pack)
     echo '#include <cuda.h>' | gcc -E -I"$CUDA/include" - | grep -oE '\bcu[A-Z][A-Za-z0-9_]*[[:space:]]*\(' \
         | tr -d '( \t' | sort -u | sed 's/.*/void &(void) {}/' > "$T/stubs/cuda_stub.c"
     gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$T/stubs/libcuda.so" "$T/stubs/cuda_stub.c"
+    # FA3 includes CUTLASS's utilities, which include cuRAND's device header: not in this toolkit, in its wheel
+    ls "$FI_WHL"/nvidia_curand-*.whl > /dev/null 2>&1 || python3 -m pip download -q --no-deps -d "$FI_WHL" nvidia-curand
+    unzip -q -o "$(ls "$FI_WHL"/nvidia_curand-*.whl | head -1)" 'nvidia/cu13/include/*' -d "$T/curand"
     # the build folder is kept between packs: ninja rebuilds only what changed
-    FLASHINFER_WORKSPACE_BASE="$FI_AOT/../ws" FLASHINFER_EXTRA_LDFLAGS="-L$T/stubs" PYTHONPATH="$T/pkg:$T/deps" \
+    FLASHINFER_WORKSPACE_BASE="$FI_AOT/../ws" FLASHINFER_EXTRA_LDFLAGS="-L$T/stubs" \
+        FLASHINFER_EXTRA_CUDAFLAGS="-I$T/curand/nvidia/cu13/include" PYTHONPATH="$T/pkg:$T/deps" \
         python3 "$REPO/bench/gpu_flashinfer_aot.py" "$FI_AOT"
     mkdir -p "$T/pkg/flashinfer/data/aot" && cp -r "$FI_AOT"/. "$T/pkg/flashinfer/data/aot/"
     # the kernel families' sources SGLang's attention backend never compiles (kept: include/, cutlass, cccl, spdlog
     # and csrc's own files, so a module missing from data/aot still compiles there)
     find "$T/pkg/flashinfer/data/csrc" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
-    rm -rf "$T/pkg/flashinfer/data/cutlass/examples" "$T/pkg/flashinfer/data/cutlass/tools"
+    rm -rf "$T/pkg/flashinfer/data/cutlass/examples"
     find "$T/pkg" -name __pycache__ -type d -prune -exec rm -rf {} +
     tar -C "$T/pkg" -cf - flashinfer "flashinfer_python-$VERSION.dist-info" | xz -T0 -6 > "$T/fi.tar.xz"
-    # a call carries the checkout (~33 MB) and at most 64 MiB in all: the first piece rides beside gpu/s2 (19 MB)
+    # a call carries the checkout (~33 MB) and at most 64 MiB in all: the pieces ride beside gpu/s1 (~27 MB with
+    # gpu/jit) and gpu/s2 (19 MB), so FlashInfer costs no call of its own
     rm -rf "$REPO"/gpu/fi[0-9]*
     head -c $((FIRST_MB * 1000000)) "$T/fi.tar.xz" > "$T/fi.tar.xz.part00"
     tail -c +$((FIRST_MB * 1000000 + 1)) "$T/fi.tar.xz" | split -b $((REST_MB * 1000000)) -d -a 2 \
@@ -71,7 +77,7 @@ pack)
     du -sh "$REPO"/gpu/fi*
     ;;
 install)
-    SITE=${SITE:-/root/site}
+    SITE=${SITE:-/root/site-flashinfer}
     STAGE=${STAGE:-/root/stage/fi}
     mkdir -p "$STAGE"
     for d in gpu/fi*; do [ -d "$d" ] && cp "$d"/* "$STAGE"/ && echo "FLASHINFER: staged $d"; done

@@ -41,12 +41,14 @@ step host 90 python bench/round_host_cost.py --device cuda --json "$OUT/round_ho
 # before the demo target's files are there: the round times on a random target of its shape (no tokenizer)
 # (16 new tokens: on an H100 the two engines' starts and the per-size warm-ups took most of 5 minutes)
 step random 420 "${PROFILE[@]}" --target random --plain --select auto --max-new-tokens 16 --out "$OUT/random.json"
+# FlashInfer (carried: bench/gpu_flashinfer.sh) sits in a site of its own, on the path of its steps only
+WITH_FI=(env "PYTHONPATH=${FI_SITE:-/root/site-flashinfer}${PYTHONPATH:+:$PYTHONPATH}")
 step fi 120 bash bench/gpu_flashinfer.sh install
-step firandom 420 "${PROFILE[@]}" --target random --attention flashinfer --dtype bfloat16 --plain --select auto \
-    --max-new-tokens 16 --out "$OUT/flashinfer_random.json"
+step firandom 420 "${WITH_FI[@]}" "${PROFILE[@]}" --target random --attention flashinfer --dtype bfloat16 --plain \
+    --select auto --max-new-tokens 16 --out "$OUT/flashinfer_random.json"
 step profile 540 "${PROFILE[@]}" --plain --select auto,torch --out "$OUT/profile.json"
 # FlashInfer has no float32 kernels: bf16, beside the bf16 step's Triton figures
-step flashinfer 540 "${PROFILE[@]}" --attention flashinfer --dtype bfloat16 --select auto --ragged 0,1,tuned \
+step flashinfer 540 "${WITH_FI[@]}" "${PROFILE[@]}" --attention flashinfer --dtype bfloat16 --select auto --ragged 0,1,tuned \
     --out "$OUT/flashinfer_ragged.json"
 step bf16 240 "${PROFILE[@]}" --dtype bfloat16 --plain --select auto --out "$OUT/bf16.json"
 step eagle3 240 "${PROFILE[@]}" --draft demo-eagle3 --select auto --out "$OUT/eagle3.json"

@@ -19,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # sleeps (a test stuck on the device)
 FAKE = """#!/bin/sh
 printf "%s\\n" "$*" >> {calls}
+printf "%s\\n" "${{PYTHONPATH:-}}" >> {calls}.path
 case "$*" in *--collect-only*) [ -n "$NO_TESTS" ] && exit 5
     printf "tests/plugin/test_a.py::t[cuda]\\ntests/training/test_b.py::u\\n"; exit 0;; esac
 case "$*" in *"$HANG"*) [ -n "$HANG" ] && sleep 30;; esac
@@ -42,8 +43,12 @@ def run_script(tmp_path, steps, script="bench/gpu_session.sh", wrap=(), **env):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
 def test_every_profile_step_parses_and_runs_in_order(tmp_path):
-    done, calls, out = run_script(tmp_path, "eagle3,profile,flashinfer,firandom,bf16,host,random,tests")
+    done, calls, out = run_script(tmp_path, "eagle3,profile,flashinfer,firandom,bf16,host,random,tests",
+                                  FI_SITE="/fi-site", PYTHONPATH="/bed")
     assert done.returncode == 0, done.stderr
+    paths = (tmp_path / "calls.txt.path").read_text().splitlines()[3:]  # the benchmarks' (after the GPU tests')
+    # FlashInfer's site on the path of its two steps only: SGLang uses FlashInfer wherever it can import it
+    assert paths == ["/bed", "/bed", "/fi-site:/bed", "/bed", "/fi-site:/bed", "/bed", "/bed"]
     tests, calls = calls[:3], calls[3:]  # the GPU tests: a collection, then one run per file (bench/gpu_tests.sh)
     assert "--collect-only" in tests[0] and [t.split()[-5] for t in tests[1:]] == \
         ["tests/plugin/test_a.py", "tests/training/test_b.py"]
