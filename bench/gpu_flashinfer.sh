@@ -3,8 +3,8 @@
 # FlashInfer, the GPU machine's image has none and no network, and SGLang's FlashInfer backend (our custom-mask
 # verify path) needs it; FlashInfer also has no float32 kernels, so its runs are bf16.
 #
-#   bash bench/gpu_flashinfer.sh pack      # here, from the repository root: gpu/fi1 (7 MB, beside gpu/s1) and
-#       # gpu/fi2 (~8 MB, beside gpu/s2), git-ignored: flashinfer-python 0.7.2 with its attention modules compiled
+#   bash bench/gpu_flashinfer.sh pack      # here, from the repository root: gpu/fi1 (5 MB, beside gpu/s1) and
+#       # gpu/fi2 (~10 MB, beside gpu/s2), git-ignored: flashinfer-python 0.7.2 with its attention modules compiled
 #       # here for sm_90a (bench/gpu_flashinfer_aot.py; loaded as is there), without the sources of the kernel
 #       # families SGLang's attention never builds (MoE, GEMM, comm, ...). About 6 minutes the first time.
 #   bash bench/gpu_flashinfer.sh install   # there, in every call that carries a piece: stages it in $STAGE; once
@@ -15,7 +15,7 @@
 # SITE (default /root/site-flashinfer), STAGE (default /root/stage/fi), FIRST_MB and REST_MB (the pieces' sizes).
 set -euo pipefail
 VERSION=0.7.2
-FIRST_MB=${FIRST_MB:-7}  # the first piece's size (beside gpu/s1 in a call); the others up to REST_MB each
+FIRST_MB=${FIRST_MB:-5}  # the first piece's size (beside gpu/s1 in a call); the others up to REST_MB each
 REST_MB=${REST_MB:-32}
 cmd=${1:-}
 
