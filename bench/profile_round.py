@@ -56,10 +56,10 @@ def profile(engine, prompts, spec, max_new_tokens):
     from treespec_sglang.engine.kv_cache import KVCache
 
     clock = Clock()
-    saved = {}
+    saved = []  # (object, attribute, original): a list, as some objects (dataclasses) are unhashable
 
     def patch(obj, attr, name):
-        saved[(obj, attr)] = getattr(obj, attr)
+        saved.append((obj, attr, getattr(obj, attr)))
         setattr(obj, attr, clock.wrap(name, getattr(obj, attr)))
 
     patch(E, "grow_tree", "tree build")
@@ -67,8 +67,8 @@ def profile(engine, prompts, spec, max_new_tokens):
     patch(E, "walk_greedy", "verify walk")
     patch(KVCache, "compact", "KV commit")
     patch(engine, "_round", "other")
-    patch(engine, "_logits", "target LM head")
-    patch(engine, "_draft_logprobs", "draft LM head")
+    patch(engine.calls, "logits", "target LM head")  # the model calls every stage takes (engine/calls.py)
+    patch(engine.calls, "draft_logprobs", "draft LM head")
     patch(engine.target, "forward", "verify forward")
     patch(engine.draft, "forward", "draft forward")
     patch(engine, "_plain", "plain")
@@ -78,7 +78,7 @@ def profile(engine, prompts, spec, max_new_tokens):
             out += engine.generate([p], max_new_tokens=max_new_tokens, policy=spec)
         wall = time.perf_counter() - t0
     finally:
-        for (obj, attr), fn in saved.items():
+        for obj, attr, fn in saved:
             if isinstance(obj, type) or obj is E:
                 setattr(obj, attr, fn)
             else:
