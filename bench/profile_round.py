@@ -120,7 +120,8 @@ def main(argv=None):
         base = profile(engine, prompts, None, a.max_new_tokens) if spec is not None else r
         r.update(dtype=name, plain_wall_s=base["wall_s"], plain_ms_per_token=1e3 * base["wall_s"] / base["tokens"])
         rows.append(r)
-        print(f"\n{name}: {a.policy} {spec}  {r['tokens']} tokens in {r['rounds']} rounds, tau {r['tau']:.2f}, "
+        label = "plain" if spec is None else spec.get("policy", a.policy)  # --policy-json names its own
+        print(f"\n{name}: {label} {spec}  {r['tokens']} tokens in {r['rounds']} rounds, tau {r['tau']:.2f}, "
               f"{r['wall_s']:.2f} s (plain {base['wall_s']:.2f} s: {base['wall_s'] / r['wall_s']:.2f}x)")
         total = sum(v for k, v in r["ms_per_round"].items())
         for k, v in sorted(r["ms_per_round"].items(), key=lambda kv: -kv[1]):
