@@ -34,14 +34,14 @@ pack)
     # test bed's stack apache-tvm-ffi: here they go to a folder of their own, for the build only
     python3 -m pip install -q --no-deps --target "$T/deps" nvidia-ml-py einops tabulate "apache-tvm-ffi==0.1.11" \
         cuda-bindings cuda-pathfinder
-    # FlashInfer links its modules with -lcuda: the driver's library, which this machine (no GPU) lacks. A stand-in
-    # with the driver's soname and every entry point cuda.h declares (empty: only the link reads it) lets the link
-    # record libcuda.so.1, which the GPU machine's driver provides
     # the toolkit: CUDA_HOME, else the folder of the nvcc a wrapper on PATH runs (as on this machine) or nvcc's own
     NVCC=$(readlink -f "$(command -v nvcc)")
     [ "$(head -c 2 "$NVCC")" = "#!" ] && NVCC=$(grep -oE '/[^ "]*/bin/nvcc' "$NVCC" | head -1)
     CUDA=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
     export CUDA_HOME=$CUDA
+    # FlashInfer links its modules with -lcuda, the driver's library, which this machine (no GPU) lacks: a stand-in
+    # with the driver's soname and every entry point cuda.h declares (empty: only the link reads it; a module that
+    # calls the driver records libcuda.so.1, the GPU machine's driver; the four here need libcudart.so.13 only)
     mkdir -p "$T/stubs"
     echo '#include <cuda.h>' | gcc -E -I"$CUDA/include" - | grep -oE '\bcu[A-Z][A-Za-z0-9_]*[[:space:]]*\(' \
         | tr -d '( \t' | sort -u | sed 's/.*/void &(void) {}/' > "$T/stubs/cuda_stub.c"
@@ -92,10 +92,11 @@ install)
     [ "$(sha256sum "$STAGE/fi.tar.xz" | cut -d' ' -f1)" = "$(cat "$STAGE/fi.tar.xz.sha256")" ] \
         || { echo "FLASHINFER: the pieces do not make the packed archive (sha256)"; exit 1; }
     mkdir -p "$SITE" && tar -C "$SITE" -xJf "$STAGE/fi.tar.xz" && rm "$STAGE/fi.tar.xz"
-    touch "$SITE/flashinfer/.treespec-installed"
+    # marked installed only once it imports (with the test bed's site on PYTHONPATH: tvm-ffi is there)
     PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" python3 -c \
         "import flashinfer, os; print('FLASHINFER: installed', flashinfer.__version__, 'with',
 len(os.listdir(os.path.join(os.path.dirname(flashinfer.__file__), 'data', 'aot'))), 'modules compiled ahead')"
+    touch "$SITE/flashinfer/.treespec-installed"
     ;;
 *)
     echo "usage: bash bench/gpu_flashinfer.sh pack|install" >&2

@@ -19,11 +19,11 @@ SCRIPT = os.path.join(ROOT, "bench", "gpu_flashinfer.sh")
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
 
 
-def packed() -> bytes:
+def packed(init: bytes = b"__version__ = '0.7.2'\n") -> bytes:
     """A stand-in FlashInfer (a version, one module compiled ahead) as ``pack`` writes it: a tar.xz."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in [("flashinfer/__init__.py", b"__version__ = '0.7.2'\n"),
+        for name, data in [("flashinfer/__init__.py", init),
                            ("flashinfer/data/aot/m/m.so", b"\0" * 4096),
                            ("flashinfer_python-0.7.2.dist-info/METADATA", b"Name: flashinfer-python\n")]:
             info = tarfile.TarInfo(name)
@@ -76,6 +76,18 @@ def test_pieces_that_do_not_make_the_archive_are_refused(tmp_path):
     done = install(tmp_path / "call", site, stage)
     assert done.returncode == 1 and "do not make the packed archive" in done.stdout
     assert not (site / "flashinfer").exists()
+
+
+def test_a_package_that_does_not_import_is_not_marked_installed(tmp_path):
+    """A dependency missing there fails the install loudly, and the next call tries again (not "already installed")."""
+    data = packed(init=b"import a_module_the_gpu_image_lacks\n")
+    site, stage = tmp_path / "site", tmp_path / "stage"
+    carry(tmp_path / "call", {1: data}, hashlib.sha256(data).hexdigest(), 1)
+    done = install(tmp_path / "call", site, stage)
+    assert done.returncode != 0 and "a_module_the_gpu_image_lacks" in done.stderr
+    assert not (site / "flashinfer" / ".treespec-installed").exists()
+    again = install(tmp_path / "call", site, stage)
+    assert again.returncode != 0 and "already installed" not in again.stdout
 
 
 def test_a_command_is_required():
