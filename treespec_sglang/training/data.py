@@ -159,6 +159,9 @@ def load_shards(out_dir: str) -> List[DistillShard]:
     out = []
     for name in man["shards"]:
         t = load_file(os.path.join(out_dir, name))
+        if "hidden" not in t:  # tokens only (the shipped data): the target's states are made from them here
+            raise ValueError(f"{out_dir}/{name}: tokens without the target's hidden states; make them with "
+                             f"`treespec train states --data {out_dir} --out DIR` and use DIR")
         out.append(DistillShard(t["tokens"], t["hidden"], t["loss_mask"], t["offsets"]))
     return out
 
