@@ -117,14 +117,25 @@ def test_a_round_takes_the_fixed_keep_the_graph_or_the_eager_cut(monkeypatch):
     assert sizes is None and keep.sum(-1).tolist() == want and len(chain_graph.CUT_GRAPHS) == 1
 
 
-def test_with_a_verify_group_the_graphs_cut_is_rank_0s():
+@pytest.mark.parametrize("width", [1, 2])
+def test_with_a_verify_group_the_graphs_cut_is_rank_0s(width):
+    """Ranks that verify together keep rank 0's cut (one broadcast); a group of one rank (a one-GPU server's
+    verify group is one: never None there) keeps the graph's own keep and sizes, no op a round."""
     sent = []
-    group = SimpleNamespace(world_size=2, rank_in_group=1, broadcast=lambda t, src=0: sent.append(t.clone()) or t)
+    group = SimpleNamespace(world_size=width, rank_in_group=width - 1,
+                            broadcast=lambda t, src=0: sent.append(t.clone()) or t)
     params = [parse_spec(p) if p else None for p in PARAMS]
     record(step_logits(4), 4)
-    keep, sizes = chain_keep(ChainStopper(params, S, "cpu"), 4, N, group)
-    assert len(sent) == 1 and sizes is None
-    assert keep.sum(-1).tolist() == [n + 1 for n in plain_lengths(params, step_logits(4))]
+    stop = ChainStopper(params, S, "cpu")
+    keep, sizes = chain_keep(stop, 4, N, group)
+    want = [n + 1 for n in plain_lengths(params, step_logits(4))]
+    assert keep.sum(-1).tolist() == want
+    if width > 1:
+        assert len(sent) == 1 and sizes is None
+        return
+    assert not sent and sizes.tolist() == want
+    graph = chain_graph.CUT_GRAPHS[((4, S - 1, "cpu"), N)]
+    assert keep.data_ptr() == graph.keep.data_ptr()  # the graph's static output, not a keep rebuilt
 
 
 @pytest.mark.parametrize("on", [True, False])

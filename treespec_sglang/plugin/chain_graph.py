@@ -32,6 +32,7 @@ from .chain_stop import (_STASH, ChainStopper, chain_graph_enabled, cut_lengths,
 from .classifiers import registered
 from .draft_select import replays_selection
 from .pool import _Classifiers
+from .ranks import _group_size
 from .rows import COLUMNS, _clf_id
 from .select_graph import StaticRows, captured
 
@@ -115,7 +116,8 @@ def chain_keep(stopper: ChainStopper, rows: Optional[int], n_nodes: int,
     """A chain round's ``(keep [bs, N] bool, sizes [bs] int64 or None)``.
 
     ``rows``: the replayed draft graph's padded batch (None: the draft ran eagerly); ``group``: the verify group
-    whose rank 0's cut every rank keeps (None: one rank, or a cut from the rows' lengths alone). A batch without a
+    whose rank 0's cut every rank keeps (None or a group of one rank, as a one-GPU server's is: nothing to agree
+    on; None also for a cut from the rows' lengths alone). A batch without a
     C2T row takes its fixed keep (no op); a C2T batch after a replay its :class:`CutGraph` where the selection is
     replayed too (:func:`.draft_select.replays_selection`: ``graph``, or ``auto`` on CUDA), else the eager cut."""
     if not stopper.reads_steps:
@@ -124,7 +126,7 @@ def chain_keep(stopper: ChainStopper, rows: Optional[int], n_nodes: int,
         steps = stopper.steps(rows)
         key = (rows, stopper.num_steps - 1, str(stopper.device))
         length, keep, sizes = cut_graph_for(steps, key, n_nodes, stopper.clf_ids).run(stopper.rows)
-        if group is None:
+        if _group_size(group) <= 1:  # alone: the graph's keep and sizes as they are
             return keep, sizes
         return keep_mask(length, n_nodes, group), None  # rank 0's cut on every rank
     return keep_mask(stopper.cut(rows), n_nodes, group), None
