@@ -14,6 +14,7 @@ from treespec_sglang.policies import parse_spec
 
 pytest.importorskip("triton")
 from treespec_sglang.plugin.pool_kernels import _launch_plan, graph_args  # noqa: E402
+from treespec_sglang.plugin import select_graph  # noqa: E402
 from treespec_sglang.plugin.select_graph import SelectionGraph  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -100,6 +101,36 @@ def test_a_custom_rule_keep_is_read_for_its_round_only():
     again = g.run(rows, native)
     assert not torch.equal(marked[2], plain[2]) and (marked[2].sum(-1) == plain[2].sum(-1) + 1).all()
     assert all(torch.equal(a, b) for a, b in zip(plain, again))
+
+
+@pytest.mark.parametrize("k,S,N", [(4, 3, 8), (4, 5, 16)])
+def test_the_graphs_share_one_scratch_and_never_read_what_it_held(k, S, N):
+    """Selection graphs of one pool width share the kernel's scratch (one buffer, where a graph per captured batch
+    size held its own), grown by a larger graph; each round, with the scratch poisoned before it (another graph's
+    leftovers, or garbage), equals the launch planned for its batch."""
+    select_graph._WORKSPACE.clear()
+    small, _ = batch(k, S, N, 5, seed=1)
+    g5 = SelectionGraph(stash_of(small, 5), k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=False)
+    big, _ = batch(k, S, N, 12, seed=2)
+    g12 = SelectionGraph(stash_of(big, 12), k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=False)
+    (shared,) = select_graph._WORKSPACE.values()
+    assert shared[0].shape[0] == 12 and g12.out[3].data_ptr() == shared[0].data_ptr()
+    g3 = SelectionGraph(stash_of(small, 5), k, N, capture=False)  # smaller: no growth
+    assert select_graph._WORKSPACE[next(iter(select_graph._WORKSPACE))] is shared
+    assert g3.out[3].data_ptr() == shared[0].data_ptr() and g3.out[3].shape[0] == 5
+    gen = torch.Generator().manual_seed(k * S)
+    for r, (g, n) in enumerate([(g12, 9), (g5, 5), (g12, 12), (g5, 3)]):
+        for t in shared:  # what the other graph's round left, or garbage
+            t.copy_(torch.randint(-2 ** 30, 2 ** 30, t.shape, generator=gen).to(t.dtype))
+        shared[1][:, ::3] = float("nan")
+        pool, params = batch(k, S, N, n, seed=50 + r)
+        for buf, src in zip(g.stash, (pool.scores, pool.tokens, pool.parent_list)):
+            buf[:n].copy_(src)
+        want = run_both(pool, N, params, native_of(pool, N))
+        got = graph_select(g, pool, params, N)
+        for name, a, b in zip(("top_scores_index", "draft_tokens", "node_keep", "sizes"), want[1:] + (
+                want[3].sum(-1),), got):
+            assert torch.equal(a, b), (name, r, (a != b).nonzero()[:4].tolist())
 
 
 def test_padding_rows_return_to_native_after_a_bigger_batch():

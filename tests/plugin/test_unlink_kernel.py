@@ -106,6 +106,18 @@ def test_the_start_check_passes_on_a_sound_kernel_and_stops_a_wrong_one(monkeypa
             pool_kernels.check_unlink("cpu", N)
 
 
+def test_the_start_check_leaves_the_rounds_scratch_alone(monkeypatch):
+    """The start check unlinks with a scratch of its own: the rounds' shared one is first allocated by a round,
+    on the forward stream its unlinks run on (one made on the start-up stream, freed when a bigger batch grows it
+    while a round's unlink may still run, would go back to that stream's free blocks)."""
+    monkeypatch.setattr(pool_kernels, "_SCRATCH", {})
+    pool_kernels.check_unlink("cpu", 9)
+    assert pool_kernels._SCRATCH == {}
+    nt, ns, keep = random_chains(random.Random(3), 2, 9)
+    pool_kernels.unlink_filler_fused(nt, ns, keep)
+    assert list(pool_kernels._SCRATCH) == [(16, torch.device("cpu"))]
+
+
 @pytest.mark.parametrize("N,offsets", [(5, {0, 8}), (8, {0})])
 def test_the_start_check_launches_every_alignment_sglangs_buffer_gives(monkeypatch, N, offsets):
     """Triton compiles a variant per 16-byte alignment of a pointer, and SGLang's ``retrieve_next_token`` is row 1

@@ -98,7 +98,7 @@ def capture_selections(topk: int, num_draft_tokens: int) -> int:
     classifier, so no round captures one. A capture synchronises the device and empties the allocator's caches
     (``torch.cuda.graph``): in a round, that stalled the first treespec batch of each batch-size bucket, on every
     rank. Returns how many graphs serve (none off CUDA, in chain mode or where the selection is not replayed)."""
-    keys = sorted(k for k in _CAPTURED if k in _STASH)
+    keys = sorted((k for k in _CAPTURED if k in _STASH), reverse=True)  # the largest first: the scratch they share
     if topk < 2 or not keys or not replays_selection(keys[0][3]):
         return 0
     ids = sorted({_clf_id(clf) for clf in registered().values()})  # ``default`` among them

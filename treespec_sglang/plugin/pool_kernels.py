@@ -313,10 +313,12 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
     return pool.parent_list, top, toks, keep
 
 
-def unlink_filler_fused(next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Tensor) -> None:
+def unlink_filler_fused(next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Tensor,
+                        work: Optional[torch.Tensor] = None) -> None:
     """:func:`.pool.unlink_filler` in place, one launch (a program per row): ``next_token`` / ``next_sibling``
     ``[bs, N]`` int64 (SGLang's ``retrieve_next_token`` / ``retrieve_next_sibling``), ``keep`` ``[bs, N]`` bool,
-    all contiguous on one device. Nothing is read back.
+    all contiguous on one device. Nothing is read back. ``work``: the kernel's ``[bs, BLOCK_N]`` int64 scratch
+    (None: the rounds' shared one, :func:`_unlink_scratch`).
 
     Raises
     ------
@@ -332,7 +334,8 @@ def unlink_filler_fused(next_token: torch.Tensor, next_sibling: torch.Tensor, ke
                              f"(contiguous: {t.is_contiguous()})")
     if bs == 0:
         return
-    work = _unlink_scratch(bs, N, keep.device)  # [bs, BLOCK_N]
+    if work is None:
+        work = _unlink_scratch(bs, N, keep.device)  # [bs, BLOCK_N]
     launch_unlink(kernels(interpreted(keep.device)), next_token, next_sibling, keep, work)
 
 
@@ -343,8 +346,10 @@ def _unlink_scratch(bs: int, N: int, device) -> torch.Tensor:
     """The unlink kernel's ``[bs, BLOCK_N]`` int64 scratch (every program writes its row before reading it): the
     first ``bs`` rows of one buffer per width and device, grown (doubled) when a bigger batch comes, the view kept
     per batch size, so a round allocates nothing and the memory is bounded by twice the largest batch. Reuse is safe
-    in stream order: every unlink of a server is launched on its forward stream."""
-    block_n = 1 << max(N - 1, 1).bit_length()
+    in stream order: every unlink that takes it is a round's, launched on the server's forward stream, where the
+    buffer is allocated too (the start check brings its own: a buffer allocated on the start-up stream, freed
+    while a round's unlink may still run, would go back to that stream's free blocks)."""
+    block_n = _block_n(N)
     key = (block_n, device)
     buf, views = _SCRATCH.get(key, (None, None))
     if buf is None or buf.shape[0] < bs:
@@ -354,6 +359,11 @@ def _unlink_scratch(bs: int, N: int, device) -> torch.Tensor:
     if work is None:
         work = views[bs] = buf[:bs]
     return work
+
+
+def _block_n(N: int) -> int:
+    """The unlink's row width: the power of two above N - 1 (at least 2)."""
+    return 1 << max(N - 1, 1).bit_length()
 
 
 def launch_unlink(mod, next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Tensor,
@@ -392,8 +402,9 @@ def check_unlink(device, num_draft_tokens: int) -> None:
     # row 1 then starts bs * N int64s in, off Triton's 16-byte alignment when bs * N is odd, a variant of its
     # own (compiled here, not in the first round of such a batch)
     buf = torch.stack([torch.zeros_like(nt), nt, ns]).to(device)
+    work = torch.empty(3, _block_n(N), dtype=torch.int64, device=device)  # its own: not the rounds' scratch
     for got_t, got_s in ((nt.to(device), ns.to(device)), (buf[1], buf[2])):
-        unlink_filler_fused(got_t, got_s, keep.to(device))
+        unlink_filler_fused(got_t, got_s, keep.to(device), work)
         if torch.equal(got_t.cpu(), want[0]) and torch.equal(got_s.cpu(), want[1]):
             continue
         raise RuntimeError(f"the fused filler unlink (pool_kernels.unlink_kernel) disagrees with the torch unlink on "

@@ -42,11 +42,27 @@ from .pool import PoolView, request_row
 from .pool_kernels import (classifier_table, graph_args, interpreted, kernels, launch, no_classifier, stage_table,
                            workspace)
 
-__all__ = ["SelectionGraph", "StaticRows", "graph_for", "captured", "GRAPHS"]
+__all__ = ["SelectionGraph", "StaticRows", "graph_for", "captured", "shared_workspace", "GRAPHS"]
 
 # (stash key, N, topk) -> the graph serving it (classifier ids grow by recapture, never shrink)
 GRAPHS: Dict[tuple, "SelectionGraph"] = {}
 _MEMPOOL: Dict[str, object] = {}  # device -> the graphs' shared CUDA memory pool
+_WORKSPACE: Dict[tuple, tuple] = {}  # (kernel module, P, device) -> the graphs' shared (work, workf) scratch
+
+
+def shared_workspace(mod, rows: int, P: int, dev) -> tuple:
+    """The first ``rows`` rows of the kernel's scratch (:func:`.pool_kernels.workspace`) that every selection graph
+    of a pool width shares: one buffer where a graph per captured batch size held its own (at topk 8 / 6 steps
+    about 20 KB a row, tens of MB over SGLang's batch-size buckets, allocated after SGLang sized its KV cache).
+    Sharing is safe: the graphs replay one after another on the forward stream, and each program writes its row
+    of the scratch before reading it (a round's result never depends on what it held). A graph with more rows
+    grows it; graphs built on the old buffer keep it alive through their views (at most twice the largest)."""
+    key = (mod, P, str(torch.device(dev)))
+    work = _WORKSPACE.get(key)
+    if work is None or work[0].shape[0] < rows:
+        grown = max(rows, 2 * work[0].shape[0]) if work is not None else rows
+        work = _WORKSPACE[key] = workspace(mod, grown, P, dev)
+    return tuple(t[:rows] for t in work)
 
 
 class SelectionGraph:
@@ -79,7 +95,7 @@ class SelectionGraph:
         self._extra_written = 0  # rows of extra_in a custom keep wrote last (zeroed before the next round)
         self.out = (torch.zeros(rows, N - 1, dtype=torch.int64, device=dev),  # top [rows, N-1]
                     torch.zeros(rows, N - 1, dtype=tokens.dtype, device=dev),  # tokens [rows, N-1]
-                    torch.zeros(rows, N, dtype=torch.bool, device=dev)) + workspace(self.mod, rows, P, dev)
+                    torch.zeros(rows, N, dtype=torch.bool, device=dev)) + shared_workspace(self.mod, rows, P, dev)
         self.sizes = torch.zeros(rows, dtype=torch.int64, device=dev)  # [rows] kept nodes per row, root included
         self._views: dict = {}  # bs -> the outputs' first bs rows (views of static buffers: built once per bs)
         self.clf = classifier_table(self.clf_ids, dev) if self.clf_ids else no_classifier(dev)
