@@ -54,7 +54,7 @@ def test_selection_after_the_draft_equals_the_selection_on_the_pool_lists(monkey
     native = select_from_pool(sl, tl, pl, N, K, [None] * 8)[:3]
     stash_pool(sl, tl, pl)
     step = DraftStep(params, K)
-    top, toks = select_after_draft(step, None, native[1], native[2], N, S)
+    top, toks, _ = select_after_draft(step, None, native[1], native[2], N, S)
     ref = select_from_pool(sl, tl, pl, N, K, params, native=native)
     assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])
     assert calls == ["select_on_pool_fused" if mode in ("triton", "graph") else "select_on_pool"]
@@ -80,7 +80,7 @@ def test_graph_mode_after_a_replayed_draft_runs_one_selection_graph_per_draft_sh
         native = select_from_pool(*mine, N, K, [None] * bs)[:3]
         step = DraftStep(params, K)
         stale = torch.zeros_like(native[1])  # the graph reads SGLang's selection from the stash, not this
-        top, toks = select_after_draft(step, 8, stale, native[2], N, S)
+        top, toks, _ = select_after_draft(step, 8, stale, native[2], N, S)
         ref = select_from_pool(*mine, N, K, params, native=native)
         assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3]), seed
         with count_ops() as c:  # the tree sizes the graph computed beside its keep: no op of their own
@@ -218,7 +218,7 @@ def test_a_replayed_draft_graph_feeds_the_selection_the_new_pool(monkeypatch, mo
     graph.replay()
     params = [parse_spec(s) if s else None for s in SPECS[:5]]
     step = DraftStep(params, K)
-    top, toks = select_after_draft(step, 8, outs[1][:5], outs[2][:5], N, S)
+    top, toks, _ = select_after_draft(step, 8, outs[1][:5], outs[2][:5], N, S)
     fresh = [[t[:5].cuda() for t in part] for part in lists[1]]
     native = select_from_pool(*fresh, N, K, [None] * 5)[:3]
     ref = select_from_pool(*fresh, N, K, params, native=native)
@@ -242,7 +242,7 @@ def test_graph_mode_gives_a_faulty_test_rank_its_own_scores(monkeypatch):
     mine = [[t[:6] for t in part] for part in (sl, tl, pl)]
     native = select_from_pool(*mine, N, K, [None] * 6)[:3]
     step = DraftStep(params, K)
-    top, toks = select_after_draft(step, 8, native[1], native[2], N, S)
+    top, toks, _ = select_after_draft(step, 8, native[1], native[2], N, S)
     ref = select_from_pool([-s for s in mine[0]], mine[1], mine[2], N, K, params, native=native)
     assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])
     assert not torch.equal(step.keep, select_from_pool(*mine, N, K, params, native=native)[3])
@@ -288,7 +288,40 @@ def test_the_server_start_captures_a_selection_graph_per_captured_draft_shape(mo
     mine = [[t[:5] for t in part] for part in (sl, tl, pl)]
     native = select_from_pool(*mine, N, K, [None] * 5)[:3]
     step = DraftStep(params, K)
-    top, toks = select_after_draft(step, 8, native[1], native[2], N, S)
+    top, toks, _ = select_after_draft(step, 8, native[1], native[2], N, S)
     ref = select_from_pool(*mine, N, K, params, native=native)
     assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])
     assert made == []  # served by the graph captured at start
+
+
+@pytest.mark.parametrize("mode", ["torch", "graph"])
+def test_a_rank_takes_rank_0s_tree_its_parents_included(monkeypatch, mode):
+    """Ranks that verify together take rank 0's whole tree in one broadcast: the verify order, the tokens, the kept
+    nodes and the pool's parents SGLang builds the tree's shape from (a rank whose draft beam went another way has
+    other parents: here the test fault reverses rank 1's scores and parents)."""
+    monkeypatch.setenv(draft_select.ENV_SELECT, mode)
+    sl, tl, pl = pools(8, 4)
+    params = [parse_spec(s) if s else None for s in SPECS]
+    native = select_from_pool(sl, tl, pl, N, K, [None] * 8)
+    parents = native[0].clone()  # [bs, W] what build_eagle_verify_input is handed
+    stash_pool(sl, tl, pl)
+    alone = select_after_draft(DraftStep(params, K), None, native[1], native[2], N, S, parents)
+    assert alone[2] is parents  # alone: nothing to agree on
+    rank0 = (alone[0], alone[1], DraftStep(params, K), parents)
+    select_after_draft(rank0[2], None, native[1], native[2], N, S, parents)
+    flat0 = torch.cat([t.reshape(-1).to(torch.int64) for t in (rank0[0], rank0[1], rank0[2].keep, parents)])
+    sent = []
+
+    def broadcast(t, src=0):  # rank 1's end of rank 0's broadcast
+        assert src == 0 and t.shape == flat0.shape
+        sent.append(t.clone())
+        t.copy_(flat0)
+
+    group = type("Group", (), {"world_size": 2, "rank_in_group": 1, "broadcast": staticmethod(broadcast)})()
+    monkeypatch.setattr(draft_select, "verify_group", lambda: group)
+    monkeypatch.setenv("TREESPEC_TEST_PERTURB_RANK", "1")
+    step = DraftStep(params, K)
+    top, toks, got_parents = select_after_draft(step, None, native[1], native[2], N, S, parents)
+    assert len(sent) == 1 and not torch.equal(sent[0], flat0)  # rank 1's own tree was another one
+    assert torch.equal(top, rank0[0]) and torch.equal(toks, rank0[1]) and torch.equal(step.keep, rank0[2].keep)
+    assert torch.equal(got_parents, parents)

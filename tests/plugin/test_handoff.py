@@ -37,7 +37,7 @@ def selection(specs, seed=0):
     stash_pool(sl, tl, pl)
     parent_list, native_top, native_tokens, _ = select_from_pool(sl, tl, pl, N, K, [None] * bs)
     step = DraftStep([parse_spec(s) if s else None for s in specs], K)
-    top, tokens = select_after_draft(step, None, native_top, native_tokens, N, S)
+    top, tokens, _ = select_after_draft(step, None, native_top, native_tokens, N, S)
     return parent_list, top, tokens, step.keep
 
 

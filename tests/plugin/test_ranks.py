@@ -222,6 +222,22 @@ def test_a_gloo_group_gets_no_pynccl():
     assert seen == [("gloo", False, False, "tp"), ("nccl", None, None, "tp"), ("gloo", False, False, None)]
 
 
+@pytest.mark.sglang
+@pytest.mark.parametrize("dp_attention", [False, True])
+def test_the_verify_group_is_the_one_sglangs_own_verify_takes(monkeypatch, dp_attention):
+    """SGLang's ``eagle_sample`` broadcasts over the attention TP group under DP attention and over the TP group
+    otherwise (the two differ with attention context parallelism, whose slices verify one batch together): the
+    plugin's agreements take the same group."""
+    pytest.importorskip("sglang")
+    import sglang.srt.layers.dp_attention as dp
+    import sglang.srt.runtime_context as rc
+
+    parallel = SimpleNamespace(tp_group=object(), attn_tp_group=object())
+    monkeypatch.setattr(rc, "get_parallel", lambda: parallel)
+    monkeypatch.setattr(dp, "is_dp_attention_enabled", lambda: dp_attention)
+    assert R.verify_group() is (parallel.attn_tp_group if dp_attention else parallel.tp_group)
+
+
 # ------------------------------------------------------------------------------------------ faults for tests
 def test_only_the_named_rank_sees_perturbed_scores(monkeypatch):
     scores = [torch.tensor([[0.5, 0.2]]), torch.tensor([[0.1]])]
@@ -232,6 +248,9 @@ def test_only_the_named_rank_sees_perturbed_scores(monkeypatch):
     assert R.perturbed(scores, None) is scores
     out = R.perturbed(scores, rank1)
     assert all(torch.equal(o, -t) for o, t in zip(out, scores)) and len(out) == 2
+    parents = torch.tensor([[-1, 0, 1, 2]])
+    assert R.perturbed_parents(parents, SimpleNamespace(rank_in_group=0)) is parents
+    assert R.perturbed_parents(parents, rank1).tolist() == [[2, 1, 0, -1]]
 
 
 def test_digests_log_own_and_agreed_trees_per_rank(tmp_path, monkeypatch):

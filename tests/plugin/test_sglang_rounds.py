@@ -39,7 +39,7 @@ def test_organize_hook_keeps_sglang_selection_and_the_policies_run_on_the_stashe
     pool = read_pool(2, 2, 4, 4, "cpu")
     assert torch.equal(pool.scores, torch.cat(sl, 1).flatten(1)) and torch.equal(pool.parent_list, native[0])
     assert torch.equal(draft_select._NATIVE[(2, 4 + 3 * 16, 1 + 3 * 4, "cpu")], native[1])  # stashed beside it
-    top, toks = select_after_draft(step, None, native[1], native[2], 12, 4)
+    top, toks, _ = select_after_draft(step, None, native[1], native[2], 12, 4)
     assert step.sizes.tolist() == [6, 12]  # talon's 6-node tree; the native row keeps all N
     assert torch.equal(top[1], native[1][1]) and torch.equal(toks[1], native[2][1]) and step.keep[1].all()
     assert step.keep[0, 0] and int(step.keep[0].sum()) == 6

@@ -166,8 +166,9 @@ def _build_verify_input(original, *args, **kwargs):
     if step is not None and step.chain is None:  # the policy trees replace SGLang's selection
         a = dict(zip(SIGNATURES[_BUILD], args), **kwargs)
         rows = step.runner.bs if step.runner is not None else None  # a replay's padded batch
-        a["top_scores_index"], a["draft_tokens"] = select_after_draft(
-            step, rows, a["top_scores_index"], a["draft_tokens"], a["num_draft_tokens"], a["num_steps"])
+        a["top_scores_index"], a["draft_tokens"], a["parent_list"] = select_after_draft(
+            step, rows, a["top_scores_index"], a["draft_tokens"], a["num_draft_tokens"], a["num_steps"],
+            a["parent_list"])
         result = original(**a)
     else:
         result = original(*args, **kwargs)

@@ -8,10 +8,10 @@ drift apart and the next collective hangs. The plugin makes that true by constru
   classifier registry's file hashes and the stats cap are hashed on every rank at start; a rank whose
   hash differs from rank 0's stops the server with a message naming both.
 - **Decisions agree** (:func:`agree`): after its own selection each rank takes rank 0's per-round
-  decision (the verify node order ``top_scores_index``, the draft tokens and the kept-node mask: the
-  token cap's shares and the ragged plan's sizes follow from it) in one int64 broadcast per round,
-  ``bs * (2 (N - 1) + N)`` integers. The C2T chain cut is broadcast the same way
-  (:func:`~treespec_sglang.plugin.chain_stop.keep_mask`).
+  decision (the verify node order ``top_scores_index``, the draft tokens, the kept-node mask and the pool's
+  parents the tree's shape is built from: the token cap's shares and the ragged plan's sizes follow from
+  them) in one int64 broadcast per round, ``bs * (2 (N - 1) + N + W)`` integers (W the parents' width).
+  The C2T chain cut is broadcast the same way (:func:`~treespec_sglang.plugin.chain_stop.keep_mask`).
 - **Verify outcomes agree** (:func:`agree_verify`): SGLang broadcasts the verify result from rank 0 when it
   samples, but its greedy verify on CUDA relies on every rank computing bit-identical target argmaxes; TP
   ranks sum their all-reduces in different orders, so a near-tie can split them, accept different tokens,
@@ -26,11 +26,12 @@ drift apart and the next collective hangs. The plugin makes that true by constru
 
 Debugging (operator environment, never a request): ``TREESPEC_RANK_DIGESTS=DIR`` makes every rank append
 one line per round (hashes of the tree it selected and of the tree it verified) to ``DIR/rank<k>.txt``;
-``TREESPEC_TEST_PERTURB_RANK=k`` reverses rank k's draft scores before its selection (a test-only fault:
-without :func:`agree` that rank would verify another tree); ``TREESPEC_TEST_PERTURB_VERIFY_RANK=k`` gives rank
-k's greedy verify the target's argmax tokens in reversed node order, as if its verify logits had split from
-rank 0's at every node (without :func:`agree_verify` that rank would accept other tokens). With
-``TREESPEC_RANK_DIGESTS`` the verify outcomes are logged to ``DIR/verify-rank<k>.txt`` the same way.
+``TREESPEC_TEST_PERTURB_RANK=k`` reverses rank k's draft scores before its selection and its pool's parents
+(a test-only fault: without :func:`agree` that rank would verify another tree);
+``TREESPEC_TEST_PERTURB_VERIFY_RANK=k`` gives rank k's greedy verify the target's argmax tokens in reversed node
+order, as if its verify logits had split from rank 0's at every node (without :func:`agree_verify` that rank
+would accept other tokens). With ``TREESPEC_RANK_DIGESTS`` the verify outcomes are logged to
+``DIR/verify-rank<k>.txt`` the same way.
 """
 
 from __future__ import annotations
@@ -58,12 +59,16 @@ BROADCASTS = {"count": 0, "bytes": 0}  # per process: the plugin's own per-round
 
 
 def verify_group():
-    """SGLang's attention TP ``GroupCoordinator`` (the ranks that verify one batch together), or None
-    when torch.distributed is not initialised (unit tests, a single process)."""
+    """The ``GroupCoordinator`` of the ranks that verify one batch together, as SGLang's own verify takes it
+    (``eagle_utils.eagle_sample``): the attention TP group under DP attention, else the TP group (the same group
+    unless attention context parallelism splits it: then every slice verifies the same batch). None when
+    torch.distributed is not initialised (unit tests, a single process)."""
     try:
+        from sglang.srt.layers.dp_attention import is_dp_attention_enabled
         from sglang.srt.runtime_context import get_parallel
 
-        return get_parallel().attn_tp_group
+        parallel = get_parallel()
+        return parallel.attn_tp_group if is_dp_attention_enabled() else parallel.tp_group
     except Exception:  # groups not built
         return None
 
@@ -176,6 +181,12 @@ def perturbed(score_list: List[torch.Tensor], group=None) -> List[torch.Tensor]:
     if not _faulty(ENV_PERTURB, group):
         return score_list
     return [-s for s in score_list]
+
+
+def perturbed_parents(parent_list: torch.Tensor, group=None) -> torch.Tensor:
+    """``TREESPEC_TEST_PERTURB_RANK=k``: rank k's pool parents ``[bs, W]`` reversed along each row (a test-only
+    fault, as if its draft beam had gone another way: :func:`agree` must replace them); others' as they are."""
+    return parent_list.flip(-1) if _faulty(ENV_PERTURB, group) else parent_list
 
 
 def perturbed_rank(group) -> bool:
