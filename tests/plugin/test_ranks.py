@@ -177,7 +177,7 @@ def _head_main(rank, out):
     hot = torch.tensor([11, 0, 7, 3, 6])
     calls = []
     worker = _fake_draft_worker(rank, 2, full, hot, calls)
-    R._tp_group = GlooGroup  # the spawned process's own module: this rank's gloo world
+    R._head_group = GlooGroup  # the spawned process's own module: this rank's gloo world
     R.shard_hot_head(lambda self: calls.append(("original",)), worker)
     (_, embed, head), = calls
     torch.save({"full": full, "head": head.data, "hot": worker.hot_token_id, "embed": embed},
@@ -201,11 +201,24 @@ def test_under_tp_each_rank_holds_its_shard_of_the_hot_head_rows(tmp_path):
 def test_alone_or_without_a_token_map_sglang_sets_the_head(monkeypatch):
     calls = []
     full = torch.randn(V, HIDDEN)
-    monkeypatch.setattr(R, "_tp_group", lambda: SimpleNamespace(world_size=1))
+    monkeypatch.setattr(R, "_head_group", lambda: SimpleNamespace(world_size=1))
     R.shard_hot_head(lambda self: calls.append("original"), _fake_draft_worker(0, 1, full, torch.tensor([1]), []))
-    monkeypatch.setattr(R, "_tp_group", lambda: SimpleNamespace(world_size=2))
+    monkeypatch.setattr(R, "_head_group", lambda: SimpleNamespace(world_size=2))
     R.shard_hot_head(lambda self: calls.append("original"), _fake_draft_worker(0, 1, full, None, []))
     assert calls == ["original", "original"]
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("dp_lm_head", [False, True])
+def test_the_hot_head_is_sharded_over_the_group_the_lm_head_is(monkeypatch, dp_lm_head):
+    """With ``--enable-dp-lm-head`` SGLang splits the LM heads' vocabulary over the attention TP group (and
+    gathers the draft's logits there), else over the TP group: the hot rows are gathered and sharded over it."""
+    pytest.importorskip("sglang")
+    import sglang.srt.runtime_context as rc
+
+    parallel = SimpleNamespace(tp_group=object(), attn_tp_group=object(), enable_dp_lm_head=dp_lm_head)
+    monkeypatch.setattr(rc, "get_parallel", lambda: parallel)
+    assert R._head_group() is (parallel.attn_tp_group if dp_lm_head else parallel.tp_group)
 
 
 # ------------------------------------------------------------------------------------------ CPU groups

@@ -269,7 +269,7 @@ def shard_hot_head(original, self, *args, **kwargs):
     shard of the hot rows of the *full* target head (SGLang indexes the vocab-parallel shard with global
     ids). Everything else goes to SGLang's own code."""
     hot = getattr(self, "hot_token_id", None)
-    group = _tp_group()
+    group = _head_group()
     if hot is None or _group_size(group) <= 1 or self.speculative_algorithm.is_eagle3():
         return original(self, *args, **kwargs)
     embed, head = self._resolve_shared_embed_and_head()
@@ -288,10 +288,14 @@ def shard_hot_head(original, self, *args, **kwargs):
                 group.world_size, hot.numel(), rows.numel())
 
 
-def _tp_group():
+def _head_group():
+    """The group the LM heads' vocabulary is split over, as SGLang builds them and its logits processor gathers
+    the draft's logits: the attention TP group with ``--enable-dp-lm-head``, else the TP group. None outside a
+    server."""
     try:
         from sglang.srt.runtime_context import get_parallel
 
-        return get_parallel().tp_group
+        parallel = get_parallel()
+        return parallel.attn_tp_group if parallel.enable_dp_lm_head else parallel.tp_group
     except Exception:
         return None
