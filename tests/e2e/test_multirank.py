@@ -3,7 +3,8 @@ every verify) and data parallelism (DP = 2: two schedulers), demo target + shipp
 map (the draft head is sharded over the TP ranks by the plugin).
 
 The TP = 2 EAGLE engine runs with a faulty rank on purpose: ``TREESPEC_TEST_PERTURB_RANK=1`` reverses
-rank 1's draft scores before its selection, so its own trees differ from rank 0's, and
+rank 1's draft scores before its selection and its parent table (as if its draft beam had gone another way),
+so its own trees differ from rank 0's, and
 ``TREESPEC_TEST_PERTURB_VERIFY_RANK=1`` reverses its greedy verify's target argmaxes, so it would accept
 other tokens; every rank must still verify rank 0's tree and accept rank 0's outcome
 (``TREESPEC_RANK_DIGESTS`` logs both per round), or outputs break or the ranks hang."""

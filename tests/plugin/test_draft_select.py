@@ -295,21 +295,22 @@ def test_the_server_start_captures_a_selection_graph_per_captured_draft_shape(mo
 
 
 @pytest.mark.parametrize("mode", ["torch", "graph"])
-def test_a_rank_takes_rank_0s_tree_its_parents_included(monkeypatch, mode):
+def test_a_rank_takes_rank_0s_tree_its_parent_table_included(monkeypatch, mode):
     """Ranks that verify together take rank 0's whole tree in one broadcast: the verify order, the tokens, the kept
-    nodes and the pool's parents SGLang builds the tree's shape from (a rank whose draft beam went another way has
-    other parents: here the test fault reverses rank 1's scores and parents)."""
+    nodes and the parent table SGLang builds the tree's shape from (a rank whose draft beam went another way has
+    another table: here rank 1's is another pool's, and the test fault reverses it and rank 1's scores)."""
     monkeypatch.setenv(draft_select.ENV_SELECT, mode)
     sl, tl, pl = pools(8, 4)
     params = [parse_spec(s) if s else None for s in SPECS]
     native = select_from_pool(sl, tl, pl, N, K, [None] * 8)
-    parents = native[0].clone()  # [bs, W] what build_eagle_verify_input is handed
+    table0 = native[0].clone()  # [bs, W] rank 0's parent_list, as build_eagle_verify_input is handed it
+    table1 = select_from_pool(*pools(8, 5), N, K, [None] * 8)[0].clone()  # [bs, W] rank 1's: another beam
+    assert table1.shape == table0.shape and not torch.equal(table1, table0)
     stash_pool(sl, tl, pl)
-    alone = select_after_draft(DraftStep(params, K), None, native[1], native[2], N, S, parents)
-    assert alone[2] is parents  # alone: nothing to agree on
-    rank0 = (alone[0], alone[1], DraftStep(params, K), parents)
-    select_after_draft(rank0[2], None, native[1], native[2], N, S, parents)
-    flat0 = torch.cat([t.reshape(-1).to(torch.int64) for t in (rank0[0], rank0[1], rank0[2].keep, parents)])
+    step0 = DraftStep(params, K)
+    top0, toks0, alone = select_after_draft(step0, None, native[1], native[2], N, S, table0)
+    assert alone is table0  # alone: nothing to agree on
+    flat0 = torch.cat([t.reshape(-1).to(torch.int64) for t in (top0, toks0, step0.keep, table0)])
     sent = []
 
     def broadcast(t, src=0):  # rank 1's end of rank 0's broadcast
@@ -321,7 +322,7 @@ def test_a_rank_takes_rank_0s_tree_its_parents_included(monkeypatch, mode):
     monkeypatch.setattr(draft_select, "verify_group", lambda: group)
     monkeypatch.setenv("TREESPEC_TEST_PERTURB_RANK", "1")
     step = DraftStep(params, K)
-    top, toks, got_parents = select_after_draft(step, None, native[1], native[2], N, S, parents)
+    top, toks, got = select_after_draft(step, None, native[1], native[2], N, S, table1)
     assert len(sent) == 1 and not torch.equal(sent[0], flat0)  # rank 1's own tree was another one
-    assert torch.equal(top, rank0[0]) and torch.equal(toks, rank0[1]) and torch.equal(step.keep, rank0[2].keep)
-    assert torch.equal(got_parents, parents)
+    assert torch.equal(top, top0) and torch.equal(toks, toks0) and torch.equal(step.keep, step0.keep)
+    assert torch.equal(got, table0) and got is not table1 and got.dtype == torch.int64 and got.is_contiguous()

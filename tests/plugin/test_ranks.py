@@ -261,9 +261,12 @@ def test_only_the_named_rank_sees_perturbed_scores(monkeypatch):
     assert R.perturbed(scores, None) is scores
     out = R.perturbed(scores, rank1)
     assert all(torch.equal(o, -t) for o, t in zip(out, scores)) and len(out) == 2
-    parents = torch.tensor([[-1, 0, 1, 2]])
-    assert R.perturbed_parents(parents, SimpleNamespace(rank_in_group=0)) is parents
-    assert R.perturbed_parents(parents, rank1).tolist() == [[2, 1, 0, -1]]
+    table = torch.tensor([[-1, 0, 1, 2]])  # [bs, W] a parent table
+    assert R.perturbed_parent_list(table, SimpleNamespace(rank_in_group=0, world_size=2)) is table
+    assert R.perturbed_parent_list(table, rank1) is table  # a group of one rank: its table is the one used
+    assert R.perturbed_parent_list(table, SimpleNamespace(rank_in_group=1, world_size=2)).tolist() == [[2, 1, 0, -1]]
+    monkeypatch.setenv(R.ENV_PERTURB, "0")  # rank 0's table is every rank's: never reversed
+    assert R.perturbed_parent_list(table, SimpleNamespace(rank_in_group=0, world_size=2)) is table
 
 
 def test_digests_log_own_and_agreed_trees_per_rank(tmp_path, monkeypatch):

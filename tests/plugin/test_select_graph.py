@@ -116,14 +116,14 @@ def test_the_graphs_share_one_scratch_and_never_read_what_it_held(k, S, N, devic
     g12 = SelectionGraph(stash_of(big, 12), k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=False)
     (shared,) = select_graph._WORKSPACE.values()
     assert shared[0].shape[0] == 12 and g12.out[3].data_ptr() == shared[0].data_ptr()
-    g3 = SelectionGraph(stash_of(small, 5), k, N, capture=False)  # smaller: no growth
+    g3 = SelectionGraph(stash_of(small, 5), k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=False)  # no growth
     assert len(select_graph._WORKSPACE) == 1 and next(iter(select_graph._WORKSPACE.values())) is shared
     assert g3.out[3].data_ptr() == shared[0].data_ptr() and g3.out[3].shape[0] == 5
     gen = torch.Generator().manual_seed(k * S)
-    for r, (g, n) in enumerate([(g12, 9), (g5, 5), (g12, 12), (g5, 3)]):
-        for t in shared:  # what the other graph's round left, or garbage
+    for r, (g, n) in enumerate([(g12, 9), (g3, 5), (g5, 5), (g12, 12), (g3, 2), (g5, 3)]):
+        for t in g.out[3:]:  # the scratch this graph reads (g5 still holds the buffer before the growth), poisoned
             t.copy_(torch.randint(-2 ** 30, 2 ** 30, t.shape, generator=gen).to(t.dtype))
-        shared[1][:, ::3] = float("nan")
+        g.out[4][:, ::3] = float("nan")
         pool, params = batch(k, S, N, n, seed=50 + r, device=device)
         for buf, src in zip(g.stash, (pool.scores, pool.tokens, pool.parent_list)):
             buf[:n].copy_(src)

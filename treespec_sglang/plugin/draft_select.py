@@ -34,7 +34,7 @@ from .pool_kernels import check_unlink, select_on_pool_fused, unlink_filler_fuse
 from .classifiers import registered
 from .rows import _clf_id
 from .select_graph import graph_for
-from .ranks import agree, perturbed, perturbed_parents, perturbed_rank, record_digest, verify_group
+from .ranks import agree, perturbed, perturbed_parent_list, perturbed_rank, record_digest, verify_group
 from .settings import derived, env
 
 __all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing", "ENV_SELECT", "selection_mode",
@@ -224,7 +224,7 @@ def read_pool(rows: int, bs: int, topk: int, steps: int, device) -> PoolView:
 
 
 def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, native_tokens: torch.Tensor,
-                       num_draft_tokens: int, steps: int, parents: Optional[torch.Tensor] = None):
+                       num_draft_tokens: int, steps: int, parent_list: Optional[torch.Tensor] = None):
     """Every request's policy tree on this round's pool, agreed across the ranks that verify together.
 
     Parameters
@@ -233,12 +233,12 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
     rows : the replayed graph's batch size, or None when the draft ran eagerly (then ``bs``)
     native_top, native_tokens : ``[bs, N-1]`` SGLang's own ``top_scores_index`` / ``draft_tokens``
         (rows without a policy keep them verbatim)
-    parents : ``[bs, W]`` int64, SGLang's pool parents (``build_eagle_verify_input``'s ``parent_list``), agreed:
-        the tree's shape is built from it, and a rank whose draft beam went another way has another one
+    parent_list : ``[bs, W]`` int64, SGLang's parent table of the pool (``build_eagle_verify_input``'s), agreed
+        with the rest: the tree's shape is built from it, and a rank whose draft beam went another way has another
 
     Returns
     -------
-    ``(top_scores_index [bs, N-1], draft_tokens [bs, N-1], parents [bs, W] or None)`` for
+    ``(top_scores_index [bs, N-1], draft_tokens [bs, N-1], parent_list [bs, W] or None)`` for
     ``build_eagle_verify_input``.
     """
     bs, dev = native_top.shape[0], native_top.device
@@ -249,9 +249,9 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
         top, tokens, keep, sizes = _select_replayed(step, rows, rows_t, native_top, num_draft_tokens, steps, group)
         scores = None  # [bs, P] the pool's, read from the stash only if the token cap needs them
     else:
-        scores, tokens, parent_list = _stashed(rows or bs, bs, step.topk, steps, dev)
+        scores, tokens, pool_parent_list = _stashed(rows or bs, bs, step.topk, steps, dev)
         scores = perturbed([scores], group)[0]  # a no-op unless a test asks for a faulty rank
-        pool = PoolView.from_flat(scores, tokens, parent_list, step.topk)
+        pool = PoolView.from_flat(scores, tokens, pool_parent_list, step.topk)
         _, top, tokens, keep = selection(dev)(pool, num_draft_tokens, step.params, (None, native_top, native_tokens),
                                               rows_t)
     selected = keep  # what the graph's sizes count
@@ -261,15 +261,15 @@ def select_after_draft(step, rows: Optional[int], native_top: torch.Tensor, nati
         keep = share_token_cap(scores, top, keep, rows_t[:, COLUMNS.index("shares")] > 0, step.token_cap)
     # every rank that verifies this batch takes rank 0's tree, its shape included (one int64 broadcast; alone:
     # a no-op)
-    if parents is None:
+    if parent_list is None:
         own = (top, tokens, keep)
         top, tokens, keep = agreed = agree(own, group)
     else:
-        own = (top, tokens, keep, perturbed_parents(parents, group))
-        top, tokens, keep, parents = agreed = agree(own, group)
+        own = (top, tokens, keep, perturbed_parent_list(parent_list, group))
+        top, tokens, keep, parent_list = agreed = agree(own, group)
     record_digest(own, agreed, group)
     step.selected(keep, sizes if keep is selected else None)  # a capped or agreed keep is counted anew
-    return top, tokens, parents
+    return top, tokens, parent_list
 
 
 def _select_replayed(step, rows: int, rows_t: torch.Tensor, native_top: torch.Tensor, num_draft_tokens: int,

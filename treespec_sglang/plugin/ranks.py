@@ -9,8 +9,9 @@ drift apart and the next collective hangs. The plugin makes that true by constru
   hash differs from rank 0's stops the server with a message naming both.
 - **Decisions agree** (:func:`agree`): after its own selection each rank takes rank 0's per-round
   decision (the verify node order ``top_scores_index``, the draft tokens, the kept-node mask and the pool's
-  parents the tree's shape is built from: the token cap's shares and the ragged plan's sizes follow from
-  them) in one int64 broadcast per round, ``bs * (2 (N - 1) + N + W)`` integers (W the parents' width).
+  parent table ``parent_list`` the tree's shape is built from: the token cap's shares and the ragged plan's
+  sizes follow from them) in one int64 broadcast per round, ``bs * (2 (N - 1) + N + W)`` integers (W the
+  table's width).
   The C2T chain cut is broadcast the same way (:func:`~treespec_sglang.plugin.chain_stop.keep_mask`).
 - **Verify outcomes agree** (:func:`agree_verify`): SGLang broadcasts the verify result from rank 0 when it
   samples, but its greedy verify on CUDA relies on every rank computing bit-identical target argmaxes; TP
@@ -26,7 +27,7 @@ drift apart and the next collective hangs. The plugin makes that true by constru
 
 Debugging (operator environment, never a request): ``TREESPEC_RANK_DIGESTS=DIR`` makes every rank append
 one line per round (hashes of the tree it selected and of the tree it verified) to ``DIR/rank<k>.txt``;
-``TREESPEC_TEST_PERTURB_RANK=k`` reverses rank k's draft scores before its selection and its pool's parents
+``TREESPEC_TEST_PERTURB_RANK=k`` reverses rank k's draft scores before its selection and its parent table
 (a test-only fault: without :func:`agree` that rank would verify another tree);
 ``TREESPEC_TEST_PERTURB_VERIFY_RANK=k`` gives rank k's greedy verify the target's argmax tokens in reversed node
 order, as if its verify logits had split from rank 0's at every node (without :func:`agree_verify` that rank
@@ -183,10 +184,13 @@ def perturbed(score_list: List[torch.Tensor], group=None) -> List[torch.Tensor]:
     return [-s for s in score_list]
 
 
-def perturbed_parents(parent_list: torch.Tensor, group=None) -> torch.Tensor:
-    """``TREESPEC_TEST_PERTURB_RANK=k``: rank k's pool parents ``[bs, W]`` reversed along each row (a test-only
-    fault, as if its draft beam had gone another way: :func:`agree` must replace them); others' as they are."""
-    return parent_list.flip(-1) if _faulty(ENV_PERTURB, group) else parent_list
+def perturbed_parent_list(parent_list: torch.Tensor, group=None) -> torch.Tensor:
+    """``TREESPEC_TEST_PERTURB_RANK=k``: rank k's parent table ``[bs, W]`` reversed along each row (a test-only
+    fault, as if its draft beam had gone another way: :func:`agree` must replace it); others' as it is. Only a rank
+    other than 0 of a group of several (rank 0's table is the one every rank uses: reversed, the tree would be
+    malformed, where reversed scores still give a valid one)."""
+    faulty = _faulty(ENV_PERTURB, group) and _group_size(group) > 1 and int(getattr(group, "rank_in_group", 0)) > 0
+    return parent_list.flip(-1) if faulty else parent_list
 
 
 def perturbed_rank(group) -> bool:

@@ -56,7 +56,8 @@ def shared_workspace(mod, rows: int, P: int, dev) -> tuple:
     about 20 KB a row, tens of MB over SGLang's batch-size buckets, allocated after SGLang sized its KV cache).
     Sharing is safe: the graphs replay one after another on the forward stream, and each program writes its row
     of the scratch before reading it (a round's result never depends on what it held). A graph with more rows
-    grows it; graphs built on the old buffer keep it alive through their views (at most twice the largest)."""
+    grows it (to its rows or twice the old buffer's, the more); graphs built on an older buffer keep that one
+    alive through their views (captured largest first at server start: one buffer)."""
     key = (mod, P, str(torch.device(dev)))
     work = _WORKSPACE.get(key)
     if work is None or work[0].shape[0] < rows:
