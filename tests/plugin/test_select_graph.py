@@ -108,15 +108,16 @@ def test_a_custom_rule_keep_is_read_for_its_round_only():
 def test_the_graphs_share_one_scratch_and_never_read_what_it_held(k, S, N, device):
     """Selection graphs of one pool width share the kernel's scratch (one buffer, where a graph per captured batch
     size held its own), grown by a larger graph; each round, with the scratch poisoned before it (another graph's
-    leftovers, or garbage), equals the launch planned for its batch."""
+    leftovers, or garbage), equals the launch planned for its batch. Captured as CUDA graphs where there is CUDA
+    (off CUDA nothing is captured: the same static-buffer launch)."""
     select_graph._WORKSPACE.clear()
     small, _ = batch(k, S, N, 5, seed=1, device=device)
-    g5 = SelectionGraph(stash_of(small, 5), k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=False)
+    g5 = SelectionGraph(stash_of(small, 5), k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=True)
     big, _ = batch(k, S, N, 12, seed=2, device=device)
-    g12 = SelectionGraph(stash_of(big, 12), k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=False)
+    g12 = SelectionGraph(stash_of(big, 12), k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=True)
     (shared,) = select_graph._WORKSPACE.values()
     assert shared[0].shape[0] == 12 and g12.out[3].data_ptr() == shared[0].data_ptr()
-    g3 = SelectionGraph(stash_of(small, 5), k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=False)  # no growth
+    g3 = SelectionGraph(stash_of(small, 5), k, N, clf_ids=_clf_ids(OTHER, THIRD), capture=True)  # no growth
     assert len(select_graph._WORKSPACE) == 1 and next(iter(select_graph._WORKSPACE.values())) is shared
     assert g3.out[3].data_ptr() == shared[0].data_ptr() and g3.out[3].shape[0] == 5
     gen = torch.Generator().manual_seed(k * S)
