@@ -37,6 +37,7 @@ would accept other tokens). With ``TREESPEC_RANK_DIGESTS`` the verify outcomes a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -65,13 +66,21 @@ def verify_group():
     unless attention context parallelism splits it: then every slice verifies the same batch). None when
     torch.distributed is not initialised (unit tests, a single process)."""
     try:
-        from sglang.srt.layers.dp_attention import is_dp_attention_enabled
-        from sglang.srt.runtime_context import get_parallel
-
-        parallel = get_parallel()
-        return parallel.attn_tp_group if is_dp_attention_enabled() else parallel.tp_group
+        runtime, dp_attention = _parallel_modules()
+        parallel = runtime.get_parallel()
+        return parallel.attn_tp_group if dp_attention.is_dp_attention_enabled() else parallel.tp_group
     except Exception:  # groups not built
         return None
+
+
+@functools.lru_cache(maxsize=1)
+def _parallel_modules():
+    """SGLang's runtime context and DP-attention modules, imported once (a round asks for its verify group; their
+    functions are read at each call)."""
+    import sglang.srt.layers.dp_attention as dp_attention
+    import sglang.srt.runtime_context as runtime
+
+    return runtime, dp_attention
 
 
 def _group_size(group) -> int:
@@ -297,9 +306,7 @@ def _head_group():
     the draft's logits: the attention TP group with ``--enable-dp-lm-head``, else the TP group. None outside a
     server."""
     try:
-        from sglang.srt.runtime_context import get_parallel
-
-        parallel = get_parallel()
+        parallel = _parallel_modules()[0].get_parallel()
         return parallel.attn_tp_group if parallel.enable_dp_lm_head else parallel.tp_group
     except Exception:
         return None
