@@ -32,7 +32,7 @@ from .chain_stop import (_STASH, ChainStopper, chain_graph_enabled, cut_lengths,
 from .classifiers import registered
 from .draft_select import replays_selection
 from .pool import _Classifiers
-from .ranks import _group_size
+from .ranks import group_size
 from .rows import COLUMNS, _clf_id
 from .select_graph import StaticRows, captured
 
@@ -126,7 +126,7 @@ def chain_keep(stopper: ChainStopper, rows: Optional[int], n_nodes: int,
         steps = stopper.steps(rows)
         key = (rows, stopper.num_steps - 1, str(stopper.device))
         length, keep, sizes = cut_graph_for(steps, key, n_nodes, stopper.clf_ids).run(stopper.rows)
-        if _group_size(group) <= 1:  # alone: the graph's keep and sizes as they are
+        if group_size(group) <= 1:  # alone: the graph's keep and sizes as they are
             return keep, sizes
         return keep_mask(length, n_nodes, group), None  # rank 0's cut on every rank
     return keep_mask(stopper.cut(rows), n_nodes, group), None

@@ -51,7 +51,7 @@ from .rows import _clf_id, policy_rows
 from .pool_rules import salf_pops, static
 
 __all__ = ["select_on_pool_fused", "kernels", "interpreted", "warm_up", "stage_table", "classifier_table", "launch",
-           "graph_args", "workspace", "no_classifier", "unlink_filler_fused", "launch_unlink", "check_unlink",
+           "graph_args", "workspace", "grown_rows", "no_classifier", "unlink_filler_fused", "launch_unlink", "check_unlink",
            "STAGE_CODES", "FLAGS"]
 
 # the kernel's stage codes (registry.STAGES) and the bits of its per-launch ``flags``
@@ -344,7 +344,7 @@ _SCRATCH: Dict[tuple, tuple] = {}  # (BLOCK_N, device) -> (the unlink's [rows, B
 
 def _unlink_scratch(bs: int, N: int, device) -> torch.Tensor:
     """The unlink kernel's ``[bs, BLOCK_N]`` int64 scratch (every program writes its row before reading it): the
-    first ``bs`` rows of one buffer per width and device, grown (doubled) when a bigger batch comes, the view kept
+    first ``bs`` rows of one buffer per width and device, grown (:func:`grown_rows`) when a bigger batch comes, the view kept
     per batch size, so a round allocates nothing and the memory is bounded by twice the largest batch. Reuse is safe
     in stream order: every unlink that takes it is a round's, launched on the server's forward stream, where the
     buffer is allocated too (the start check brings its own: a buffer allocated on the start-up stream, freed
@@ -353,12 +353,19 @@ def _unlink_scratch(bs: int, N: int, device) -> torch.Tensor:
     key = (block_n, device)
     buf, views = _SCRATCH.get(key, (None, None))
     if buf is None or buf.shape[0] < bs:
-        rows = max(bs, 2 * buf.shape[0]) if buf is not None else bs
+        rows = grown_rows(None if buf is None else buf.shape[0], bs)
         buf, views = _SCRATCH[key] = (torch.empty(rows, block_n, dtype=torch.int64, device=device), {})
     work = views.get(bs)
     if work is None:
         work = views[bs] = buf[:bs]
     return work
+
+
+def grown_rows(have: Optional[int], need: int) -> int:
+    """The rows a shared scratch buffer of ``have`` rows (None: none yet) is reallocated with when a batch of ``need``
+    rows does not fit: ``need``, or twice the old buffer, the more (a batch growing one request at a time
+    reallocates log2(bs) times, and the memory stays under twice the largest batch)."""
+    return need if have is None else max(need, 2 * have)
 
 
 def _block_n(N: int) -> int:

@@ -51,7 +51,7 @@ from .settings import derived, env
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
-__all__ = ["digests_dir", "verify_group", "agree", "settings_digest", "check_settings_agree", "cpu_parallel_group",
+__all__ = ["digests_dir", "verify_group", "group_size", "agree", "settings_digest", "check_settings_agree", "cpu_parallel_group",
            "shard_hot_head", "hot_rows", "BROADCASTS", "record_digest", "perturbed", "agree_verify"]
 
 ENV_DIGESTS = "TREESPEC_RANK_DIGESTS"
@@ -83,7 +83,8 @@ def _parallel_modules():
     return runtime, dp_attention
 
 
-def _group_size(group) -> int:
+def group_size(group) -> int:
+    """The number of ranks in ``group`` (a ``GroupCoordinator``; None: 1, alone)."""
     return 1 if group is None else int(getattr(group, "world_size", 1))
 
 
@@ -101,7 +102,7 @@ def agree(tensors: Sequence[torch.Tensor], group=None) -> List[torch.Tensor]:
 
     Example: rank 0 holds ``keep = [[1, 1, 0]]``, rank 1 ``[[1, 0, 1]]``: both return ``[[1, 1, 0]]``.
     """
-    if _group_size(group) <= 1:
+    if group_size(group) <= 1:
         return list(tensors)
     flat = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])  # [sum of numels]
     group.broadcast(flat, src=0)
@@ -145,7 +146,7 @@ def settings_digest() -> str:
 def check_settings_agree(group=None) -> Optional[str]:
     """Raise ``RuntimeError`` if any rank of ``group`` hashes its settings differently from rank 0;
     returns the agreed digest (None when alone)."""
-    if _group_size(group) <= 1:
+    if group_size(group) <= 1:
         return None
     mine = bytes.fromhex(settings_digest())
     t = torch.tensor(list(mine), dtype=torch.int64, device=_device(group))  # once, at start
@@ -198,7 +199,7 @@ def perturbed_parent_list(parent_list: torch.Tensor, group=None) -> torch.Tensor
     fault, as if its draft beam had gone another way: :func:`agree` must replace it); others' as it is. Only a rank
     other than 0 of a group of several (rank 0's table is the one every rank uses: reversed, the tree would be
     malformed, where reversed scores still give a valid one)."""
-    faulty = _faulty(ENV_PERTURB, group) and _group_size(group) > 1 and int(getattr(group, "rank_in_group", 0)) > 0
+    faulty = _faulty(ENV_PERTURB, group) and group_size(group) > 1 and int(getattr(group, "rank_in_group", 0)) > 0
     return parent_list.flip(-1) if faulty else parent_list
 
 
@@ -230,7 +231,7 @@ def agree_verify(original, *args, **kwargs):
     function does; rank 0's values when the group is larger than one.
     """
     group = verify_group()
-    if _group_size(group) <= 1:
+    if group_size(group) <= 1:
         return original(*args, **kwargs)
     if _faulty(ENV_PERTURB_VERIFY, group):  # test-only: this rank's target argmaxes split from rank 0's
         bound = inspect.signature(original).bind(*args, **kwargs)
@@ -283,7 +284,7 @@ def shard_hot_head(original, self, *args, **kwargs):
     ids). Everything else goes to SGLang's own code."""
     hot = getattr(self, "hot_token_id", None)
     group = _head_group()
-    if hot is None or _group_size(group) <= 1 or self.speculative_algorithm.is_eagle3():
+    if hot is None or group_size(group) <= 1 or self.speculative_algorithm.is_eagle3():
         return original(self, *args, **kwargs)
     embed, head = self._resolve_shared_embed_and_head()
     if head is None:

@@ -39,8 +39,8 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 
 from .pool import PoolView, request_row
-from .pool_kernels import (classifier_table, graph_args, interpreted, kernels, launch, no_classifier, stage_table,
-                           workspace)
+from .pool_kernels import (classifier_table, graph_args, grown_rows, interpreted, kernels, launch, no_classifier,
+                           stage_table, workspace)
 
 __all__ = ["SelectionGraph", "StaticRows", "graph_for", "captured", "shared_workspace", "GRAPHS"]
 
@@ -56,13 +56,12 @@ def shared_workspace(mod, rows: int, P: int, dev) -> tuple:
     about 20 KB a row, tens of MB over SGLang's batch-size buckets, allocated after SGLang sized its KV cache).
     Sharing is safe: the graphs replay one after another on the forward stream, and each program writes its row
     of the scratch before reading it (a round's result never depends on what it held). A graph with more rows
-    grows it (to its rows or twice the old buffer's, the more); graphs built on an older buffer keep that one
+    grows it (:func:`.pool_kernels.grown_rows`); graphs built on an older buffer keep that one
     alive through their views (captured largest first at server start: one buffer)."""
     key = (mod, P, str(torch.device(dev)))
     work = _WORKSPACE.get(key)
     if work is None or work[0].shape[0] < rows:
-        grown = max(rows, 2 * work[0].shape[0]) if work is not None else rows
-        work = _WORKSPACE[key] = workspace(mod, grown, P, dev)
+        work = _WORKSPACE[key] = workspace(mod, grown_rows(None if work is None else work[0].shape[0], rows), P, dev)
     return tuple(t[:rows] for t in work)
 
 
