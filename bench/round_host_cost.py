@@ -44,7 +44,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from treespec_sglang.plugin import (chain_graph, chain_stop, draft_select, hooks, metrics, pool,  # noqa: E402
-                                     pool_kernels, select_graph, server_hooks, settings, stats)
+                                     pool_kernels, select_graph, server_hooks, settings, stats, unlink_kernel)
 from treespec_sglang.utils.syncs import count_ops  # noqa: E402
 from bench.select_host_cost import pool_lists, sglang_pool  # noqa: E402
 
@@ -170,7 +170,7 @@ def patched(a):
                mock.patch.object(select_graph.SelectionGraph, "_body", lambda self: None),
                mock.patch.object(chain_graph.CutGraph, "_body", cut_once),
                mock.patch.object(pool_kernels, "launch", lambda *x, **y: None),
-               mock.patch.object(pool_kernels, "launch_unlink", lambda *x, **y: None),
+               mock.patch.object(unlink_kernel, "launch_unlink", lambda *x, **y: None),
                # in a server the verify group is a dict read of SGLang's parallel context; outside one its lookup
                # takes an exception path that would cost more than the rest of the hooks (ranks.verify_group)
                mock.patch.object(draft_select, "verify_group", lambda: None),

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from treespec_sglang.plugin import draft_select, pool, pool_kernels, select_graph  # noqa: E402
+from treespec_sglang.plugin import draft_select, pool, pool_kernels, select_graph, unlink_kernel  # noqa: E402
 from treespec_sglang.plugin import rows as rows_module  # noqa: E402
 from treespec_sglang.plugin.round import DraftStep  # noqa: E402
 from treespec_sglang.policies import parse_spec  # noqa: E402
@@ -81,7 +81,7 @@ def measure(mode, bs, a, cached):
     if mode == "graph" and not a.launch:
         patches.append(mock.patch.object(select_graph.SelectionGraph, "_body", lambda self: None))
     if mode in ("triton", "graph") and not a.launch:
-        patches.append(mock.patch.object(pool_kernels, "launch_unlink", lambda *x, **y: None))
+        patches.append(mock.patch.object(unlink_kernel, "launch_unlink", lambda *x, **y: None))
     chains = [torch.full((bs, N), -1, dtype=torch.long, device=a.device) for _ in range(2)]  # [bs, N] each
     if not cached:
         uncached = lambda what, params, extra, build: build()  # noqa: E731

@@ -1,5 +1,5 @@
 """Compile the fused selection and unlink kernels for an H100 (sm_90a) without a GPU, through the plugin's own
-launch path (``pool_kernels.launch`` / ``launch_unlink``: its argument types, alignment hints, constexprs and
+launch path (``pool_kernels.launch`` / ``unlink_kernel.launch_unlink``: its argument types, alignment hints, constexprs and
 warps), and report ptxas's registers and spills per variant. Run in a subprocess by
 ``tests/plugin/test_kernel_compile.py`` (it swaps Triton's active driver for one that needs no CUDA):
 
@@ -72,7 +72,7 @@ def ptxas(ptx: str) -> dict:
 
 def main(shapes):
     driver.set_active(NoDeviceDriver())
-    from treespec_sglang.plugin import pool_kernels as pk
+    from treespec_sglang.plugin import pool_kernels as pk, unlink_kernel
     from treespec_sglang.plugin.pool import BatchPlan, PoolView
     from treespec_sglang.plugin.rows import policy_rows
     from treespec_sglang.policies import parse_spec
@@ -97,8 +97,8 @@ def main(shapes):
                   pk.classifier_table(plan.clf_ids, "cpu"), torch.zeros(bs, N - 1, dtype=torch.int64),
                   torch.zeros(bs, P, dtype=torch.bool), out, pk.graph_args(N, S, P, True))
         links = torch.full((bs, N), -1, dtype=torch.int64)
-        pk.launch_unlink(Mod, links, links.clone(), torch.zeros(bs, N, dtype=torch.bool),
-                         torch.empty(bs, 1 << max(N - 1, 1).bit_length(), dtype=torch.int64))
+        unlink_kernel.launch_unlink(Mod, links, links.clone(), torch.zeros(bs, N, dtype=torch.bool),
+                                    torch.empty(bs, 1 << max(N - 1, 1).bit_length(), dtype=torch.int64))
         for name, nw, kernel in seen:
             print(json.dumps(dict(kernel=name, k=k, S=S, N=N, num_warps=nw, cubin=bool(kernel.asm.get("cubin")),
                                   **ptxas(kernel.asm["ptx"]))), flush=True)

@@ -1,4 +1,4 @@
-"""The filler unlink as one Triton launch (``pool_kernels.unlink_filler_fused``) against plain loops and the torch
+"""The filler unlink as one Triton launch (``unlink_kernel.unlink_filler_fused``) against plain loops and the torch
 ``unlink_filler``, entry by entry; its strictness; and :func:`draft_select.unlink`, which picks it with the selection.
 
 CPU tensors run the kernel in Triton's interpreter (as the selection kernel's tests do); ``cuda`` cases are marked
@@ -11,7 +11,7 @@ import torch
 
 from tests.plugin.kernel_cases import DEVICES, compiled_triton
 from tests.plugin.pools import random_chains, unlink_oracle
-from treespec_sglang.plugin import draft_select, pool_kernels
+from treespec_sglang.plugin import draft_select, unlink_kernel
 from treespec_sglang.plugin.pool import unlink_filler
 
 pytest.importorskip("triton")
@@ -26,7 +26,7 @@ def test_the_kernel_equals_plain_loops_and_the_torch_unlink(device, N, bs):
         want_t, want_s = unlink_oracle(nt, ns, keep)
         ref = unlink_filler(nt, ns, keep)
         got_t, got_s, k = nt.to(device), ns.to(device), keep.to(device)
-        pool_kernels.unlink_filler_fused(got_t, got_s, k)
+        unlink_kernel.unlink_filler_fused(got_t, got_s, k)
         assert got_t.cpu().tolist() == want_t and got_s.cpu().tolist() == want_s, (N, seed)
         assert torch.equal(got_t.cpu(), ref[0]) and torch.equal(got_s.cpu(), ref[1])
         assert torch.equal(k.cpu(), keep)  # keep is read only
@@ -39,7 +39,7 @@ def test_rows_of_sglangs_retrieve_buffer_are_taken_in_place():
     buffer: contiguous views at an offset; the kernel writes them and leaves row 0 (``retrieve_index``) alone."""
     nt, ns, keep = random_chains(random.Random(7), 4, 12)
     buf = torch.stack([torch.arange(48).view(4, 12), nt, ns])
-    pool_kernels.unlink_filler_fused(buf[1], buf[2], keep)
+    unlink_kernel.unlink_filler_fused(buf[1], buf[2], keep)
     want_t, want_s = unlink_oracle(nt, ns, keep)
     assert buf[1].tolist() == want_t and buf[2].tolist() == want_s
     assert torch.equal(buf[0], torch.arange(48).view(4, 12))
@@ -55,7 +55,7 @@ def test_what_the_kernel_cannot_take_is_refused_naming_the_tensor(case, field):
     nt, ns, keep = random_chains(random.Random(3), 3, 6)
     before = (nt.clone(), ns.clone())
     with pytest.raises(ValueError, match=f"unlink_filler_fused: {field} must be a contiguous"):
-        pool_kernels.unlink_filler_fused(*case(nt, ns, keep))
+        unlink_kernel.unlink_filler_fused(*case(nt, ns, keep))
     assert torch.equal(nt, before[0]) and torch.equal(ns, before[1])  # nothing written
 
 
@@ -86,7 +86,7 @@ def test_the_kernel_compiles_for_an_h100():
         pytest.skip("triton was imported with TRITON_INTERPRET=1: nothing compiles in this process")
     sig = {"next_token_ptr": "*i64", "next_sibling_ptr": "*i64", "keep_ptr": "*i1", "work_ptr": "*i64", "N": "i32",
            "BLOCK_N": "constexpr", "ROUNDS": "constexpr"}
-    src = ASTSource(pool_kernels.kernels(False).unlink_kernel, signature=sig, constexprs={"BLOCK_N": 64, "ROUNDS": 7})
+    src = ASTSource(unlink_kernel.kernels(False).unlink_kernel, signature=sig, constexprs={"BLOCK_N": 64, "ROUNDS": 7})
     assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
 
 
@@ -95,27 +95,27 @@ def test_the_start_check_passes_on_a_sound_kernel_and_stops_a_wrong_one(monkeypa
     """``check_unlink`` (run by ``check_selection`` at server start wherever the kernel will unlink): silent
     when the kernel agrees with torch; a kernel that writes nothing, or unlinks one round of jumps short, stops
     the start naming the way out."""
-    pool_kernels.check_unlink("cpu", N)
+    unlink_kernel.check_unlink("cpu", N)
     if N <= 2:
         return  # the fixed trees keep every node of N 1 and 2: nothing to unlink, any kernel passes
     short = lambda mod, nt, ns, keep, work: mod.unlink_kernel[(keep.shape[0],)](  # noqa: E731
         nt, ns, keep, work, keep.shape[1], BLOCK_N=work.shape[1], ROUNDS=0)
     for broken in ((lambda *a: None), short):
-        monkeypatch.setattr(pool_kernels, "launch_unlink", broken)
+        monkeypatch.setattr(unlink_kernel, "launch_unlink", broken)
         with pytest.raises(RuntimeError, match="disagrees with the torch unlink on cpu at N .* TREESPEC_SELECT=torch"):
-            pool_kernels.check_unlink("cpu", N)
+            unlink_kernel.check_unlink("cpu", N)
 
 
 def test_the_start_check_leaves_the_rounds_scratch_alone(monkeypatch):
     """The start check unlinks with a scratch of its own: the rounds' shared one is first allocated by a round,
     on the forward stream its unlinks run on (one made on the start-up stream, freed when a bigger batch grows it
     while a round's unlink may still run, would go back to that stream's free blocks)."""
-    monkeypatch.setattr(pool_kernels, "_SCRATCH", {})
-    pool_kernels.check_unlink("cpu", 9)
-    assert pool_kernels._SCRATCH == {}
+    monkeypatch.setattr(unlink_kernel, "_SCRATCH", {})
+    unlink_kernel.check_unlink("cpu", 9)
+    assert unlink_kernel._SCRATCH == {}
     nt, ns, keep = random_chains(random.Random(3), 2, 9)
-    pool_kernels.unlink_filler_fused(nt, ns, keep)
-    assert list(pool_kernels._SCRATCH) == [(16, torch.device("cpu"))]
+    unlink_kernel.unlink_filler_fused(nt, ns, keep)
+    assert list(unlink_kernel._SCRATCH) == [(16, torch.device("cpu"))]
 
 
 @pytest.mark.parametrize("N,offsets", [(5, {0, 8}), (8, {0})])
@@ -123,16 +123,16 @@ def test_the_start_check_launches_every_alignment_sglangs_buffer_gives(monkeypat
     """Triton compiles a variant per 16-byte alignment of a pointer, and SGLang's ``retrieve_next_token`` is row 1
     of one ``[3, bs, N]`` int64 buffer (``bs * N * 8`` bytes in): with an odd N the start check launches both
     alignments, so no round compiles one; each launch's chains are checked (a wrong second launch stops it)."""
-    seen, real = [], pool_kernels.launch_unlink
-    monkeypatch.setattr(pool_kernels, "launch_unlink", lambda mod, nt, ns, keep, work: seen.append(
+    seen, real = [], unlink_kernel.launch_unlink
+    monkeypatch.setattr(unlink_kernel, "launch_unlink", lambda mod, nt, ns, keep, work: seen.append(
         (nt.data_ptr() % 16, ns.data_ptr() % 16)) or real(mod, nt, ns, keep, work))
-    pool_kernels.check_unlink("cpu", N)
+    unlink_kernel.check_unlink("cpu", N)
     assert {t for t, _ in seen} == offsets and {s for _, s in seen} == {0} and len(seen) == 2
-    monkeypatch.setattr(pool_kernels, "launch_unlink", lambda mod, nt, ns, keep, work: (
+    monkeypatch.setattr(unlink_kernel, "launch_unlink", lambda mod, nt, ns, keep, work: (
         real(mod, nt, ns, keep, work) if nt.data_ptr() % 16 == 0 or N % 2 == 0 else None))
     if N % 2:
         with pytest.raises(RuntimeError, match="disagrees with the torch unlink"):
-            pool_kernels.check_unlink("cpu", N)
+            unlink_kernel.check_unlink("cpu", N)
 
 
 @pytest.mark.parametrize("mode,topk,checked", [("triton", 4, True), ("triton", 1, True), ("graph", 1, True),
@@ -154,12 +154,12 @@ def test_the_kept_scratch_is_reused_and_what_it_held_never_leaks(fill):
     an earlier round (here poisoned: -1, in-range node ids, huge values) never reaches the chains."""
     nt, ns, keep = random_chains(random.Random(21), 6, 11)
     want_t, want_s = unlink_oracle(nt, ns, keep)
-    pool_kernels.unlink_filler_fused(nt.clone(), ns.clone(), keep)
-    scratch = pool_kernels._unlink_scratch(6, 11, keep.device)
+    unlink_kernel.unlink_filler_fused(nt.clone(), ns.clone(), keep)
+    scratch = unlink_kernel._unlink_scratch(6, 11, keep.device)
     scratch.fill_(fill)
     got_t, got_s = nt.clone(), ns.clone()
-    pool_kernels.unlink_filler_fused(got_t, got_s, keep)
-    assert pool_kernels._unlink_scratch(6, 11, keep.device) is scratch
+    unlink_kernel.unlink_filler_fused(got_t, got_s, keep)
+    assert unlink_kernel._unlink_scratch(6, 11, keep.device) is scratch
     assert got_t.tolist() == want_t and got_s.tolist() == want_s
 
 
@@ -167,16 +167,16 @@ def test_the_scratch_is_one_buffer_per_width_grown_by_doubling(monkeypatch):
     """Every batch size's scratch is the first rows of one buffer (memory bounded by twice the largest batch, where a
     buffer per batch size piled up over a day of drifting sizes); a bigger batch doubles it, and every size's
     chains stay right across the growth."""
-    monkeypatch.setattr(pool_kernels, "_SCRATCH", {})
-    views = {bs: pool_kernels._unlink_scratch(bs, 11, torch.device("cpu")) for bs in (4, 2, 4)}
-    buf = pool_kernels._SCRATCH[(16, torch.device("cpu"))][0]
+    monkeypatch.setattr(unlink_kernel, "_SCRATCH", {})
+    views = {bs: unlink_kernel._unlink_scratch(bs, 11, torch.device("cpu")) for bs in (4, 2, 4)}
+    buf = unlink_kernel._SCRATCH[(16, torch.device("cpu"))][0]
     assert buf.shape == (4, 16) and views[2].data_ptr() == views[4].data_ptr() == buf.data_ptr()
-    assert pool_kernels._unlink_scratch(5, 11, torch.device("cpu")).shape == (5, 16)
-    assert pool_kernels._SCRATCH[(16, torch.device("cpu"))][0].shape == (8, 16)  # doubled, not 5
-    assert pool_kernels._unlink_scratch(20, 11, torch.device("cpu")).shape == (20, 16)
+    assert unlink_kernel._unlink_scratch(5, 11, torch.device("cpu")).shape == (5, 16)
+    assert unlink_kernel._SCRATCH[(16, torch.device("cpu"))][0].shape == (8, 16)  # doubled, not 5
+    assert unlink_kernel._unlink_scratch(20, 11, torch.device("cpu")).shape == (20, 16)
     for bs in (3, 20, 7):
         nt, ns, keep = random_chains(random.Random(bs), bs, 11)
         want_t, want_s = unlink_oracle(nt, ns, keep)
-        pool_kernels.unlink_filler_fused(nt, ns, keep)
+        unlink_kernel.unlink_filler_fused(nt, ns, keep)
         assert nt.tolist() == want_t and ns.tolist() == want_s
-    assert len(pool_kernels._SCRATCH) == 1
+    assert len(unlink_kernel._SCRATCH) == 1

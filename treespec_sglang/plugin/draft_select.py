@@ -30,12 +30,13 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from .pool import BatchPlan, PoolView, policy_rows, select_on_pool, share_token_cap, unlink_filler, COLUMNS
-from .pool_kernels import check_unlink, select_on_pool_fused, unlink_filler_fused, warm_up
+from .pool_kernels import select_on_pool_fused, warm_up
 from .classifiers import registered
 from .rows import _clf_id
 from .select_graph import graph_for
 from .ranks import agree, perturbed, perturbed_parent_list, perturbed_rank, record_digest, verify_group
 from .settings import derived, env
+from .unlink_kernel import check_unlink, unlink_filler_fused
 
 __all__ = ["stash_pool", "read_pool", "select_after_draft", "capturing", "ENV_SELECT", "selection_mode",
            "selection", "check_selection", "replays_selection", "capture_selections", "unlink"]
@@ -120,7 +121,7 @@ def unlink(next_token: torch.Tensor, next_sibling: torch.Tensor, keep: torch.Ten
         ``retrieve_next_sibling`` (rewritten in place)
     keep : ``[bs, N]`` bool, the round's kept nodes in verify order (closed under ancestors)
 
-    The fused kernel (:func:`~.pool_kernels.unlink_filler_fused`, one launch) where :func:`selection` is the
+    The fused kernel (:func:`~.unlink_kernel.unlink_filler_fused`, one launch) where :func:`selection` is the
     kernel, else :func:`~.pool.unlink_filler` and two copies (35 ATen ops at N 8).
     """
     if selection(keep.device) is select_on_pool_fused:
@@ -135,7 +136,7 @@ def check_selection(device, topk: int, steps: int, num_draft_tokens: int) -> str
     """At server start (every scheduler process): the mode is valid and, when it takes the kernels, the selection
     kernel loads and compiles for the server's pool (:func:`~.pool_kernels.warm_up`; chain servers, topk 1, never
     select) and the unlink kernel for its N, checked against the torch unlink on fixed trees
-    (:func:`~.pool_kernels.check_unlink`; chain rounds unlink too); returns the mode. Raises ValueError /
+    (:func:`~.unlink_kernel.check_unlink`; chain rounds unlink too); returns the mode. Raises ValueError /
     RuntimeError (or triton's compile error) with the reason instead of failing a first round."""
     mode = selection_mode()
     if selection(device) is select_on_pool_fused:
