@@ -41,3 +41,16 @@ def loaded():
     finally:
         logging.getLogger("sglang").removeHandler(h)
     return HookRegistry, records
+
+
+@pytest.fixture
+def fresh_registry():
+    """The policy registry (process-wide) as it was before the test: a policy the test registers is removed again
+    after it. Yields the registry module."""
+    from treespec_sglang.policies import registry
+
+    before = dict(registry.REGISTRY)
+    yield registry
+    for name in set(registry.REGISTRY) - set(before):
+        registry.POLICIES.pop(name)
+        registry._BY_PARAMS.pop(registry.REGISTRY.pop(name).Params)

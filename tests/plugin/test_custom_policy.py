@@ -18,14 +18,9 @@ K, S, N = 4, 3, 8
 
 
 @pytest.fixture
-def custom():
+def custom(fresh_registry):
     """The module's policies registered for one test, then removed again (the registry is process-wide)."""
-    before = dict(registry.REGISTRY)
-    mod = importlib.import_module("tests.e2e.custom_policy")
-    yield mod
-    for name in set(registry.REGISTRY) - set(before):
-        registry.POLICIES.pop(name)
-        registry._BY_PARAMS.pop(registry.REGISTRY.pop(name).Params)
+    yield importlib.import_module("tests.e2e.custom_policy")
     sys.modules.pop("tests.e2e.custom_policy", None)
 
 

@@ -121,18 +121,13 @@ def _above_mean_keep(pool, rows, n_eff):
 
 
 @pytest.fixture
-def custom_policy():
+def custom_policy(fresh_registry):
     """A policy with a "custom" pool rule, registered for one test, then removed (the registry is process-wide)."""
-    before = dict(registry.REGISTRY)
     base = registry.REGISTRY["eagle2"].engine
     cls = type("AboveMeanPolicy", (base,), {"name": "fused-above-mean", "Params": _AboveMeanParams,
                                             "pool_rule": registry.PoolRule(row=lambda p: {}, stage="custom",
                                                                            keep=_above_mean_keep)})
     registry.register_policy(cls)
-    yield
-    for name in set(registry.REGISTRY) - set(before):
-        registry.POLICIES.pop(name)
-        registry._BY_PARAMS.pop(registry.REGISTRY.pop(name).Params)
 
 
 def test_custom_rows_take_their_registered_keep(custom_policy):

@@ -2,7 +2,11 @@
 settings check, the token-map head shards under TP, CPU groups without PyNccl; the hooks that use them.
 Multi-rank cases run in spawned processes over a gloo group (``tests.helpers.run_ranks``)."""
 
+import dataclasses
+import importlib
+import json
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +16,7 @@ from tests.helpers import GlooGroup, run_ranks
 from treespec_sglang.plugin import ranks as R
 from treespec_sglang.plugin.config import ServerDefaults
 from treespec_sglang.plugin.request import request_params
+from treespec_sglang.policies.classifier import DEFAULT_FILE
 
 
 @pytest.fixture(autouse=True)
@@ -121,29 +126,59 @@ def _settings_main(rank, out):
     if rank == 1:
         os.environ["TREESPEC_POLICY"], os.environ["TREESPEC_CONFIG"] = "talon", '{"budget": 12}'
     try:
-        R.check_settings_agree(GlooGroup())
-        res = "ok"
+        res = R.check_settings_agree(GlooGroup())
     except RuntimeError as e:
         res = str(e)
-    with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
-        f.write(res)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"digest": R.settings_digest(), "result": res}, f)
 
 
 def test_a_rank_with_other_settings_stops_with_a_message(tmp_path):
+    """Rank 0 returns the agreed digest; a rank started with another policy stops, its message naming both
+    digests' first 16 hex digits and what to give every rank. Alone there is nothing to agree."""
     run_ranks(_settings_main, 2, tmp_path, str(tmp_path))
-    r0, r1 = ((tmp_path / f"rank{i}.txt").read_text() for i in (0, 1))
-    assert r0 == "ok"
-    assert "differ from rank 0's" in r1 and "TREESPEC_POLICY" in r1
+    r0, r1 = (json.loads((tmp_path / f"rank{i}.json").read_text()) for i in (0, 1))
+    assert r0["result"] == r0["digest"] != r1["digest"]
+    assert "differ from rank 0's" in r1["result"] and "TREESPEC_POLICY" in r1["result"]
+    assert r1["result"].endswith(f"sha256 {r1['digest'][:16]} here vs {r0['digest'][:16]} on rank 0; give every "
+                                 "rank the same flags, environment and files")
+    assert R.check_settings_agree(None) is None and R.check_settings_agree(SimpleNamespace(world_size=1)) is None
 
 
-def test_the_settings_digest_follows_every_input(monkeypatch):
+@pytest.mark.parametrize("var,value", [
+    ("TREESPEC_POLICY", "talon"), ("TREESPEC_CONFIG", '{"budget": 7}'), ("TREESPEC_TOKEN_CAP", "7"),
+    ("TREESPEC_SELECT", "triton"), ("TREESPEC_CHAIN_STOP_GRAPH", "1"), ("TREESPEC_STATS_MAX_ROUNDS", "9"),
+    ("TREESPEC_RAGGED_VERIFY", "1"), ("TREESPEC_RAGGED_TUNING", "warmup=9"),
+    ("TREESPEC_CLASSIFIERS", json.dumps({"other": DEFAULT_FILE}))])
+def test_the_settings_digest_follows_every_input(monkeypatch, var, value):
+    """Each input a rank's per-round decisions depend on, changed alone, changes the digest (a rank started with
+    another value would stop at start), and back again gives the same digest."""
+    monkeypatch.delenv(var, raising=False)
+    if var == "TREESPEC_CONFIG":  # a config is the default policy's
+        monkeypatch.setenv("TREESPEC_POLICY", "talon")
     base = R.settings_digest()
-    for var, value in (("TREESPEC_POLICY", "talon"), ("TREESPEC_TOKEN_CAP", "7"), ("TREESPEC_SELECT", "triton"),
-                       ("TREESPEC_CHAIN_STOP_GRAPH", "1")):
-        monkeypatch.setenv(var, value)
-        assert R.settings_digest() != base
-        monkeypatch.delenv(var)
+    monkeypatch.setenv(var, value)
+    assert R.settings_digest() != base
+    monkeypatch.delenv(var)
     assert R.settings_digest() == base
+
+
+def test_the_settings_digest_follows_the_registered_policies_and_their_pool_stages(fresh_registry):
+    """A policy registered on one rank only (an operator's module imported there), a pool rule without stage (the
+    engine-only policy), and a registered policy whose pool stage differs: each changes the digest."""
+    base = R.settings_digest()
+    talon = fresh_registry.REGISTRY["talon"]
+    fresh_registry.REGISTRY["talon"] = dataclasses.replace(talon, pool_rule=fresh_registry.REGISTRY["c2t"].pool_rule)
+    try:
+        assert R.settings_digest() != base  # same names, talon's rows run another stage
+    finally:
+        fresh_registry.REGISTRY["talon"] = talon
+    assert R.settings_digest() == base
+    importlib.import_module("tests.e2e.custom_policy")  # root-children (a custom stage) and engine-only (no rule)
+    try:
+        assert R.settings_digest() != base
+    finally:
+        sys.modules.pop("tests.e2e.custom_policy", None)
 
 
 # ------------------------------------------------------------------------------------------ token map under TP
@@ -157,6 +192,17 @@ def test_hot_rows_split_the_hot_ids_in_rank_order(n_hot, size):
     assert flat[:n_hot] == hot.tolist() and set(flat[n_hot:]) <= {int(hot[-1])}
     with pytest.raises(ValueError, match=r"\[0, 50\)"):
         R.hot_rows(50, torch.tensor([3, 50]), 0, size)
+
+
+@pytest.mark.parametrize("hot,ok", [([0], True), ([0, 49], True), ([], False), ([-1, 3], False), ([49, 50], False)])
+def test_hot_rows_take_every_id_of_the_vocabulary_and_refuse_the_rest(hot, ok):
+    """Ids 0 and vocab - 1 are the edges of the valid range (a map of one id too); an empty map, a negative id and
+    one past the vocabulary are refused with the range."""
+    if ok:
+        assert R.hot_rows(50, torch.tensor(hot), 0, 1).tolist() == hot
+        return
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 50\), got"):
+        R.hot_rows(50, torch.tensor(hot, dtype=torch.int64), 0, 1)
 
 
 V, H, HIDDEN = 12, 5, 4  # target vocab, hot ids, hidden
@@ -261,6 +307,8 @@ def test_only_the_named_rank_sees_perturbed_scores(monkeypatch):
     assert R.perturbed(scores, None) is scores
     out = R.perturbed(scores, rank1)
     assert all(torch.equal(o, -t) for o, t in zip(out, scores)) and len(out) == 2
+    assert R.perturbed_rank(rank1) and not R.perturbed_rank(SimpleNamespace(rank_in_group=0))
+    assert not R.perturbed_rank(None)
     table = torch.tensor([[-1, 0, 1, 2]])  # [bs, W] a parent table
     assert R.perturbed_parent_list(table, SimpleNamespace(rank_in_group=0, world_size=2)) is table
     assert R.perturbed_parent_list(table, rank1) is table  # a group of one rank: its table is the one used

@@ -181,7 +181,7 @@ def record_digest(own: Sequence[torch.Tensor], agreed: Sequence[torch.Tensor], g
     out = digests_dir()
     if not out:
         return
-    rank = int(getattr(group, "rank_in_group", 0)) if group is not None else 0
+    rank = group.rank_in_group if group is not None else 0
     with open(os.path.join(out, f"{what}rank{rank}.txt"), "a") as f:
         f.write(f"{_tree_hash(own)} {_tree_hash(agreed)}\n")
 
@@ -199,7 +199,7 @@ def perturbed_parent_list(parent_list: torch.Tensor, group=None) -> torch.Tensor
     fault, as if its draft beam had gone another way: :func:`agree` must replace it); others' as it is. Only a rank
     other than 0 of a group of several (rank 0's table is the one every rank uses: reversed, the tree would be
     malformed, where reversed scores still give a valid one)."""
-    faulty = _faulty(ENV_PERTURB, group) and group_size(group) > 1 and int(getattr(group, "rank_in_group", 0)) > 0
+    faulty = _faulty(ENV_PERTURB, group) and group_size(group) > 1 and group.rank_in_group > 0
     return parent_list.flip(-1) if faulty else parent_list
 
 
@@ -220,7 +220,7 @@ _test_fault = derived(env)  # TREESPEC_TEST_PERTURB_*: which rank is faulty (rea
 
 def _faulty(name: str, group) -> bool:
     want = _test_fault(name)
-    return bool(want) and group is not None and int(getattr(group, "rank_in_group", 0)) == int(want)
+    return bool(want) and group is not None and group.rank_in_group == int(want)
 
 
 def agree_verify(original, *args, **kwargs):
