@@ -5,6 +5,7 @@ Multi-rank cases run in spawned processes over a gloo group (``tests.helpers.run
 import dataclasses
 import importlib
 import json
+import logging
 import os
 import sys
 from types import SimpleNamespace
@@ -33,6 +34,8 @@ def _agree_main(rank, out):
     keep = torch.rand(3, 8, generator=g) > 0.5
     before = dict(R.BROADCASTS)
     a_idx, a_keep = R.agree([idx, keep], GlooGroup())
+    (again,) = R.agree([idx[:1]], GlooGroup())  # a second round: the counters add up
+    assert torch.equal(again, a_idx[:1])
     torch.save({"idx": idx, "keep": keep, "a_idx": a_idx, "a_keep": a_keep,
                 "count": R.BROADCASTS["count"] - before["count"], "bytes": R.BROADCASTS["bytes"] - before["bytes"]},
                os.path.join(out, f"rank{rank}.pt"))
@@ -45,7 +48,7 @@ def test_every_rank_gets_rank0s_values_in_one_broadcast(tmp_path):
     for r in (r0, r1):
         assert torch.equal(r["a_idx"], r0["idx"]) and torch.equal(r["a_keep"], r0["keep"])
         assert r["a_keep"].dtype == torch.bool and r["a_idx"].dtype == torch.int64
-        assert r["count"] == 1 and r["bytes"] == 8 * (3 * 7 + 3 * 8)
+        assert r["count"] == 2 and r["bytes"] == 8 * (3 * 7 + 3 * 8) + 8 * 7
 
 
 def test_alone_agree_is_the_identity_and_sends_nothing():
@@ -92,7 +95,8 @@ def _verify_main(rank, out, digests):
         flipped = dict(case, target_predict=case["target_predict"].flip(-1).contiguous())
         own = _greedy_verify(**{k: v.clone() if torch.is_tensor(v) else v for k, v in flipped.items()})
     before = dict(R.BROADCASTS)
-    got = R.agree_verify(_greedy_verify, **case)
+    first = [case.pop(k) for k in ("predicts", "accept_index", "accept_token_num")]  # positional: bound by name
+    got = R.agree_verify(_greedy_verify, *first, **case)
     torch.save({"own": own, "got": got, "count": R.BROADCASTS["count"] - before["count"]},
                os.path.join(out, f"rank{rank}.pt"))
 
@@ -139,9 +143,12 @@ def test_a_rank_with_other_settings_stops_with_a_message(tmp_path):
     run_ranks(_settings_main, 2, tmp_path, str(tmp_path))
     r0, r1 = (json.loads((tmp_path / f"rank{i}.json").read_text()) for i in (0, 1))
     assert r0["result"] == r0["digest"] != r1["digest"]
-    assert "differ from rank 0's" in r1["result"] and "TREESPEC_POLICY" in r1["result"]
-    assert r1["result"].endswith(f"sha256 {r1['digest'][:16]} here vs {r0['digest'][:16]} on rank 0; give every "
-                                 "rank the same flags, environment and files")
+    assert r1["result"] == (  # every input of the digest named, both digests' heads, what to do
+        "treespec: this rank's settings (TREESPEC_POLICY / TREESPEC_CONFIG / TREESPEC_TOKEN_CAP, the policies of "
+        "TREESPEC_POLICY_MODULES, the classifier files of TREESPEC_CLASSIFIERS, TREESPEC_STATS_MAX_ROUNDS, "
+        "TREESPEC_SELECT, TREESPEC_CHAIN_STOP_GRAPH, TREESPEC_RAGGED_VERIFY / _TUNING) differ from rank 0's: "
+        f"sha256 {r1['digest'][:16]} here vs {r0['digest'][:16]} on rank 0; give every rank the same flags, "
+        "environment and files")
     assert R.check_settings_agree(None) is None and R.check_settings_agree(SimpleNamespace(world_size=1)) is None
 
 
@@ -224,9 +231,14 @@ def _head_main(rank, out):
     calls = []
     worker = _fake_draft_worker(rank, 2, full, hot, calls)
     R._head_group = GlooGroup  # the spawned process's own module: this rank's gloo world
+    logs = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logs.append(record.getMessage())
+    R.logger.addHandler(handler)
+    R.logger.setLevel(logging.INFO)
     R.shard_hot_head(lambda self: calls.append(("original",)), worker)
     (_, embed, head), = calls
-    torch.save({"full": full, "head": head.data, "hot": worker.hot_token_id, "embed": embed},
+    torch.save({"full": full, "head": head.data, "hot": worker.hot_token_id, "embed": embed, "logs": logs},
                os.path.join(out, f"rank{rank}.pt"))
 
 
@@ -242,16 +254,34 @@ def test_under_tp_each_rank_holds_its_shard_of_the_hot_head_rows(tmp_path):
     assert ids == r1["hot"].tolist() == hot + [6]
     assert torch.allclose(gathered, torch.stack([full[t] @ x for t in ids]))
     assert r0["embed"] == "embed"
+    assert r0["logs"] == r1["logs"] == ["treespec: TP 2, token map of 5 ids: this rank's draft head holds 3 hot rows"]
 
 
 def test_alone_or_without_a_token_map_sglang_sets_the_head(monkeypatch):
+    """SGLang's own call, with its arguments as given: alone, without a token map (None or no attribute), for
+    EAGLE-3 (its own head), and for a target whose head SGLang does not share."""
     calls = []
     full = torch.randn(V, HIDDEN)
+
+    def original(self, *args, **kwargs):
+        calls.append((self, args, kwargs))
+        return "sglang's"
+
+    workers = []
     monkeypatch.setattr(R, "_head_group", lambda: SimpleNamespace(world_size=1))
-    R.shard_hot_head(lambda self: calls.append("original"), _fake_draft_worker(0, 1, full, torch.tensor([1]), []))
+    workers.append(_fake_draft_worker(0, 1, full, torch.tensor([1]), []))
+    assert R.shard_hot_head(original, workers[-1], 3, device="cpu") == "sglang's"
     monkeypatch.setattr(R, "_head_group", lambda: SimpleNamespace(world_size=2))
-    R.shard_hot_head(lambda self: calls.append("original"), _fake_draft_worker(0, 1, full, None, []))
-    assert calls == ["original", "original"]
+    workers.append(_fake_draft_worker(0, 1, full, None, []))
+    workers.append(SimpleNamespace(**{k: v for k, v in vars(workers[-1]).items() if k != "hot_token_id"}))
+    workers.append(_fake_draft_worker(0, 1, full, torch.tensor([1]), []))
+    workers[-1].speculative_algorithm = SimpleNamespace(is_eagle3=lambda: True)
+    workers.append(_fake_draft_worker(0, 1, full, torch.tensor([1]), []))
+    workers[-1]._resolve_shared_embed_and_head = lambda: ("embed", None)
+    for w in workers[1:]:
+        assert R.shard_hot_head(original, w, 3, device="cpu") == "sglang's"
+    assert len(calls) == len(workers) and all(c[0] is w for c, w in zip(calls, workers))
+    assert all(c[1:] == ((3,), {"device": "cpu"}) for c in calls)
 
 
 @pytest.mark.sglang

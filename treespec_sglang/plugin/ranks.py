@@ -163,8 +163,9 @@ def check_settings_agree(group=None) -> Optional[str]:
 
 
 def _device(group) -> torch.device:
-    backend = str(torch.distributed.get_backend(group.device_group)) if group is not None else "gloo"
-    if backend == "gloo":
+    """Where ``group``'s (a group of several ranks) broadcasts take their tensors: the CPU for gloo, else this
+    rank's GPU."""
+    if str(torch.distributed.get_backend(group.device_group)) == "gloo":
         return torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device())
 
