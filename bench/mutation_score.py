@@ -47,7 +47,26 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     "ragged": (["treespec_sglang/plugin/ragged.py"],
                ["tests/plugin/test_ragged.py", "tests/plugin/test_ragged_tokens.py",
                 "tests/plugin/test_ragged_hooks.py", "tests/plugin/test_ragged_flashinfer.py"]),
+    # the multi-rank agreements (every per-round decision identical on every rank): gloo groups on the CPU
+    "ranks": (["treespec_sglang/plugin/ranks.py"],
+              ["tests/plugin/test_ranks.py", "tests/plugin/test_draft_select.py", "tests/plugin/test_chain_graph.py",
+               "tests/plugin/test_ragged_tuner.py"]),
+    # a batch's columns, parameter rows and stats (the host work of every round)
+    "rounds": (["treespec_sglang/plugin/columns.py", "treespec_sglang/plugin/rows.py",
+                "treespec_sglang/plugin/stats.py", "treespec_sglang/plugin/round.py"],
+               ["tests/plugin/test_columns.py", "tests/plugin/test_stats.py", "tests/plugin/test_request.py",
+                "tests/plugin/test_sglang_rounds.py", "tests/plugin/test_handoff.py", "tests/plugin/test_metrics.py",
+                "tests/plugin/test_draft_select.py"]),
 }
+# groups whose tests run the group's code in spawned processes (gloo ranks: ``tests.helpers.run_ranks``). mutmut maps
+# a test to the functions it calls in its own process only, so a function only such a rank calls would be left
+# with no test (or with only its single-process tests); after the first run every function of the group is mapped
+# to these tests too and the mutants that survived run again (:func:`spawned_tests`).
+SPAWNED = {"ranks": ["tests/plugin/test_ranks.py"]}
+# the tests' marker expression per group: SGLang's group helpers (``verify_group``) and a round's hooks on SGLang's
+# own batch objects are unit-tested with sglang imported, which these groups need
+MARKERS = {"ranks": "not gpu and not slow and not e2e", "rounds": "not gpu and not slow and not e2e"}
+DEFAULT_MARKERS = "not gpu and not slow and not e2e and not sglang"
 
 
 def _toml_list(xs):
@@ -75,8 +94,8 @@ def prepare(group: str, work: str, only=None) -> str:
         only = [x + "*" if x.endswith("/") else x for x in paths]  # glob patterns
         fh.write(f"\n[tool.mutmut]\nsource_paths = [\"treespec_sglang\"]\nonly_mutate = {_toml_list(only)}\n"
                  f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
-                 f"pytest_add_cli_args = [\"-x\", \"-q\", \"-p\", \"no:cacheprovider\", \"-m\", \"not gpu and not slow "
-                 f"and not e2e and not sglang\"]\nalso_copy = [\"tests\", \"bench\"]\n"
+                 f"pytest_add_cli_args = [\"-x\", \"-q\", \"-p\", \"no:cacheprovider\", \"-m\", "
+                 f"\"{MARKERS.get(group, DEFAULT_MARKERS)}\"]\nalso_copy = [\"tests\", \"bench\"]\n"
                  # each mutant in a fresh child of a server that only collected the tests: the per-process
                  # caches (parameter rows, index tables) start empty, so a mutated builder is exercised
                  f"process_isolation = \"forkserver\"\nforkserver_warmup = \"collect\"\n")
@@ -131,6 +150,22 @@ def statuses(work: str, env: dict) -> dict:
     return {m.strip(): st.strip() for m, _, st in (x.partition(":") for x in res.splitlines() if ":" in x)}
 
 
+def spawned_tests(work: str, prefixes: list) -> list:
+    """Map every mutated function of a work dir to the collected tests under ``prefixes`` as well (in mutmut's
+    stats file: its own tracing sees no call a spawned rank makes) and return the mutants to run again: those
+    that survived or had no test."""
+    path = os.path.join(work, "mutants", "mutmut-stats.json")
+    st = json.load(open(path))
+    extra = {t for t in st["duration_by_test"] if t.startswith(tuple(prefixes))}
+    mapped = st["tests_by_mangled_function_name"]
+    for fn in st["function_hashes"]:  # the functions of the mutated files
+        mapped[fn] = sorted(set(mapped.get(fn, ())) | extra)
+    with open(path, "w") as fh:
+        json.dump(st, fh)
+    env = {**os.environ, "PYTHONPATH": ""}
+    return [m for m, status in statuses(work, env).items() if status in ("survived", "no tests")]
+
+
 def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, retest=False) -> dict:
     """Mutate and test one group in a fresh copy. With ``reuse`` (a kept work dir): only re-read its results,
     e.g. after recording equivalent mutants; with ``retest`` too, first copy the current tests in and run
@@ -153,6 +188,11 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
                                 ignore=shutil.ignore_patterns("__pycache__", "measured", "data"))
         before = statuses(work, env)
         again = [m for m, st in before.items() if st in ("survived", "no tests")]
+        if again:
+            subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
+                           cwd=work, env=env)
+    if not reuse and group in SPAWNED:
+        again = spawned_tests(work, SPAWNED[group])
         if again:
             subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
                            cwd=work, env=env)

@@ -1,0 +1,51 @@
+"""``bench/mutation_score.py`` (mutmut, not in CI): the group's marker expression reaches mutmut's pytest
+arguments, a group whose tests run its code in spawned ranks maps every mutated function to those tests before
+the survivors run again, and survivors listed as equivalent count only while their mutated line still matches."""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from bench import mutation_score as M  # noqa: E402
+
+
+def _mutmut_section(work):
+    text = open(os.path.join(work, "pyproject.toml")).read()
+    return text[text.index("[tool.mutmut]"):]
+
+
+@pytest.mark.parametrize("group,sglang", [("ranks", True), ("pool", False)])
+def test_each_group_runs_its_tests_under_its_marker_expression(tmp_path, group, sglang):
+    section = _mutmut_section(M.prepare(group, str(tmp_path)))
+    markers = "not gpu and not slow and not e2e" + ("" if sglang else " and not sglang")
+    assert f'"-m", "{markers}"]' in section
+    assert f"pytest_add_cli_args_test_selection = {M._toml_list(M.GROUPS[group][1])}" in section
+    assert f"only_mutate = {M._toml_list(M.GROUPS[group][0])}" in section
+    assert os.path.exists(tmp_path / M.GROUPS[group][0][0])  # the tracked tree copied
+
+
+def test_spawned_tests_map_every_mutated_function_to_the_ranks_tests(tmp_path, monkeypatch):
+    os.makedirs(tmp_path / "mutants")
+    ranks_t, other_t = "tests/plugin/test_ranks.py::test_agree", "tests/plugin/test_pool.py::test_x"
+    stats = {"function_hashes": {"m.x_agree": "h1", "m.x__device": "h2"},
+             "tests_by_mangled_function_name": {"m.x_agree": [other_t], "other.x_f": [other_t]},
+             "duration_by_test": {ranks_t: 1.0, other_t: 2.0}, "stats_time": 3.0}
+    (tmp_path / "mutants" / "mutmut-stats.json").write_text(json.dumps(stats))
+    monkeypatch.setattr(M, "statuses", lambda work, env: {"m.x_agree__mutmut_1": "killed",
+                                                          "m.x_agree__mutmut_2": "survived",
+                                                          "m.x__device__mutmut_1": "no tests",
+                                                          "m.x__device__mutmut_2": "timeout"})
+    again = M.spawned_tests(str(tmp_path), ["tests/plugin/test_ranks.py"])
+    assert again == ["m.x_agree__mutmut_2", "m.x__device__mutmut_1"]
+    mapped = json.loads((tmp_path / "mutants" / "mutmut-stats.json").read_text())["tests_by_mangled_function_name"]
+    assert mapped == {"m.x_agree": sorted([other_t, ranks_t]), "m.x__device": [ranks_t], "other.x_f": [other_t]}
+
+
+def test_an_equivalent_entry_holds_only_while_its_line_still_matches():
+    diffs = {"a": "--- f\n+++ f\n-    x = 1\n+    x = 2\n", "b": "--- f\n+++ f\n-    y = 1\n+    y = 3\n", "c": ""}
+    equivalent = {"a": ("x = 2", "why"), "b": ("y = 2", "why")}
+    assert M.classify(["a", "b", "c"], diffs, equivalent) == (["b", "c"], ["a"], ["b"])
