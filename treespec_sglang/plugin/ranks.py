@@ -51,8 +51,9 @@ from .settings import derived, env
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
-__all__ = ["digests_dir", "verify_group", "group_size", "agree", "settings_digest", "check_settings_agree", "cpu_parallel_group",
-           "shard_hot_head", "hot_rows", "BROADCASTS", "record_digest", "perturbed", "agree_verify"]
+__all__ = ["digests_dir", "verify_group", "group_size", "agree", "settings_digest", "check_settings_agree",
+           "cpu_parallel_group", "shard_hot_head", "hot_rows", "BROADCASTS", "record_digest", "perturbed",
+           "agree_verify"]
 
 ENV_DIGESTS = "TREESPEC_RANK_DIGESTS"
 ENV_PERTURB = "TREESPEC_TEST_PERTURB_RANK"

@@ -51,11 +51,11 @@ _SCRATCH: Dict[tuple, tuple] = {}  # (BLOCK_N, device) -> (the unlink's [rows, B
 
 def _unlink_scratch(bs: int, N: int, device) -> torch.Tensor:
     """The unlink kernel's ``[bs, BLOCK_N]`` int64 scratch (every program writes its row before reading it): the
-    first ``bs`` rows of one buffer per width and device, grown (:func:`grown_rows`) when a bigger batch comes, the view kept
-    per batch size, so a round allocates nothing and the memory is bounded by twice the largest batch. Reuse is safe
-    in stream order: every unlink that takes it is a round's, launched on the server's forward stream, where the
-    buffer is allocated too (the start check brings its own: a buffer allocated on the start-up stream, freed
-    while a round's unlink may still run, would go back to that stream's free blocks)."""
+    first ``bs`` rows of one buffer per width and device, grown (:func:`.pool_kernels.grown_rows`) when a bigger batch comes, the
+    view kept per batch size, so a round allocates nothing and the memory is bounded by twice the largest batch.
+    Reuse is safe in stream order: every unlink that takes it is a round's, launched on the server's forward stream,
+    where the buffer is allocated too (the start check brings its own: a buffer allocated on the start-up stream,
+    freed while a round's unlink may still run, would go back to that stream's free blocks)."""
     block_n = _block_n(N)
     key = (block_n, device)
     buf, views = _SCRATCH.get(key, (None, None))
@@ -114,6 +114,6 @@ def check_unlink(device, num_draft_tokens: int) -> None:
         unlink_filler_fused(got_t, got_s, keep.to(device), work)
         if torch.equal(got_t.cpu(), want[0]) and torch.equal(got_s.cpu(), want[1]):
             continue
-        raise RuntimeError(f"the fused filler unlink (pool_kernels_triton.unlink_kernel) disagrees with the torch unlink on "
-                           f"{device} at N {N}; start with TREESPEC_SELECT=torch and report this (got next_token "
-                           f"{got_t.cpu().tolist()}, want {want[0].tolist()})")
+        raise RuntimeError(f"the fused filler unlink (pool_kernels_triton.unlink_kernel) disagrees with the torch "
+                           f"unlink on {device} at N {N}; start with TREESPEC_SELECT=torch and report this (got "
+                           f"next_token {got_t.cpu().tolist()}, want {want[0].tolist()})")
