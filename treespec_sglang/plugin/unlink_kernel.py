@@ -51,8 +51,9 @@ _SCRATCH: Dict[tuple, tuple] = {}  # (BLOCK_N, device) -> (the unlink's [rows, B
 
 def _unlink_scratch(bs: int, N: int, device) -> torch.Tensor:
     """The unlink kernel's ``[bs, BLOCK_N]`` int64 scratch (every program writes its row before reading it): the
-    first ``bs`` rows of one buffer per width and device, grown (:func:`.pool_kernels.grown_rows`) when a bigger batch comes, the
-    view kept per batch size, so a round allocates nothing and the memory is bounded by twice the largest batch.
+    first ``bs`` rows of one buffer per width and device, grown (:func:`.pool_kernels.grown_rows`) when a bigger
+    batch comes, the view kept per batch size, so a round allocates nothing and the memory is bounded by twice the
+    largest batch.
     Reuse is safe in stream order: every unlink that takes it is a round's, launched on the server's forward stream,
     where the buffer is allocated too (the start check brings its own: a buffer allocated on the start-up stream,
     freed while a round's unlink may still run, would go back to that stream's free blocks)."""
