@@ -56,7 +56,8 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                 "treespec_sglang/plugin/stats.py", "treespec_sglang/plugin/round.py"],
                ["tests/plugin/test_columns.py", "tests/plugin/test_stats.py", "tests/plugin/test_request.py",
                 "tests/plugin/test_sglang_rounds.py", "tests/plugin/test_handoff.py", "tests/plugin/test_metrics.py",
-                "tests/plugin/test_draft_select.py"]),
+                "tests/plugin/test_draft_select.py", "tests/plugin/test_pool.py", "tests/plugin/test_custom_policy.py",
+                "tests/plugin/test_profile.py", "tests/plugin/test_graph_log.py"]),
 }
 # groups whose tests run the group's code in spawned processes (gloo ranks: ``tests.helpers.run_ranks``). mutmut maps
 # a test to the functions it calls in its own process only, so a function only such a rank calls would be left
