@@ -3,11 +3,9 @@ settings check, the token-map head shards under TP, CPU groups without PyNccl; t
 Multi-rank cases run in spawned processes over a gloo group (``tests.helpers.run_ranks``)."""
 
 import dataclasses
-import importlib
 import json
 import logging
 import os
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +16,7 @@ from treespec_sglang.plugin import ranks as R
 from treespec_sglang.plugin.config import ServerDefaults
 from treespec_sglang.plugin.request import request_params
 from treespec_sglang.policies.classifier import DEFAULT_FILE
+from treespec_sglang.policies.params import Eagle2Params
 
 
 @pytest.fixture(autouse=True)
@@ -171,8 +170,8 @@ def test_the_settings_digest_follows_every_input(monkeypatch, var, value):
 
 
 def test_the_settings_digest_follows_the_registered_policies_and_their_pool_stages(fresh_registry):
-    """A policy registered on one rank only (an operator's module imported there), a pool rule without stage (the
-    engine-only policy), and a registered policy whose pool stage differs: each changes the digest."""
+    """A registered policy whose pool stage differs, and a policy registered on one rank only (an operator's module
+    imported there; one without a pool rule): each changes the digest."""
     base = R.settings_digest()
     talon = fresh_registry.REGISTRY["talon"]
     fresh_registry.REGISTRY["talon"] = dataclasses.replace(talon, pool_rule=fresh_registry.REGISTRY["c2t"].pool_rule)
@@ -181,11 +180,12 @@ def test_the_settings_digest_follows_the_registered_policies_and_their_pool_stag
     finally:
         fresh_registry.REGISTRY["talon"] = talon
     assert R.settings_digest() == base
-    importlib.import_module("tests.e2e.custom_policy")  # root-children (a custom stage) and engine-only (no rule)
-    try:
-        assert R.settings_digest() != base
-    finally:
-        sys.modules.pop("tests.e2e.custom_policy", None)
+    # an operator's policy without a pool rule, registered here only (a class of its own: a module imported by an
+    # earlier test would register nothing the second time)
+    params = dataclasses.make_dataclass("DigestOnlyParams", [], bases=(Eagle2Params,), frozen=True)
+    fresh_registry.register_policy(type("DigestOnlyPolicy", (fresh_registry.REGISTRY["eagle2"].engine,),
+                                        {"name": "digest-only", "Params": params, "pool_rule": None}))
+    assert R.settings_digest() != base
 
 
 # ------------------------------------------------------------------------------------------ token map under TP
