@@ -66,8 +66,9 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
 SPAWNED = {"ranks": ["tests/plugin/test_ranks.py"]}
 # the tests' marker expression per group: SGLang's group helpers (``verify_group``) and a round's hooks on SGLang's
 # own batch objects are unit-tested with sglang imported, which these groups need
-MARKERS = {"ranks": "not gpu and not slow and not e2e", "rounds": "not gpu and not slow and not e2e"}
-DEFAULT_MARKERS = "not gpu and not slow and not e2e and not sglang"
+WITH_SGLANG = "not gpu and not slow and not e2e"
+MARKERS = {"ranks": WITH_SGLANG, "rounds": WITH_SGLANG}
+DEFAULT_MARKERS = WITH_SGLANG + " and not sglang"
 
 
 def _toml_list(xs):
@@ -151,10 +152,10 @@ def statuses(work: str, env: dict) -> dict:
     return {m.strip(): st.strip() for m, _, st in (x.partition(":") for x in res.splitlines() if ":" in x)}
 
 
-def spawned_tests(work: str, prefixes: list) -> list:
+def spawned_tests(work: str, prefixes: list, env: dict) -> list:
     """Map every mutated function of a work dir to the collected tests under ``prefixes`` as well (in mutmut's
     stats file: its own tracing sees no call a spawned rank makes) and return the mutants to run again: those
-    that survived or had no test."""
+    that survived or had no test (read with the run's ``env``)."""
     path = os.path.join(work, "mutants", "mutmut-stats.json")
     st = json.load(open(path))
     extra = {t for t in st["duration_by_test"] if t.startswith(tuple(prefixes))}
@@ -163,7 +164,6 @@ def spawned_tests(work: str, prefixes: list) -> list:
         mapped[fn] = sorted(set(mapped.get(fn, ())) | extra)
     with open(path, "w") as fh:
         json.dump(st, fh)
-    env = {**os.environ, "PYTHONPATH": ""}
     return [m for m, status in statuses(work, env).items() if status in ("survived", "no tests")]
 
 
@@ -193,7 +193,7 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
             subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
                            cwd=work, env=env)
     if not reuse and group in SPAWNED:
-        again = spawned_tests(work, SPAWNED[group])
+        again = spawned_tests(work, SPAWNED[group], env)
         if again:
             subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
                            cwd=work, env=env)

@@ -39,7 +39,7 @@ def test_spawned_tests_map_every_mutated_function_to_the_ranks_tests(tmp_path, m
                                                           "m.x_agree__mutmut_2": "survived",
                                                           "m.x__device__mutmut_1": "no tests",
                                                           "m.x__device__mutmut_2": "timeout"})
-    again = M.spawned_tests(str(tmp_path), ["tests/plugin/test_ranks.py"])
+    again = M.spawned_tests(str(tmp_path), ["tests/plugin/test_ranks.py"], {})
     assert again == ["m.x_agree__mutmut_2", "m.x__device__mutmut_1"]
     mapped = json.loads((tmp_path / "mutants" / "mutmut-stats.json").read_text())["tests_by_mangled_function_name"]
     assert mapped == {"m.x_agree": sorted([other_t, ranks_t]), "m.x__device": [ranks_t], "other.x_f": [other_t]}

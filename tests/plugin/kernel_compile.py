@@ -1,6 +1,6 @@
 """Compile the fused selection and unlink kernels for an H100 (sm_90a) without a GPU, through the plugin's own
-launch path (``pool_kernels.launch`` / ``unlink_kernel.launch_unlink``: its argument types, alignment hints, constexprs and
-warps), and report ptxas's registers and spills per variant. Run in a subprocess by
+launch path (``pool_kernels.launch`` / ``unlink_kernel.launch_unlink``: its argument types, alignment hints,
+constexprs and warps), and report ptxas's registers and spills per variant. Run in a subprocess by
 ``tests/plugin/test_kernel_compile.py`` (it swaps Triton's active driver for one that needs no CUDA):
 
     python -m tests.plugin.kernel_compile 4,3,8 8,4,32     # one JSON line per launched kernel
