@@ -43,7 +43,7 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     "policies": (["treespec_sglang/policies/"], ["tests/policies"]),
     "pool": (["treespec_sglang/plugin/pool.py", "treespec_sglang/plugin/pool_rules.py"],
              ["tests/plugin/test_pool.py", "tests/plugin/test_pool_edges.py", "tests/plugin/test_draft_select.py",
-              "tests/plugin/test_pool_rules.py", "tests/policies/test_none.py"]),
+              "tests/plugin/test_pool_rules.py", "tests/plugin/test_rows.py", "tests/policies/test_none.py"]),
     "ragged": (["treespec_sglang/plugin/ragged.py"],
                ["tests/plugin/test_ragged.py", "tests/plugin/test_ragged_tokens.py",
                 "tests/plugin/test_ragged_hooks.py", "tests/plugin/test_ragged_flashinfer.py"]),
@@ -54,7 +54,8 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     # a batch's columns, parameter rows and stats (the host work of every round)
     "rounds": (["treespec_sglang/plugin/columns.py", "treespec_sglang/plugin/rows.py",
                 "treespec_sglang/plugin/stats.py", "treespec_sglang/plugin/round.py"],
-               ["tests/plugin/test_columns.py", "tests/plugin/test_stats.py", "tests/plugin/test_request.py",
+               ["tests/plugin/test_columns.py", "tests/plugin/test_rows.py", "tests/plugin/test_round.py",
+                "tests/plugin/test_stats.py", "tests/plugin/test_request.py",
                 "tests/plugin/test_sglang_rounds.py", "tests/plugin/test_handoff.py", "tests/plugin/test_metrics.py",
                 "tests/plugin/test_draft_select.py", "tests/plugin/test_pool.py", "tests/plugin/test_custom_policy.py",
                 "tests/plugin/test_profile.py", "tests/plugin/test_graph_log.py"]),

@@ -52,6 +52,12 @@ def test_the_same_requests_reuse_the_columns_and_any_change_rebuilds_them(built)
     assert len(built) == n == 5
 
 
+def test_an_empty_batch_has_empty_columns_and_a_native_round(built):
+    cols = columns.batch_columns([], ServerDefaults())
+    assert (cols.reqs, cols.params, cols.shares, cols.any_policy) == ((), (), (), False)
+    assert cols.selection(8, 3) == (None, []) and cols.drafted() == () and not built
+
+
 def test_names_mark_the_requests_drafted_once(built):
     reqs = [req(s) for s in SPECS]
     cols = columns.batch_columns(reqs, ServerDefaults())

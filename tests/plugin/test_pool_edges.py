@@ -1,6 +1,6 @@
 """The pool's selection at its edges, each against plain loops or the plain-Python policy oracles: the
 filler unlink entry by entry, SALF's pop bound, degenerate beams, exact ties and gate thresholds, two
-classifiers in one batch, every column of the request rows, and PoolView's attributes."""
+classifiers in one batch, and PoolView's attributes (the request rows: ``test_rows.py``)."""
 
 import math
 import random
@@ -11,13 +11,10 @@ import torch
 from tests.helpers import random_batch
 from tests.plugin.pools import MIXED_SPECS, OTHER_CLF, chain_oracle, expected_paths, kept_paths, pool, unlink_oracle
 from tests.policies import oracles
-from treespec_sglang.plugin.classifiers import registered
-from treespec_sglang.plugin.pool import COLUMNS, BatchPlan, policy_rows, request_row, select_from_pool, unlink_filler
+from treespec_sglang.plugin.pool import policy_rows, select_from_pool, unlink_filler
 from treespec_sglang.policies import parse_spec
-from treespec_sglang.policies.registry import REGISTRY
 from treespec_sglang.policies.classifier import C2TClassifier
 from treespec_sglang.tree import sglang_retrive
-from treespec_sglang.utils.bounded import Bounded
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -156,51 +153,6 @@ def test_tied_pool_values_go_to_the_lower_flat_index():
     assert got == [first + [8, 9, 10], first + [8, 9, 10], [0, 8], [0, 1, 2, 3], first[:7]]
 
 
-def test_request_rows_hold_every_column_of_each_policy():
-    """The row table, column by column (COLUMNS), written out by hand for each kind: the parameters a
-    kind reads, and the neutral values of the ones it does not (BIG = 2^20: no cap; beta / clf -1: none)."""
-    from treespec_sglang.plugin import pool as pool_module
-
-    B, inf = float(1 << 20), float("inf")
-    half = C2TClassifier(hidden=4).eval()
-    cases = [  # (spec, shares, kind budget top rank_depth topk log_mu th batch max_depth beta clf shares)
-        (None, False, [0, B, B, B, B, 0, 0, 1, B, -1, -1, 0]),
-        (None, True, [0, B, B, B, B, 0, 0, 1, B, -1, -1, 1]),
-        ({"policy": "none"}, False, [1, 1, 0, B, B, 0, 0, 1, B, -1, -1, 0]),
-        ({"policy": "eagle2", "budget": 5, "topk": 3, "depth": 3}, True, [2, 5, 4, B, B, 0, 0, 1, B, -1, -1, 1]),
-        ({"policy": "talon", "budget": 9, "topk": 3, "mu": 0.05}, False,
-         [3, 9, 0, B, 3, math.log(0.05), 0, 1, B, -1, -1, 0]),
-        ({"policy": "talon", "budget": 9, "topk": 2, "mu": 0.0}, False, [3, 9, 0, B, 2, -inf, 0, 1, B, -1, -1, 0]),
-        ({"policy": "salf", "budget": 12, "batch": 3, "th": 0.2, "max_depth": 2}, False,  # the search's depth,
-         [4, 12, 0, B, B, 0, 0.2, 3, 2, -1, -1, 0]),  # not the ranking's (it only pads: never masked)
-        ({"policy": "salf", "budget": 7, "th": 0.0}, False, [4, 7, 6, B, B, 0, 0, 7, B, -1, -1, 0]),
-        ({"policy": "salf", "budget": 7, "batch": 2, "th": 0.0, "max_depth": 3}, False,
-         [4, 7, 6, 3, B, 0, 0, 2, 3, -1, -1, 0]),
-        ({"policy": "c2t", "budget": 10, "topk": 4, "beta": 0.3, "max_depth": 5}, False,
-         [5, 10, 0, B, 4, 0, 0, 1, 5, 0.3, registered()["default"], 0]),  # none named: the server's default
-        ({"policy": "c2t", "budget": 11, "topk": 2, "beta": 0.6, "classifier": half}, False,
-         [5, 11, 0, B, 2, 0, 0, 1, 10, 0.6, half, 0]),
-        ({"policy": "chain", "length": 3}, False, [6, 4, 0, B, B, 0, 0, 1, B, -1, -1, 0]),
-        ({"policy": "chain", "length": 4, "beta": 0.4, "classifier": half}, False,
-         [6, 5, 0, B, B, 0, 0, 1, B, 0.4, half, 0]),
-    ]
-    clf = COLUMNS.index("clf")
-    old_kinds = {0: "native", 1: "none", 2: "eagle2", 3: "talon", 4: "salf", 5: "c2t", 6: "chain"}
-    for spec, shares, want in cases:
-        want = [pool_module.kind_id(old_kinds[want[0]])] + want[1:]  # the kind column numbers the registry
-        assert want[0] == (0 if spec is None else 1 + list(REGISTRY).index(spec["policy"]))
-        row = request_row(None if spec is None else parse_spec(spec), "cpu", shares=shares)
-        assert row.shape == (1, len(COLUMNS)) and row.dtype == torch.float32
-        got = row[0].tolist()
-        if not isinstance(want[clf], int):  # a classifier: the row names its entry of the registry
-            assert got[clf] >= 0 and pool_module._CLF_SPECS[int(got[clf])] is want[clf], spec
-            want = want[:clf] + [got[clf]] + want[clf + 1:]
-        assert got == torch.tensor(want, dtype=torch.float32).tolist(), spec
-    rows = policy_rows([parse_spec(cases[9][0]), parse_spec(cases[10][0]), parse_spec(cases[12][0])], "cpu")
-    ids = rows[:, clf].tolist()
-    assert ids[1] == ids[2] != ids[0]  # one id per classifier, shared by the rows that name it
-
-
 @pytest.mark.parametrize("k,steps", [(2, 1), (3, 1), (2, 3), (3, 4), (1, 3)])
 def test_pool_view_attributes_from_the_flat_paths(k, steps):
     """PoolView's documented attributes against plain loops over each flat candidate's token path: the
@@ -276,13 +228,6 @@ def test_the_filler_is_sglangs_next_best_and_the_selection_is_sorted(seed):
         assert sel == sorted(kept | set(fill)), s
 
 
-def test_policy_rows_carry_each_requests_shares_flag():
-    p = parse_spec({"policy": "talon", "budget": 9})
-    rows = policy_rows([p, None, p], "cpu", shares=[True, False, False])
-    assert rows[:, COLUMNS.index("shares")].tolist() == [1.0, 0.0, 0.0]
-    assert policy_rows([p, None], "cpu")[:, COLUMNS.index("shares")].tolist() == [0.0, 0.0]
-
-
 def test_zero_probability_candidates_are_never_selected_by_a_policy():
     """A beam whose distributions have fewer than k non-zero tokens (k 4: two of the root's children have
     probability 0, and so do their subtrees): TALON, C2T (beta 0) and the chain keep only positive nodes,
@@ -324,43 +269,3 @@ def test_salf_pops_tied_candidates_in_flat_order():
                                                                          "th": 0.05})])
     assert sorted(f for f, kp in zip(top[0].tolist(), keep[0, 1:].tolist()) if kp) == [0, 1, 2, 3]
 
-
-def test_row_tables_and_plans_are_kept_per_batch_composition():
-    """A steady batch (the same request objects in the same order) gets its row table and plan back without a
-    walk; another order, other objects of equal value, other shares or another N each get their own, correct."""
-    a, b = parse_spec({"policy": "talon", "budget": 9}), parse_spec({"policy": "salf", "budget": 12, "th": 0.2})
-    rows = policy_rows([a, None, b], "cpu")
-    assert policy_rows([a, None, b], "cpu") is rows
-    assert torch.equal(policy_rows([b, None, a], "cpu"), rows[[2, 1, 0]])
-    twin = parse_spec({"policy": "talon", "budget": 9})
-    assert torch.equal(policy_rows([twin, None, b], "cpu"), rows)
-    shared = policy_rows([a, None, b], "cpu", shares=[True, False, True])
-    assert shared[:, COLUMNS.index("shares")].tolist() == [1.0, 0.0, 1.0]
-    assert rows[:, COLUMNS.index("shares")].tolist() == [0.0, 0.0, 0.0]
-    plan = BatchPlan.of([a, None, b], 8, 3)
-    assert BatchPlan.of([a, None, b], 8, 3) is plan and plan.salf is not None
-    assert BatchPlan.of([a, None], 8, 3).salf is None  # b left the batch
-    assert BatchPlan.of([a, None, b], 8, 3).salf != BatchPlan.of([a, None, b], 16, 3).salf
-
-
-def test_a_steady_batchs_params_tuple_hits_by_identity_and_a_list_never_does(monkeypatch):
-    """The batch columns' params tuple passed again is the last entry's without the ids' pass (the entry table
-    may even be gone); other shares or another N are built anew; a list edited in place is never taken for the
-    one cached (only an immutable tuple hits by identity)."""
-    from treespec_sglang.plugin import rows as rows_mod
-    a, b = parse_spec({"policy": "talon", "budget": 9}), parse_spec({"policy": "salf", "budget": 12, "th": 0.2})
-    steady = (a, None, b)
-    table, plan = policy_rows(steady, "cpu"), BatchPlan.of(steady, 8, 3)
-    monkeypatch.setattr(rows_mod, "_BATCHES", Bounded(256))  # only the identity fast path can answer now
-    assert policy_rows(steady, "cpu") is table and BatchPlan.of(steady, 8, 3) is plan
-    assert torch.equal(policy_rows((b, None, a), "cpu"), table[[2, 1, 0]])  # another tuple, the same extra
-    assert BatchPlan.of((a, None), 8, 3).salf is None
-    assert policy_rows(steady, "cpu") is not table  # its entry went with the table: built again, equal
-    shared = policy_rows(steady, "cpu", shares=(True, False, True))
-    assert shared is not table and shared[:, COLUMNS.index("shares")].tolist() == [1.0, 0.0, 1.0]
-    assert BatchPlan.of(steady, 16, 3) is not plan
-    edited = [a, None, b]
-    first = policy_rows(edited, "cpu")
-    edited[2] = a  # the same list object, another batch
-    assert torch.equal(policy_rows(edited, "cpu"), torch.cat([first[:2], first[:1]]))
-    assert BatchPlan.of(edited, 8, 3).salf is None
