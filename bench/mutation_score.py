@@ -44,9 +44,10 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     "pool": (["treespec_sglang/plugin/pool.py", "treespec_sglang/plugin/pool_rules.py"],
              ["tests/plugin/test_pool.py", "tests/plugin/test_pool_edges.py", "tests/plugin/test_draft_select.py",
               "tests/plugin/test_pool_rules.py", "tests/plugin/test_rows.py", "tests/policies/test_none.py"]),
-    "ragged": (["treespec_sglang/plugin/ragged.py"],
-               ["tests/plugin/test_ragged.py", "tests/plugin/test_ragged_tokens.py",
-                "tests/plugin/test_ragged_hooks.py", "tests/plugin/test_ragged_flashinfer.py"]),
+    "ragged": (["treespec_sglang/plugin/ragged.py", "treespec_sglang/plugin/ragged_support.py"],
+               ["tests/plugin/test_ragged.py", "tests/plugin/test_ragged_support.py",
+                "tests/plugin/test_ragged_tokens.py", "tests/plugin/test_ragged_hooks.py",
+                "tests/plugin/test_ragged_flashinfer.py"]),
     # the multi-rank agreements (every per-round decision identical on every rank): gloo groups on the CPU
     "ranks": (["treespec_sglang/plugin/ranks.py"],
               ["tests/plugin/test_ranks.py", "tests/plugin/test_draft_select.py", "tests/plugin/test_chain_graph.py",

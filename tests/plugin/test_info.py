@@ -3,7 +3,7 @@
 import pytest
 
 from treespec_sglang.plugin.info import server_info
-from treespec_sglang.plugin.ragged import ENV_RAGGED
+from treespec_sglang.plugin.ragged_support import ENV_RAGGED
 
 
 @pytest.mark.parametrize("env, shown", [(None, "auto"), ("auto", "auto"), ("1", "on"), ("off", "off"),

@@ -5,7 +5,7 @@ import torch
 
 from tests.helpers import planned, random_batch
 from treespec_sglang.plugin.cpu.attention import extend_attention_cpu
-from treespec_sglang.plugin.ragged import ENV_RAGGED, compact_paged_verify_args, plan_ragged, ragged_mode, scatter_rows
+from treespec_sglang.plugin.ragged import compact_paged_verify_args, plan_ragged, scatter_rows
 from treespec_sglang.tree import dense_mask
 
 
@@ -211,31 +211,6 @@ def test_compacted_paged_attention_equals_the_padded_one_on_kept_rows(seed):
     ragged = paged_attention(q[plan.rows], k_cache, v_cache, args[0], args[1], args[2], args[3], 0.3)
     torch.testing.assert_close(ragged, padded[plan.rows])
     assert args[2][-1] == plan.total
-
-
-class IntelAMXAttnBackend:  # stand-ins named like SGLang's backends (ragged_mode reads the class name)
-    pass
-
-
-class FlashInferAttnBackend:
-    pass
-
-
-class TritonAttnBackend:
-    pass
-
-
-@pytest.mark.parametrize("env, backend, want", [
-    (None, IntelAMXAttnBackend, "cpu"), (None, FlashInferAttnBackend, None), ("1", FlashInferAttnBackend, "flashinfer"),
-    ("0", IntelAMXAttnBackend, None), ("1", TritonAttnBackend, None), ("auto", IntelAMXAttnBackend, "cpu")])
-def test_ragged_mode_by_backend_and_env(monkeypatch, env, backend, want):
-    from types import SimpleNamespace
-
-    if env is None:
-        monkeypatch.delenv(ENV_RAGGED, raising=False)
-    else:
-        monkeypatch.setenv(ENV_RAGGED, env)
-    assert ragged_mode(SimpleNamespace(attn_backend=backend())) == want
 
 
 def test_flashinfer_args_hook_and_eager_hook_act_only_during_a_flashinfer_ragged_verify():

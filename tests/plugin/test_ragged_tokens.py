@@ -19,7 +19,8 @@ import torch
 
 from tests.helpers import random_tree_lists
 from treespec_sglang.plugin.cpu.attention import extend_attention_cpu
-from treespec_sglang.plugin.ragged import ENV_RAGGED, amx_extend_metadata, amx_forward_metadata, ragged_verify_forward
+from treespec_sglang.plugin.ragged import amx_extend_metadata, amx_forward_metadata, ragged_verify_forward
+from treespec_sglang.plugin.ragged_support import ENV_RAGGED
 
 H, D, SLOTS = 2, 32, 512  # head size: a multiple of 32, as the compiled op requires
 

@@ -10,7 +10,8 @@ import torch
 
 from tests.plugin.test_ragged_hooks import KEEP, IntelAMXAttnBackend, recording_forward, verify_batch
 from treespec_sglang.plugin import ragged, ragged_tuner
-from treespec_sglang.plugin.ragged import ENV_RAGGED, ragged_verify_forward
+from treespec_sglang.plugin.ragged import ragged_verify_forward
+from treespec_sglang.plugin.ragged_support import ENV_RAGGED
 from treespec_sglang.plugin.ragged_tuner import (ENV_TUNING, DeviceClock, HostClock, RaggedTuner, TunerOptions,
                                                  bucket, clock_for)
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from treespec_sglang.plugin import config, draft_select, hooks, ragged, ranks, settings, stats
+from treespec_sglang.plugin import config, draft_select, hooks, ragged_support, ranks, settings, stats
 
 
 def test_reads_are_live_until_frozen_then_the_snapshot_until_thawed(monkeypatch):
@@ -43,10 +43,10 @@ def test_the_draft_workers_start_freezes_what_every_round_reads(monkeypatch):
     assert settings.frozen()
     digest = ranks.settings_digest()
     for var, value in [(draft_select.ENV_SELECT, "sometimes"), (stats.ENV_MAX_ROUNDS, "-1"),
-                       (config.ENV_POLICY, "salf"), (ragged.ENV_RAGGED, "maybe"), (ranks.ENV_DIGESTS, "/tmp")]:
+                       (config.ENV_POLICY, "salf"), (ragged_support.ENV_RAGGED, "maybe"), (ranks.ENV_DIGESTS, "/tmp")]:
         monkeypatch.setenv(var, value)
     assert draft_select.selection_mode() == "torch" and stats.max_rounds() == 7
-    assert config.server_defaults().policy == "talon" and ragged.ragged_setting() == "auto"
+    assert config.server_defaults().policy == "talon" and ragged_support.ragged_setting() == "auto"
     assert ranks.settings_digest() == digest
     settings.thaw()  # live again: the same reads see the edits (and refuse the bad ones)
     assert config.server_defaults().policy == "salf"
@@ -128,7 +128,7 @@ def test_a_frozen_round_parses_no_setting_after_its_first(monkeypatch):
         settings.freeze()
         one()
         monkeypatch.setattr(settings, "env", lambda *k: calls.append(k) or real(*k))
-        for m in (config, draft_select, ragged, ranks, stats):
+        for m in (config, draft_select, ragged_support, ranks, stats):
             monkeypatch.setattr(m, "env", settings.env)
         one()
         assert calls == []

@@ -26,7 +26,7 @@ def server_info() -> dict:
     from .classifiers import classifier_digests
     from .config import server_defaults
     from .draft_select import selection_mode
-    from .ragged import ragged_setting
+    from .ragged_support import ragged_setting
     from .stats import max_rounds
 
     d = server_defaults()

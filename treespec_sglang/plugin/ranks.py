@@ -128,7 +128,7 @@ def settings_digest() -> str:
     from .classifiers import classifier_digests
     from .config import server_defaults
     from .draft_select import selection_mode
-    from .ragged import ragged_setting
+    from .ragged_support import ragged_setting
     from .ragged_tuner import tuning
     from .stats import max_rounds
 

@@ -16,7 +16,7 @@ from .draft_select import check_selection
 from .classifiers import parse_classifier_flags
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
-from .ragged import check_ragged_model, check_ragged_parallelism, ragged_setting
+from .ragged_support import check_ragged_model, check_ragged_parallelism, ragged_setting
 from .ragged_tuner import tuning
 from .ranks import check_settings_agree, shard_hot_head, verify_group
 from .settings import env, freeze
