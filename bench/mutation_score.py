@@ -60,6 +60,13 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                 "tests/plugin/test_sglang_rounds.py", "tests/plugin/test_handoff.py", "tests/plugin/test_metrics.py",
                 "tests/plugin/test_draft_select.py", "tests/plugin/test_pool.py", "tests/plugin/test_custom_policy.py",
                 "tests/plugin/test_profile.py", "tests/plugin/test_graph_log.py"]),
+    # what comes in: a request's custom_params, the server's flags and environment, the classifier registry (bad
+    # input refused naming the field and the allowed range; no path a client names is ever opened)
+    "requests": (["treespec_sglang/plugin/request.py", "treespec_sglang/plugin/config.py",
+                  "treespec_sglang/plugin/classifiers.py", "treespec_sglang/plugin/settings.py"],
+                 ["tests/plugin/test_request.py", "tests/plugin/test_config.py", "tests/plugin/test_classifiers.py",
+                  "tests/plugin/test_settings.py", "tests/plugin/test_custom_policy.py", "tests/plugin/test_info.py",
+                  "tests/plugin/test_sglang_real.py", "tests/plugin/test_columns.py"]),
 }
 # groups whose tests run the group's code in spawned processes (gloo ranks: ``tests.helpers.run_ranks``). mutmut maps
 # a test to the functions it calls in its own process only, so a function only such a rank calls would be left
@@ -69,7 +76,7 @@ SPAWNED = {"ranks": ["tests/plugin/test_ranks.py"]}
 # the tests' marker expression per group: SGLang's group helpers (``verify_group``) and a round's hooks on SGLang's
 # own batch objects are unit-tested with sglang imported, which these groups need
 WITH_SGLANG = "not gpu and not slow and not e2e"
-MARKERS = {"ranks": WITH_SGLANG, "rounds": WITH_SGLANG}
+MARKERS = {"ranks": WITH_SGLANG, "rounds": WITH_SGLANG, "requests": WITH_SGLANG}
 DEFAULT_MARKERS = WITH_SGLANG + " and not sglang"
 
 

@@ -155,6 +155,9 @@ def test_batched_rounds_equal_a_plain_per_request_record(monkeypatch, series, ca
                 policies[batch.index(finishing)] = None  # finished: the round commits nothing for it
             values = [rng.randint(0, 9) for _ in batch]
             S.record_rounds(held, policies, key, values)
+            for c in batch:  # memory stays bounded: an overflow holds at most FOLD values before they are folded
+                st = getattr(c, "_treespec_stats", None)
+                assert st is None or len(st.overflow[key]) <= fold
             for c, p, v in zip(batch, policies, values):
                 if p is not None:
                     seen[id(c)][key].append(v)
@@ -199,10 +202,14 @@ def test_a_finished_requests_lists_end_at_its_last_committed_round():
     assert req.customized_info["treespec_tree_sizes"] == [5, 6] and req.customized_info["treespec_verify_tokens"] == [8, 8]
 
 
-@pytest.mark.parametrize("values", [[3], [torch.tensor(3), torch.tensor(4)]], ids=["short", "tensors"])
-def test_values_that_are_not_one_int_per_request_are_refused(values):
-    with pytest.raises(ValueError, match="record_rounds\\('treespec_tree_sizes'\\): one Python int per request"):
+@pytest.mark.parametrize("values,got", [([3], "1 values of type int"), ([], "0 values of type None"),
+                                        ([torch.tensor(3), torch.tensor(4)], "2 values of type Tensor")],
+                         ids=["short", "none", "tensors"])
+def test_values_that_are_not_one_int_per_request_are_refused(values, got):
+    with pytest.raises(ValueError) as e:
         S.record_rounds([Client("talon"), Client("salf")], ["talon", "salf"], "treespec_tree_sizes", values)
+    assert str(e.value) == (f"record_rounds('treespec_tree_sizes'): one Python int per request of the batch, got {got} "
+                            "for 2 requests")
 
 
 def test_a_batch_is_its_requests_by_identity_not_by_value():
@@ -283,3 +290,79 @@ def test_a_streams_chunks_add_up_to_the_whole_lists(monkeypatch, cap, seed):
     for key in KEYS:
         assert got[key] == req.customized_info[key] and len(got[key]) <= cap, key
     assert got["treespec_policy"] == ["salf"] and got[S.SUMMARY] == req.customized_info[S.SUMMARY]
+
+
+def test_a_steady_batch_keeps_its_columns_and_looks_its_sinks_up_only_when_a_list_fills(monkeypatch):
+    """Cap 4, FOLD 3, the same two requests for 11 rounds: one BatchStats throughout, its sinks looked up at the
+    first round, when the lists reach the cap (round 5), when the overflow is full and folded (round 8) and again
+    (round 11): every other round only appends. The lists hold the first 4 values, the summary all 11."""
+    monkeypatch.setenv(S.ENV_MAX_ROUNDS, "4")
+    monkeypatch.setattr(S, "FOLD", 3)
+    monkeypatch.setattr(S, "_LAST", {})
+    looked, real = [], S.BatchStats._look_up
+    monkeypatch.setattr(S.BatchStats, "_look_up", lambda self: looked.append(len(looked)) or real(self))
+    a, b = Client("talon"), Client("salf")
+    batch, names, key = (a, b), ("talon", "salf"), "treespec_tree_sizes"
+    S.record_rounds(batch, names, key, [1, 10])
+    first = S._LAST[key]
+    rounds = [[r, 10 * r] for r in range(2, 12)]
+    for i, values in enumerate(rounds, start=2):
+        S.record_rounds(batch, names, key, values)
+        assert S._LAST[key] is first and len(looked) == 1 + (i >= 5) + (i >= 8) + (i >= 11), i
+    assert a.customized_info[key] == [1, 2, 3, 4] and b.customized_info[key] == [10, 20, 30, 40]
+    assert a._treespec_stats.summary()["tree_nodes"] == sum(range(1, 12))
+    assert b._treespec_stats.summary()["tree_nodes"] == 10 * sum(range(1, 12))
+
+
+def test_a_request_without_customized_info_gets_one():
+    req = SimpleNamespace()  # no customized_info attribute at all
+    S.record_rounds([req], ["talon"], "treespec_tree_sizes", [3])
+    assert req.customized_info["treespec_tree_sizes"] == [3] and req.customized_info["treespec_policy"] == ["talon"]
+
+
+class Plain:
+    """A request whose type has no ``stream`` attribute (a non-streamed request as some callers build it)."""
+
+    def __init__(self):
+        self.customized_info = None
+
+    def finished(self):
+        return False
+
+
+def test_the_output_hook_leaves_a_non_streamed_request_and_passes_positional_arguments_through():
+    seen = []
+
+    def accept(self, req):  # called positionally here: the hook passes what it was given
+        self.rids.append(req)
+        seen.append(req)
+
+    req = Plain()
+    S.record_rounds([req], ["talon"], "treespec_tree_sizes", [3])
+    acc = SimpleNamespace(rids=[], customized_info={})
+    S.stream_accept(accept, acc, req)
+    assert seen == [req] and acc.customized_info == {}  # SGLang sends a non-streamed request's keys itself
+    streamed = Client("salf")
+    streamed.stream = True
+    S.record_rounds([streamed], ["salf"], "treespec_tree_sizes", [5])
+    S.stream_accept(accept, acc, streamed)
+    assert seen == [req, streamed] and acc.customized_info["treespec_tree_sizes"] == [[], [5]]
+    native = Plain()  # no stats: SGLang's at once, its arguments as given
+    S.stream_accept(accept, acc, native)
+    assert seen == [req, streamed, native] and acc.customized_info["treespec_tree_sizes"] == [[], [5]]
+
+
+def test_one_output_batch_carries_each_streams_own_rows():
+    """Two streams with a native request between them in one output batch: each of our columns has a row per chunk,
+    each stream's values in its own row, an empty row for the native one (the accumulator pads nothing here)."""
+    def accept(self, req):
+        self.rids.append(req)
+
+    first, native, second = Client("talon"), Client(None), Client("salf")
+    first.stream = native.stream = second.stream = True
+    S.record_rounds([first, native, second], ["talon", None, "salf"], "treespec_tree_sizes", [4, 9, 6])
+    acc = SimpleNamespace(rids=[], customized_info={})
+    for req in (first, native, second):
+        S.stream_accept(accept, acc, req=req)
+    assert acc.customized_info["treespec_tree_sizes"] == [[4], [], [6]]
+    assert acc.customized_info["treespec_policy"] == [["talon"], [], ["salf"]]
