@@ -22,7 +22,7 @@ def _mutmut_section(work):
 def test_each_group_runs_its_tests_under_its_marker_expression(tmp_path, group, sglang):
     section = _mutmut_section(M.prepare(group, str(tmp_path)))
     markers = "not gpu and not slow and not e2e" + ("" if sglang else " and not sglang")
-    assert f'"-m", "{markers}"]' in section
+    assert f'"-m", "{markers}", "--deselect", "{M.DESELECT[0]}"]' in section
     assert f"pytest_add_cli_args_test_selection = {M._toml_list(M.GROUPS[group][1])}" in section
     assert f"only_mutate = {M._toml_list(M.GROUPS[group][0])}" in section
     assert os.path.exists(tmp_path / M.GROUPS[group][0][0])  # the tracked tree copied
