@@ -105,3 +105,40 @@ def test_a_damaged_registered_file_fails_the_start(tmp_path, monkeypatch):
     bad.write_bytes(b"not a classifier")
     with pytest.raises(ValueError, match="--treespec-classifier bad: .*not a treespec C2T classifier"):
         configure(None, classifiers={"bad": str(bad)})
+
+
+def test_names_are_1_to_64_allowed_characters_from_a_flag_or_the_environment(fast):
+    path, _ = fast
+    assert C.parse_classifier_flags(["a" * 64 + "=" + path]) == {"a" * 64: path}
+    for bad in ("a" * 65, "a b", "é"):
+        with pytest.raises(ValueError) as e:
+            C.parse_classifier_flags([f"{bad}={path}"])
+        assert str(e.value) == ("--treespec-classifier: a name is 1-64 characters of letters, digits, '_', '-', "
+                                f"'.', got {bad!r}")
+    for bad in ("", "a" * 65):  # TREESPEC_CLASSIFIERS set by hand is held to the same rule
+        with pytest.raises(ValueError, match=f"a name is 1-64 characters .*, got {bad!r}"):
+            C.load_registry(json.dumps({bad: path}))
+
+
+def test_a_flag_splits_at_its_first_equals_sign(fast, tmp_path):
+    path, m = fast
+    odd = tmp_path / "c2t=v2.pt"  # a path may hold '=': the name is what comes before the first one
+    m.save(str(odd))
+    assert C.parse_classifier_flags([f"fast={odd}"]) == {"fast": str(odd)}
+    for bad in ("fast=", "=", "fast"):
+        with pytest.raises(ValueError) as e:
+            C.parse_classifier_flags([bad])
+        assert str(e.value) == f"--treespec-classifier must be NAME=PATH, got {bad!r}"
+
+
+def test_a_request_resolves_against_the_given_registry_and_echoes_only_name_like_values(fast):
+    _, m = fast
+    assert C.resolve_request_classifier({"policy": "c2t", "classifier": "mine"}, {"mine": m})["classifier"] is m
+    spec = {"policy": "nope", "classifier": "/etc/passwd"}  # an unknown policy: parse_spec refuses it by its name
+    assert C.resolve_request_classifier(spec, {"mine": m}) is spec
+    hidden = "a value that is not a classifier name (paths are never opened)"
+    for name, shown in [("a", "'a'"), ("b" * 64, repr("b" * 64)), ("b" * 65, hidden), ("", hidden),
+                        ("../x.pt", hidden), (3, hidden)]:
+        with pytest.raises(ValueError) as e:
+            C.resolve_request_classifier({"policy": "c2t", "classifier": name}, {"mine": m})
+        assert str(e.value) == f"c2t.classifier must be one of the server's registered classifiers ['mine'], got {shown}"

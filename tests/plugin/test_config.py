@@ -196,3 +196,46 @@ def test_an_explicit_ragged_verify_on_a_sliding_window_target_is_refused_at_star
         hooks._draft_head(lambda self: None, worker)
     monkeypatch.delenv("TREESPEC_RAGGED_VERIFY")
     assert hooks._draft_head(lambda self: "built", worker) == "built"
+
+
+@pytest.mark.parametrize("cap,ok", [(1, True), (1024, True), (0, False), (1025, False), (True, False), (2.0, False),
+                                    ("8", False)])
+def test_the_token_cap_is_an_int_from_1_to_1024_never_a_bool(cap, ok):
+    if ok:
+        assert ServerDefaults(token_cap=cap).token_cap == cap
+        return
+    with pytest.raises(ValueError) as e:
+        ServerDefaults(token_cap=cap)
+    assert str(e.value) == ("--treespec-token-cap must be an integer in [1, 1024] (verified tokens per request per "
+                            f"round, on average over the batch), got {cap!r}")
+
+
+def test_a_config_without_a_policy_and_configure_while_serving_are_refused_with_the_way_out():
+    with pytest.raises(ValueError) as e:
+        ServerDefaults(None, {"budget": 8})
+    assert str(e.value) == "--treespec-config needs --treespec-policy"
+    settings.freeze()
+    with pytest.raises(RuntimeError) as e:
+        configure("talon")
+    assert str(e.value) == ("treespec.configure: this process already serves with the settings it started with "
+                            "(frozen when its draft worker started); call configure before starting the server")
+
+
+def test_configure_keeps_its_own_copy_of_the_config():
+    mine = {"budget": 9}
+    d = configure("talon", mine)
+    mine["budget"] = 3  # the caller's dict edited afterwards
+    assert d.config == {"budget": 9} and server_defaults().config == {"budget": 9}
+
+
+def test_a_config_that_is_not_json_names_its_source():
+    with pytest.raises(ValueError) as e:
+        C.load_config("{", "--treespec-config")
+    assert str(e.value).startswith("--treespec-config must be a JSON object: Expecting property name")
+
+
+def test_an_unset_switch_is_off_unless_a_default_is_given(monkeypatch):
+    monkeypatch.delenv("TREESPEC_EXAMPLE", raising=False)
+    assert C.env_switch("TREESPEC_EXAMPLE") is False and C.env_switch("TREESPEC_EXAMPLE", "auto") == "auto"
+    monkeypatch.setenv("TREESPEC_EXAMPLE", " ")
+    assert C.env_switch("TREESPEC_EXAMPLE") is False

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from treespec_sglang.plugin.request import unsupported_reason
+from treespec_sglang.plugin.request import ERROR_KEY, flag_invalid_items, request_shares, unsupported_reason
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.utils.bounded import Bounded
 
@@ -134,3 +134,26 @@ def test_requests_with_the_same_parameters_share_one_object(monkeypatch):
     monkeypatch.setattr(request, "_INTERNED", full)  # full, without a's set: starts again
     e = params({"policy": "talon", "budget": 9})
     assert e == a and e is not a and params({"policy": "talon", "budget": 9}) is e and len(request._INTERNED) == 1
+
+
+def test_a_server_without_speculation_or_without_a_topk_flag_refuses_nothing():
+    talon = parse_spec({"policy": "talon"})
+    assert unsupported_reason(talon, SimpleNamespace()) is None  # no speculative_algorithm at all: plain decoding
+    assert unsupported_reason(talon, SimpleNamespace(speculative_algorithm="EAGLE")) is None
+
+
+def test_sharing_the_token_cap_is_refused_only_by_an_explicit_false():
+    def sp(treespec):
+        return SimpleNamespace(custom_params={"treespec": treespec})
+
+    assert request_shares(sp({"policy": "talon", "token_cap": False})) is False
+    assert request_shares(sp({"policy": "talon", "token_cap": True})) is True
+    assert request_shares(sp({"policy": "talon"})) is True
+    assert request_shares(sp({"policy": "talon", "token_cap": "no"})) is True  # malformed: refused on arrival
+    assert request_shares(object()) is True  # sampling params without custom_params
+
+
+def test_a_batchs_items_that_are_not_dicts_pass_through_unflagged():
+    bad = {"custom_params": {"treespec": {"policy": "nope"}}}
+    out = flag_invalid_items([None, bad, "x"])
+    assert out[0] is None and out[2] == "x" and ERROR_KEY in out[1]["custom_params"]
