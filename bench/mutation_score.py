@@ -67,16 +67,23 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                  ["tests/plugin/test_request.py", "tests/plugin/test_config.py", "tests/plugin/test_classifiers.py",
                   "tests/plugin/test_settings.py", "tests/plugin/test_custom_policy.py", "tests/plugin/test_info.py",
                   "tests/plugin/test_sglang_real.py", "tests/plugin/test_columns.py"]),
+    # the selection's host side: the draft hooks' staging, chain mode's C2T stop, the CUDA-graph wrappers (their
+    # capture=False path on the CPU)
+    "selection": (["treespec_sglang/plugin/draft_select.py", "treespec_sglang/plugin/chain_stop.py",
+                   "treespec_sglang/plugin/select_graph.py", "treespec_sglang/plugin/chain_graph.py"],
+                  ["tests/plugin/test_draft_select.py", "tests/plugin/test_chain_stop.py",
+                   "tests/plugin/test_select_graph.py", "tests/plugin/test_chain_graph.py",
+                   "tests/plugin/test_sglang_rounds.py", "tests/plugin/test_handoff.py", "tests/plugin/test_columns.py"]),
 }
 # groups whose tests run the group's code in spawned processes (gloo ranks: ``tests.helpers.run_ranks``). mutmut maps
 # a test to the functions it calls in its own process only, so a function only such a rank calls would be left
 # with no test (or with only its single-process tests); after the first run every function of the group is mapped
 # to these tests too and the mutants that survived run again (:func:`spawned_tests`).
-SPAWNED = {"ranks": ["tests/plugin/test_ranks.py"]}
+SPAWNED = {"ranks": ["tests/plugin/test_ranks.py"], "selection": ["tests/plugin/test_chain_stop.py"]}
 # the tests' marker expression per group: SGLang's group helpers (``verify_group``) and a round's hooks on SGLang's
 # own batch objects are unit-tested with sglang imported, which these groups need
 WITH_SGLANG = "not gpu and not slow and not e2e"
-MARKERS = {"ranks": WITH_SGLANG, "rounds": WITH_SGLANG, "requests": WITH_SGLANG}
+MARKERS = {"ranks": WITH_SGLANG, "rounds": WITH_SGLANG, "requests": WITH_SGLANG, "selection": WITH_SGLANG}
 DEFAULT_MARKERS = WITH_SGLANG + " and not sglang"
 # tests that cannot pass under mutmut at all: its trampolines read os.environ (MUTANT_UNDER_TEST) on every call
 DESELECT = ["tests/plugin/test_settings.py::test_a_round_reads_no_environment_once_frozen"]
