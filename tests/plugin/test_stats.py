@@ -9,8 +9,13 @@ from treespec_sglang.utils.syncs import count_ops
 
 
 class Req:
+    """A request of a round (its type has no ``stream`` attribute: a non-streamed request as some callers build it)."""
+
     def __init__(self):
         self.customized_info = None
+
+    def finished(self):
+        return False
 
 
 class Event:
@@ -320,16 +325,6 @@ def test_a_request_without_customized_info_gets_one():
     assert req.customized_info["treespec_tree_sizes"] == [3] and req.customized_info["treespec_policy"] == ["talon"]
 
 
-class Plain:
-    """A request whose type has no ``stream`` attribute (a non-streamed request as some callers build it)."""
-
-    def __init__(self):
-        self.customized_info = None
-
-    def finished(self):
-        return False
-
-
 def test_the_output_hook_leaves_a_non_streamed_request_and_passes_positional_arguments_through():
     seen = []
 
@@ -337,7 +332,7 @@ def test_the_output_hook_leaves_a_non_streamed_request_and_passes_positional_arg
         self.rids.append(req)
         seen.append(req)
 
-    req = Plain()
+    req = Req()
     S.record_rounds([req], ["talon"], "treespec_tree_sizes", [3])
     acc = SimpleNamespace(rids=[], customized_info={})
     S.stream_accept(accept, acc, req)
@@ -347,7 +342,7 @@ def test_the_output_hook_leaves_a_non_streamed_request_and_passes_positional_arg
     S.record_rounds([streamed], ["salf"], "treespec_tree_sizes", [5])
     S.stream_accept(accept, acc, streamed)
     assert seen == [req, streamed] and acc.customized_info["treespec_tree_sizes"] == [[], [5]]
-    native = Plain()  # no stats: SGLang's at once, its arguments as given
+    native = Req()  # no stats: SGLang's at once, its arguments as given
     S.stream_accept(accept, acc, native)
     assert seen == [req, streamed, native] and acc.customized_info["treespec_tree_sizes"] == [[], [5]]
 
