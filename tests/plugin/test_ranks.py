@@ -359,6 +359,21 @@ def test_digests_log_own_and_agreed_trees_per_rank(tmp_path, monkeypatch):
     assert own0 == agreed0 == agreed1 != own1
 
 
+@pytest.mark.parametrize("other", [
+    (torch.tensor([[1, 2, 3, 4]]),),                         # the same bytes, one [1, 4] tensor
+    (torch.tensor([[1, 2]]), torch.tensor([[3, 4]])),        # the same bytes, split in two
+    (torch.tensor([[1], [2]]), torch.tensor([[3, 4]])),      # split and reshaped
+    (torch.tensor([[1, 2], [3, 4]]).view(torch.float64),),  # the same shape and bits, read as float64
+])
+def test_a_digest_tells_trees_apart_whose_bytes_run_together_alike(other):
+    tree = (torch.tensor([[1, 2], [3, 4]]),)  # [bs, W]
+    digest = R._tree_hash(tree)
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    assert R._tree_hash((torch.tensor([[1, 2], [3, 4]]),)) == digest  # equal trees, equal digests
+    assert b"".join(t.numpy().tobytes() for t in other) == tree[0].numpy().tobytes()
+    assert R._tree_hash(other) != digest
+
+
 # ------------------------------------------------------------------------------------------ no per-rank fallback
 def test_a_malformed_value_raises_instead_of_falling_back():
     sp = SimpleNamespace(custom_params={"treespec": {"policy": "talon", "budget": -1}})

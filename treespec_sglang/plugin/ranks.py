@@ -173,7 +173,14 @@ def _device(group) -> torch.device:
 
 # ---------------------------------------------------------------------------- debugging
 def _tree_hash(tensors) -> str:
-    return hashlib.sha256(b"".join(t.cpu().numpy().tobytes() for t in tensors)).hexdigest()[:16]
+    """16 hex digits of SHA-256 over each tensor's dtype and shape, then its bytes, in order: two trees
+    whose bytes run together alike but split or shape differently (a ``[1, 4]`` table against a
+    ``[2, 2]`` one) digest apart."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        h.update(t.cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def record_digest(own: Sequence[torch.Tensor], agreed: Sequence[torch.Tensor], group=None, what: str = "") -> None:
