@@ -71,7 +71,8 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     # capture=False path on the CPU)
     "selection": (["treespec_sglang/plugin/draft_select.py", "treespec_sglang/plugin/chain_stop.py",
                    "treespec_sglang/plugin/select_graph.py", "treespec_sglang/plugin/chain_graph.py"],
-                  ["tests/plugin/test_draft_select.py", "tests/plugin/test_chain_stop.py",
+                  ["tests/plugin/test_draft_select.py", "tests/plugin/test_draft_select_edges.py",
+                   "tests/plugin/test_chain_stop.py",
                    "tests/plugin/test_select_graph.py", "tests/plugin/test_chain_graph.py",
                    "tests/plugin/test_sglang_rounds.py", "tests/plugin/test_handoff.py", "tests/plugin/test_columns.py"]),
 }

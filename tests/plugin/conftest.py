@@ -54,3 +54,14 @@ def fresh_registry():
     for name in set(registry.REGISTRY) - set(before):
         registry.POLICIES.pop(name)
         registry._BY_PARAMS.pop(registry.REGISTRY.pop(name).Params)
+
+
+@pytest.fixture
+def custom(fresh_registry):
+    """``tests/e2e/custom_policy.py``'s policies (``root-children``: a custom pool rule; ``engine-only``: none),
+    registered for one test, then removed again (the registry is process-wide). Yields the module."""
+    import importlib
+    import sys
+
+    yield importlib.import_module("tests.e2e.custom_policy")
+    sys.modules.pop("tests.e2e.custom_policy", None)

@@ -152,6 +152,44 @@ def test_server_start_builds_a_graph_per_recorded_shape_with_every_classifier(mo
         assert g.clf_ids == (_clf_id(None),) and all(t.eq(0).all() for t in g.steps)
 
 
+@pytest.mark.parametrize("mode", ["torch", "auto"])  # auto on the CPU: no replayed selection
+def test_where_the_selection_is_not_replayed_a_padded_replay_is_cut_eagerly_on_its_rows(monkeypatch, mode):
+    monkeypatch.setenv("TREESPEC_SELECT", mode)
+    params = [parse_spec(p) if p else None for p in PARAMS]
+    record(step_logits(6), 7)  # a 7-row replay's stash: the only one
+    keep, sizes = chain_keep(ChainStopper(params, S, "cpu"), 7, N)
+    assert sizes is None and keep.sum(-1).tolist() == [n + 1 for n in plain_lengths(params, step_logits(6))]
+    assert not chain_graph.CUT_GRAPHS
+
+
+def test_server_start_builds_the_cut_graph_of_a_two_step_server_with_a_registered_classifier(monkeypatch):
+    """S = 2 (one loop step) records steps; nothing recorded: no graph; one shape: its graph, with every classifier
+    the server registered; ``auto`` on the CPU: none."""
+    monkeypatch.setenv("TREESPEC_CHAIN_STOP_GRAPH", "1")
+    monkeypatch.setattr(chain_graph, "registered", lambda: {"default": None, "other": OTHER_CLF})
+    assert capture_cuts(2, 3) == 0 and not chain_graph.CUT_GRAPHS
+    record_step(torch.randn(5, V), 0, 2)
+    assert capture_cuts(2, 3) == 1
+    (key, g), = chain_graph.CUT_GRAPHS.items()
+    assert key == ((5, 1, "cpu"), 3) and g.clf_ids == tuple(sorted({_clf_id(None), _clf_id(OTHER_CLF)}))
+    chain_graph.CUT_GRAPHS.clear()
+    monkeypatch.setenv("TREESPEC_SELECT", "auto")
+    assert capture_cuts(2, 3) == 0 and not chain_graph.CUT_GRAPHS
+
+
+@pytest.mark.filterwarnings("error")  # an output buffer of another shape is resized (a warning), not written
+def test_the_cut_graph_writes_int64_lengths_a_bool_keep_and_int64_sizes_into_its_buffers():
+    params = [parse_spec(p) if p else None for p in PARAMS]
+    record(step_logits(8), 5)
+    stop = ChainStopper(params, S, "cpu")
+    g = CutGraph(chain_stop._STASH[(5, S - 1, "cpu")], N, stop.clf_ids, capture=False)
+    length, keep, sizes = g.run(stop.rows)
+    assert (length.dtype, keep.dtype, sizes.dtype) == (torch.int64, torch.bool, torch.int64)
+    assert (tuple(g.length.shape), tuple(g.keep.shape), tuple(g.sizes.shape)) == ((5,), (5, N), (5,))
+    assert length.tolist() == plain_lengths(params, step_logits(8))
+    assert sizes.tolist() == [n + 1 for n in length.tolist()] == keep.sum(-1).tolist()
+
+
 @pytest.mark.gpu
 def test_the_captured_cut_equals_the_uncaptured_one_on_cuda():
     if not torch.cuda.is_available():

@@ -221,6 +221,43 @@ def test_one_draft_step_cuts_by_the_rows_lengths_alone():
 
 
 
+@pytest.mark.parametrize("spec,steps,active,reads", [
+    (None, S, False, False),                                          # native: SGLang's own round
+    ({"policy": "chain", "length": S}, S, False, False),              # the captured chain: SGLang's own round
+    ({"policy": "chain", "length": S + 2}, S, False, False),          # longer than captured: the captured chain
+    ({"policy": "chain", "length": S - 1}, S, True, False),           # a shorter chain: its length alone
+    ({"policy": "none"}, S, True, False),                             # the root alone
+    ({"policy": "chain", "length": S, "beta": 0.5}, S, True, True),   # C2T: scored every step
+    ({"policy": "chain", "length": 2, "beta": 0.5}, 2, True, True),   # S = 2: one loop step to score
+    ({"policy": "chain", "length": 1, "beta": 0.5}, 1, True, False),  # S = 1: no loop step
+])
+def test_a_chain_batch_leaves_sglangs_round_only_where_a_row_is_cut(spec, steps, active, reads):
+    """``active``: the round is not SGLang's own; ``reads_steps``: the cut reads the loop's steps (and only then are
+    classifiers loaded for the batch)."""
+    stop = ChainStopper([None, parse_spec(spec) if spec else None], steps, "cpu")
+    assert (stop.active, stop.reads_steps, stop.classifiers is not None) == (active, reads, reads)
+
+
+def test_a_depth_scored_exactly_at_beta_is_kept():
+    """C2T keeps a token whose confidence is at least beta: a score equal to beta continues the chain."""
+    from treespec_sglang.plugin.chain_stop import cut_lengths
+
+    scores = torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.49, 0.5], [0.7, 0.7, 0.7]])  # [bs, S-1] at depths 2..4
+    steps = torch.zeros(3, 3)
+    length = cut_lengths(steps, steps, torch.arange(2, 5), lambda feats: scores, torch.tensor([0.5, 0.5, 0.5]),
+                         torch.tensor([4, 4, 3]))
+    assert length.tolist() == [4, 2, 3]
+
+
+def test_an_eager_cut_scores_each_row_with_its_own_classifier():
+    from tests.plugin.pools import OTHER_CLF
+
+    params = [parse_spec(p) for p in ({"policy": "chain", "beta": 0.5}, {"policy": "chain", "beta": 0.5,
+              "classifier": OTHER_CLF}, {"policy": "chain", "length": 4, "beta": 0.3, "classifier": OTHER_CLF})]
+    for seed in range(3):
+        logits = step_logits(10 + seed, bs=3)
+        assert stashed(params, logits, rows=5).tolist() == plain_lengths(params, logits)
+
 @pytest.mark.parametrize("graph", [False, True])
 def test_a_chain_round_without_a_beta_keeps_the_draft_graph_and_records_nothing(monkeypatch, graph):
     """Shorter chains and ``none`` are cut by their lengths alone: the round replays SGLang's draft graph whatever

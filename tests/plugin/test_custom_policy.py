@@ -2,8 +2,6 @@
 plugin's row table, stages, request validation and stats; a policy without a pool rule is refused on arrival,
 never a KeyError in the middle of a round."""
 
-import importlib
-import sys
 
 import pytest
 import torch
@@ -15,13 +13,6 @@ from treespec_sglang.plugin.stats import policy_name
 from treespec_sglang.policies import parse_spec, registry
 
 K, S, N = 4, 3, 8
-
-
-@pytest.fixture
-def custom(fresh_registry):
-    """The module's policies registered for one test, then removed again (the registry is process-wide)."""
-    yield importlib.import_module("tests.e2e.custom_policy")
-    sys.modules.pop("tests.e2e.custom_policy", None)
 
 
 def root_children_oracle(sl, b, budget):

@@ -212,6 +212,54 @@ def test_a_graph_reads_sglangs_selection_where_the_replay_stashed_it():
         SelectionGraph(stash, k, N, capture=False).run(rows)
 
 
+def test_a_round_returns_the_documented_dtypes_as_views_built_once_per_batch_size():
+    """``(top int64, tokens as the pool's, keep bool, sizes int64)``, the first ``bs`` rows of the static outputs: the
+    same view objects every round of a batch size (no view built per round)."""
+    k, S, N = 4, 3, 8
+    pool, params = batch(k, S, N, 6, seed=17)
+    g = SelectionGraph(stash_of(pool, 6), k, N, capture=False)
+    rows, native = policy_rows(params, "cpu"), native_of(pool, N)[1]
+    out = g.run(rows, native)
+    assert [t.dtype for t in out] == [torch.int64, pool.tokens.dtype, torch.bool, torch.int64]
+    assert [tuple(t.shape) for t in out] == [(6, N - 1), (6, N - 1), (6, N), (6,)]
+    assert all(a is b for a, b in zip(out, g.run(rows, native)))
+    small = g.run(rows[:4], native[:4])
+    assert small[2].shape == (4, N) and all(a is b for a, b in zip(small, g.run(rows[:4], native[:4])))
+    with pytest.raises(ValueError) as e:
+        g.run(rows)
+    assert str(e.value) == "SelectionGraph.run: native_top is required when the graph has no stashed selection"
+
+
+def test_a_graph_of_the_scratchs_rows_shares_it_and_a_larger_one_at_least_doubles_it(monkeypatch):
+    """A graph of as many rows as the shared scratch reuses it; one row more reallocates it at twice the rows (a
+    batch growing a request at a time reallocates log2(bs) times)."""
+    monkeypatch.setattr(select_graph, "_WORKSPACE", {})
+    k, S, N = 4, 3, 8
+    five, _ = batch(k, S, N, 5, seed=1)
+    g5 = SelectionGraph(stash_of(five, 5), k, N, capture=False)
+    again = SelectionGraph(stash_of(five, 5), k, N, capture=False)
+    (scratch,) = select_graph._WORKSPACE.values()
+    assert scratch[0].shape[0] == 5 and again.out[3].data_ptr() == g5.out[3].data_ptr() == scratch[0].data_ptr()
+    six, _ = batch(k, S, N, 6, seed=2)
+    g6 = SelectionGraph(stash_of(six, 6), k, N, capture=False)
+    (scratch,) = select_graph._WORKSPACE.values()
+    assert [t.shape[0] for t in scratch] == [10, 10] and g6.out[3].data_ptr() == scratch[0].data_ptr()
+
+
+def test_a_graph_is_captured_again_with_the_union_of_its_classifiers_for_one_it_lacks(monkeypatch):
+    monkeypatch.setattr(select_graph, "GRAPHS", {})
+    k, S, N = 4, 3, 8
+    pool, _ = batch(k, S, N, 6, seed=19)
+    stash = stash_of(pool, 6)
+    key = (6, pool.scores.shape[1], pool.parent_list.shape[1], "cpu")
+    one, two = _clf_ids(OTHER), _clf_ids(THIRD)
+    g = select_graph.graph_for(stash, key, k, N, one)
+    assert select_graph.graph_for(stash, key, k, N, one) is g and g.native is None
+    both = select_graph.graph_for(stash, key, k, N, two)
+    assert both is not g and set(both.clf_ids) == set(one) | set(two) and list(both.clf_ids) == sorted(both.clf_ids)
+    assert select_graph.graph_for(stash, key, k, N, one) is both and len(select_graph.GRAPHS) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_captured_graph_replays_the_planned_trees_on_cuda():
