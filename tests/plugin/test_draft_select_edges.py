@@ -180,21 +180,40 @@ def test_the_stash_holds_float32_scores_and_int64_tables_whatever_the_default_dt
     assert torch.equal(scores, torch.cat(sl, 1).flatten(1)) and torch.equal(parents, torch.cat(pl[:-1], 1))
 
 
-def test_a_one_step_draft_is_stashed_with_the_roots_table_and_selected_as_its_lists():
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_short_draft_is_stashed_with_its_parent_table_and_selected_as_its_lists(steps):
     """One draft step (S = 1): the pool is the root's k children and the stashed parent table the root alone
-    (``[rows, 1]`` of -1, W = 1 + (S-1)k), read back under that shape."""
-    parts = lists(3, 4, steps=1)
-    assert len(parts[2]) == 1
+    (``[rows, 1]`` of -1, W = 1 + (S-1)k); two steps: SGLang's first table piece (``[rows, k + 1]``). Read back under
+    that shape."""
+    parts = lists(3, 4, steps=steps)
+    assert len(parts[2]) == steps
     stash_pool(*parts)
-    got = read_pool(3, 3, K, 1, "cpu")
-    assert got.parent_list.dtype == torch.int64 and got.parent_list.tolist() == [[-1]] * 3
-    assert torch.equal(got.scores, parts[0][0].flatten(1))
+    got = read_pool(3, 3, K, steps, "cpu")
+    want = torch.full((3, 1), -1) if steps == 1 else parts[2][0]
+    assert got.parent_list.dtype == torch.int64 and torch.equal(got.parent_list, want)
+    assert torch.equal(got.scores, torch.cat(parts[0], 1).flatten(1))
     params = specs(TALON, None, {"policy": "eagle2", "budget": 3})
-    native = select_from_pool(*parts, 4, K, [None] * 3)[:3]
+    n = 4 if steps == 1 else 8
+    native = select_from_pool(*parts, n, K, [None] * 3)[:3]
     step = DraftStep(params, K)
-    top, toks, _ = select_after_draft(step, None, native[1], native[2], 4, 1)
-    ref = select_from_pool(*parts, 4, K, params, native=native)
+    top, toks, _ = select_after_draft(step, None, native[1], native[2], n, steps)
+    ref = select_from_pool(*parts, n, K, params, native=native)
     assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(step.keep, ref[3])
+
+
+def test_sglangs_selection_stashed_for_another_tree_size_is_not_read(monkeypatch):
+    """The selection stashed beside the pool has N' - 1 columns for another N': a round at N takes the one handed
+    to it (native rows keep it verbatim)."""
+    monkeypatch.setenv(draft_select.ENV_SELECT, "graph")
+    parts = lists(8, 8)
+    stash_pool(*parts, select_from_pool(*parts, 8, K, [None] * 8)[1])  # SGLang's at N' = 8: [rows, 7]
+    mine, params = first(parts, 3), specs(None, TALON, None)
+    native = select_from_pool(*mine, N, K, [None] * 3)[:3]
+    theirs = native[1].flip(-1).contiguous()
+    step = DraftStep(params, K)
+    top, toks, _ = select_after_draft(step, 8, theirs, native[2], N, S)
+    ref = select_from_pool(*mine, N, K, params, native=(native[0], theirs, native[2]))
+    assert torch.equal(top, ref[1]) and torch.equal(toks, ref[2]) and torch.equal(top[[0, 2]], theirs[[0, 2]])
 
 
 def test_an_eager_draft_on_the_cpu_is_never_taken_for_a_capture():
@@ -205,9 +224,9 @@ def test_an_eager_draft_on_the_cpu_is_never_taken_for_a_capture():
     assert not draft_select._CAPTURED and list(draft_select._STASH) == [key]
 
 
-@pytest.mark.parametrize("mode,want", [("graph", 2), ("auto", 0)])
+@pytest.mark.parametrize("mode,shapes", [("graph", (4, 8)), ("graph", (8,)), ("auto", (4, 8))])
 def test_the_server_start_captures_topk_2_shapes_largest_first_with_every_registered_classifier(monkeypatch, mode,
-                                                                                                 want):
+                                                                                                 shapes):
     """k = 2 is a tree server; one shape's draft graph stashed SGLang's selection, the other's did not; a classifier
     registered beside the shipped one is in every graph; the largest shape first, so the graphs share one scratch.
     ``auto`` on the CPU replays nothing."""
@@ -215,12 +234,12 @@ def test_the_server_start_captures_topk_2_shapes_largest_first_with_every_regist
     monkeypatch.setattr(draft_select, "registered", lambda: {"default": None, "other": OTHER})
     monkeypatch.setattr(draft_select, "capturing", lambda t=None: True)
     n = 8
-    for rows in (4, 8):
+    for rows in shapes:
         parts = lists(rows, rows, topk=2)
         stash_pool(*parts, select_from_pool(*parts, n, 2, [None] * rows)[1] if rows == 8 else None)
-    assert draft_select.capture_selections(2, n) == want
-    if not want:
-        assert not select_graph.GRAPHS
+    want = len(shapes) if mode == "graph" else 0
+    assert draft_select.capture_selections(2, n) == want and len(select_graph.GRAPHS) == want
+    if want < 2:
         return
     g4, g8 = (select_graph.GRAPHS[(k, n, 2)] for k in sorted(draft_select._CAPTURED))
     assert g4.clf_ids == g8.clf_ids == tuple(sorted({_clf_id(None), _clf_id(OTHER)}))
