@@ -220,7 +220,6 @@ def test_one_draft_step_cuts_by_the_rows_lengths_alone():
     assert keep_mask(stop.cut(), 2).tolist() == [[True, False], [True, True], [True, True]]
 
 
-
 @pytest.mark.parametrize("spec,steps,active,reads", [
     (None, S, False, False),                                          # native: SGLang's own round
     ({"policy": "chain", "length": S}, S, False, False),              # the captured chain: SGLang's own round
@@ -257,6 +256,7 @@ def test_an_eager_cut_scores_each_row_with_its_own_classifier():
     for seed in range(3):
         logits = step_logits(10 + seed, bs=3)
         assert stashed(params, logits, rows=5).tolist() == plain_lengths(params, logits)
+
 
 @pytest.mark.parametrize("graph", [False, True])
 def test_a_chain_round_without_a_beta_keeps_the_draft_graph_and_records_nothing(monkeypatch, graph):

@@ -1,6 +1,7 @@
 """The selection after the draft at its edges: a padded replay selected eagerly, SGLang's own selection kept
-verbatim, the token cap on part of a batch, a custom pool rule after a replay, a faulty test rank's own tree and
-digests, the stash's dtypes and a one-step draft, and what the server start captures and compiles."""
+verbatim (and not read when stashed for another tree size or not stashed this round), the token cap on part of a
+batch, a custom pool rule after a replay, a faulty test rank's own tree and digests, the stash's dtypes, one- and
+two-step drafts, and what the server start captures and compiles; which unlink runs."""
 
 import random
 
