@@ -207,6 +207,26 @@ class GlooGroup:
         return torch.cat(parts, dim=dim)
 
 
+class Rank1Of2:
+    """Rank 1 of a group of two, single-process: ``broadcast`` records what this rank sent (``sent``) and receives
+    rank 0's values (``rank0``, a flat int64 tensor, as :func:`treespec_sglang.plugin.ranks.agree` broadcasts)."""
+
+    world_size, rank_in_group = 2, 1
+
+    def __init__(self, rank0: torch.Tensor):
+        self.rank0, self.sent = rank0, []
+
+    def broadcast(self, t, src=0):
+        assert src == 0 and t.shape == self.rank0.shape and t.dtype == torch.int64
+        self.sent.append(t.clone())
+        t.copy_(self.rank0)
+
+
+def flat(*tensors) -> torch.Tensor:
+    """``[sum of numels]`` int64: ``tensors`` flattened and joined in order (what a rank broadcasts of them)."""
+    return torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])
+
+
 def run_ranks(fn, world: int, tmp_path, *args):
     """Run ``fn(rank, *args)`` in ``world`` spawned processes joined in one gloo group (file store)."""
     import torch.multiprocessing as mp

@@ -2,7 +2,6 @@
 plugin's row table, stages, request validation and stats; a policy without a pool rule is refused on arrival,
 never a KeyError in the middle of a round."""
 
-
 import pytest
 import torch
 

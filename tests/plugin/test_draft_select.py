@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.helpers import PathDraft
+from tests.helpers import PathDraft, Rank1Of2, flat
 from tests.policies import oracles
 from treespec_sglang.plugin import draft_select, pool_kernels
 from treespec_sglang.plugin.draft_select import read_pool, select_after_draft, stash_pool
@@ -311,19 +311,12 @@ def test_a_rank_takes_rank_0s_tree_its_parent_table_included(monkeypatch, mode):
     step0 = DraftStep(params, K)
     top0, toks0, alone = select_after_draft(step0, None, native[1], native[2], N, S, table0)
     assert alone is table0  # alone: nothing to agree on
-    flat0 = torch.cat([t.reshape(-1).to(torch.int64) for t in (top0, toks0, step0.keep, table0)])
-    sent = []
-
-    def broadcast(t, src=0):  # rank 1's end of rank 0's broadcast
-        assert src == 0 and t.shape == flat0.shape
-        sent.append(t.clone())
-        t.copy_(flat0)
-
-    group = type("Group", (), {"world_size": 2, "rank_in_group": 1, "broadcast": staticmethod(broadcast)})()
+    flat0 = flat(top0, toks0, step0.keep, table0)
+    group = Rank1Of2(flat0)  # rank 1's end of rank 0's broadcast
     monkeypatch.setattr(draft_select, "verify_group", lambda: group)
     monkeypatch.setenv("TREESPEC_TEST_PERTURB_RANK", "1")
     step = DraftStep(params, K)
     top, toks, got = select_after_draft(step, None, native[1], native[2], N, S, table1)
-    assert len(sent) == 1 and not torch.equal(sent[0], flat0)  # rank 1's own tree was another one
+    assert len(group.sent) == 1 and not torch.equal(group.sent[0], flat0)  # rank 1's own tree was another one
     assert torch.equal(top, top0) and torch.equal(toks, toks0) and torch.equal(step.keep, step0.keep)
     assert torch.equal(got, table0) and got is not table1 and got.dtype == torch.int64 and got.is_contiguous()

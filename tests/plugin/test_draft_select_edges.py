@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from tests.helpers import Rank1Of2, flat
 from tests.plugin.kernel_cases import OTHER
 from tests.plugin.pools import pool, random_chains, unlink_oracle
 from treespec_sglang.plugin import draft_select, ranks, select_graph
@@ -98,25 +99,6 @@ def test_a_custom_pool_rule_after_a_replayed_draft_keeps_its_own_nodes(monkeypat
     assert step.sizes[[0, 3]].tolist() == [3, 4]
 
 
-class FaultyRank1:
-    """Rank 1 of a verify group of 2 with the test fault on (``TREESPEC_TEST_PERTURB_RANK=1``): ``broadcast``
-    records what this rank sent and writes rank 0's values (``rank0``, a flat int64 tensor) in its place."""
-
-    world_size, rank_in_group = 2, 1
-
-    def __init__(self, rank0):
-        self.rank0, self.sent = rank0, []
-
-    def broadcast(self, t, src=0):
-        assert src == 0 and t.shape == self.rank0.shape and t.dtype == torch.int64
-        self.sent.append(t.clone())
-        t.copy_(self.rank0)
-
-
-def flat(*tensors):
-    return torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])
-
-
 @pytest.mark.parametrize("mode,rows", [("torch", None), ("graph", 8)])
 @pytest.mark.parametrize("with_table", [False, True])
 def test_a_faulty_rank_sends_its_own_tree_takes_rank_0s_and_logs_both_digests(monkeypatch, tmp_path, mode, rows,
@@ -138,7 +120,7 @@ def test_a_faulty_rank_sends_its_own_tree_takes_rank_0s_and_logs_both_digests(mo
     own = (faulty[1], faulty[2], faulty[3]) + ((table.flip(-1),) if with_table else ())
     agreed = (zero[1], zero[2], zero[3]) + ((table0,) if with_table else ())
     assert not torch.equal(faulty[3], zero[3])
-    group = FaultyRank1(flat(*agreed))
+    group = Rank1Of2(flat(*agreed))
     monkeypatch.setattr(draft_select, "verify_group", lambda: group)
     monkeypatch.setenv(ranks.ENV_PERTURB, "1")
     step = DraftStep(params, K)
