@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import itertools
 import math
+import os
 import random
 from importlib import metadata
 
@@ -14,6 +15,16 @@ import pytest
 import torch
 
 from treespec_sglang.tree import DraftTree
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout under test
+
+
+def checkout_env(**extra) -> dict:
+    """``os.environ`` plus ``extra``, with this checkout first on ``PYTHONPATH``: a child process runs the code under
+    test, not whatever copy of the package its interpreter finds installed (an editable install of another tree,
+    or a mutation run's unmutated original)."""
+    path = os.pathsep.join(p for p in [ROOT, os.environ.get("PYTHONPATH")] if p)
+    return {**os.environ, **extra, "PYTHONPATH": path}
 
 
 def have_demo() -> bool:

@@ -17,9 +17,8 @@ import urllib.request
 
 import pytest
 
+from tests.helpers import ROOT, checkout_env
 from treespec_sglang.plugin.cpu.host import EngineHost, cpu_engine_kwargs, eagle_kwargs  # noqa: F401
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _require():
@@ -227,8 +226,7 @@ def serving(argv, log_path, health="/health", port=None, cpu=True):
     yield its base URL; stop the whole group on exit. ``cpu``: with SGLang's CPU-engine environment."""
     from treespec_sglang.plugin.cpu.host import CPU_ENV
 
-    env = {**os.environ, **(CPU_ENV if cpu else {}),
-           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    env = checkout_env(**(CPU_ENV if cpu else {}))
     log = open(log_path, "w+")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"

@@ -3,13 +3,12 @@ native, talon, c2t; concurrency 1 and 2) against real ``launch_server`` processe
 policy is given an out-of-range parameter: its cells fail alone (HTTP 400 per request) and the run goes on."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.e2e.conftest import ROOT
+from tests.helpers import ROOT, checkout_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 
@@ -23,8 +22,7 @@ def bench(demo_target_dir, tmp_path_factory):
             "--policies", "talon,c2t,salf", "--budgets", "5", "--concurrency", "1,2", "--every", "10",
             "--num-prompts", str(N_PROMPTS), "--max-new-tokens", "16", "--out", str(out),
             "--policy-json", json.dumps({"salf": {"th": 7}})]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1500)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=checkout_env(), cwd=ROOT, timeout=1500)
     rows = [json.loads(line) for line in open(out / "results.jsonl")] if (out / "results.jsonl").exists() else []
     return proc, out, rows
 

@@ -33,11 +33,16 @@ def pool(g, slots=64, pool_rows=5, pool_len=32):
     return k_buf, v_buf, req_to_token
 
 
-@pytest.mark.parametrize("seq_lens,window,logit_cap,sinks", [
-    ([5, 1, 12], 0, 0.0, False), ([7, 3], 4, 0.0, False), ([9, 2, 4], 0, 5.0, True)])
-def test_decode_attention(seq_lens, window, logit_cap, sinks):
+@pytest.mark.parametrize("seq_lens,window,logit_cap,sinks,scales,fp8", [
+    ([5, 1, 12], 0, 0.0, False, (1.0, 1.0), False), ([7, 3], 4, 0.0, False, (1.0, 1.0), False),
+    ([9, 2, 4], 0, 5.0, True, (1.0, 1.0), False), ([6, 3], 0, 5.0, False, (0.5, 2.0), False),
+    ([4, 8], 1, 0.0, True, (1.0, 1.0), False), ([5, 7], 0, 0.0, False, (0.5, 2.0), True)])
+def test_decode_attention(seq_lens, window, logit_cap, sinks, scales, fp8):
+    """``fp8``: a float8 e4m3 cache, read in the query's type, its scales applied."""
     g = torch.Generator().manual_seed(len(seq_lens) + window)
     k_buf, v_buf, r2t = pool(g)
+    if fp8:
+        k_buf, v_buf = k_buf.to(torch.float8_e4m3fn), v_buf.to(torch.float8_e4m3fn)
     bs = len(seq_lens)
     rpi = torch.tensor([3, 0, 4][:bs])
     seq = torch.tensor(seq_lens)
@@ -47,14 +52,16 @@ def test_decode_attention(seq_lens, window, logit_cap, sinks):
     sink = torch.randn(HQ, generator=g) if sinks else None
     out = torch.empty(bs, HQ, D)
     attn_logits = torch.zeros(bs, HQ, 4, D + 1)  # SGLang's [bs, Hq, kv splits, Dv + 1] float32 scratch
-    decode_attention_cpu(q, k_buf, v_buf, 1.0, 1.0, out, key, value, loc, attn_logits, r2t, rpi, seq, 0.3, logit_cap,
+    decode_attention_cpu(q, k_buf, v_buf, *scales, out, key, value, loc, attn_logits, r2t, rpi, seq, 0.3, logit_cap,
                          False, window, None, sink)
-    assert torch.equal(k_buf[loc], key) and torch.equal(v_buf[loc], value)  # the new K/V were stored first
+    # the new K/V were stored first (in the cache's type)
+    assert torch.equal(k_buf[loc], key.to(k_buf.dtype)) and torch.equal(v_buf[loc], value.to(v_buf.dtype))
     for b in range(bs):
         s = int(seq[b])
         lo = max(0, s - window) if window > 0 else 0
         slots = r2t[rpi[b], lo:s].long()
-        want = naive(q[b], k_buf[slots], v_buf[slots], 0.3, logit_cap, sink)
+        keys, vals = k_buf[slots].double() * scales[0], v_buf[slots].double() * scales[1]
+        want = naive(q[b], keys, vals, 0.3, logit_cap, sink)
         torch.testing.assert_close(out[b].double(), want, atol=1e-5, rtol=1e-5)
 
 
@@ -70,7 +77,7 @@ def tree_block(ext):
     return m
 
 
-@pytest.mark.parametrize("mode", ["causal", "tree", "full", "window"])
+@pytest.mark.parametrize("mode", ["causal", "tree", "full", "window", "capped"])
 @pytest.mark.parametrize("shape", [([6, 9], [3, 4]), ([4, 8, 2], [4, 5, 1]), ([5], [5])])
 def test_extend_attention(mode, shape):
     torch.manual_seed(sum(shape[0]) + len(mode))
@@ -90,9 +97,11 @@ def test_extend_attention(mode, shape):
     blocks = [tree_block(e) for e in ext_lens] if mode == "tree" else None
     tree_mask = torch.cat([b.reshape(-1) for b in blocks]) if blocks else None
     window = 3 if mode == "window" else 0
+    # capped: causal, tanh-capped logits, one sink logit per head, scaled cache reads
+    cap, sink, (ks, vs) = (5.0, torch.randn(HQ, generator=g), (0.5, 2.0)) if mode == "capped" else (0.0, None, (1.0, 1.0))
     out = torch.full((T, HQ, D), float("nan"))
-    extend_attention_cpu(q, k_ext, v_ext, out, k_buf, v_buf, 1.0, 1.0, r2t, rpi, seq, ext, start, int(ext.max()),
-                         0.25, 0.0, False, window, None, None, tree_mask, mode != "full")
+    extend_attention_cpu(q, k_ext, v_ext, out, k_buf, v_buf, ks, vs, r2t, rpi, seq, ext, start, int(ext.max()),
+                         0.25, cap, False, window, None, sink, tree_mask, mode != "full")
     for b in range(bs):
         e, s = ext_lens[b], seq_lens[b]
         pre = s - e
@@ -111,7 +120,24 @@ def test_extend_attention(mode, shape):
                 pos = list(range(pre)) + [pre + j for j in vis]
                 keep = [n for n, p in enumerate(pos) if (pre + i) - p < window]
                 keys, vals = keys[keep], vals[keep]
-            torch.testing.assert_close(out[row].double(), naive(q[row], keys, vals, 0.25), atol=1e-5, rtol=1e-5)
+            want = naive(q[row], keys.double() * ks, vals.double() * vs, 0.25, cap, sink)
+            torch.testing.assert_close(out[row].double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_kv_shared_extend_reads_a_full_rows_last_slot():
+    """Two requests extending by 1 and 3, the first at the pool row's last column: its padded queries' slots lie
+    past the row (clamped, then discarded), its one real query reads column 31."""
+    g = torch.Generator().manual_seed(12)
+    k_buf, v_buf, r2t = pool(g)
+    rpi, seq, ext = torch.tensor([1, 3]), torch.tensor([32, 6]), torch.tensor([1, 3], dtype=torch.int32)
+    start = torch.tensor([0, 1], dtype=torch.int32)
+    q = torch.randn(4, HQ, D, generator=g)
+    a, b = torch.empty(4, HQ, D), torch.empty(4, HQ, D)
+    slots = torch.cat([r2t[1, 31:32], r2t[3, 3:6]]).long()
+    args = (k_buf, v_buf, 1.0, 1.0, r2t, rpi, seq, ext, start, 3, 0.2, 0.0, False, 0, None, None, None, True)
+    extend_attention_cpu(q, None, None, a, *args)
+    extend_attention_cpu(q, k_buf[slots], v_buf[slots], b, *args)
+    assert torch.equal(a, b)
 
 
 def test_extend_reads_the_cache_when_k_extend_is_none():
@@ -125,10 +151,3 @@ def test_extend_reads_the_cache_when_k_extend_is_none():
     extend_attention_cpu(q, None, None, a, *args)
     extend_attention_cpu(q, k_buf[slots], v_buf[slots], b, *args)
     assert torch.equal(a, b)
-
-
-def test_cross_attention_is_refused():
-    with pytest.raises(NotImplementedError, match="cross-attention"):
-        decode_attention_cpu(torch.zeros(1, HQ, D), torch.zeros(4, HKV, D), torch.zeros(4, HKV, D), 1.0, 1.0,
-                             torch.zeros(1, HQ, D), None, None, torch.zeros(1), None, torch.zeros(1, 4, dtype=torch.int32),
-                             torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long), 1.0, 0.0, True, 0, None, None)

@@ -54,7 +54,6 @@ def test_emitted_sequences_follow_the_target_law():
     """Many draws of one small tree with repeated sibling tokens and peaked p: empirical law of the
     committed tokens (predicts along accept_index) within the TV bound of the exact law."""
     tree = DraftTree.from_lists([[0, 1, 1, 2, 0, 2]], [[-1, 0, 0, 0, 1, 3]])
-    V = 3
     logits = torch.tensor([[2.0, 1.5, -1.0], [0.0, 0.1, 0.2], [3.0, 0.0, 0.0], [0.5, -2.0, 1.0], [1.0, 1.0, 1.0],
                            [0.0, 0.0, 0.0]])
     probs = torch.softmax(logits, -1)
@@ -74,6 +73,16 @@ def test_emitted_sequences_follow_the_target_law():
                                   torch.rand(1, 6), torch.rand(1))
     greedy_seq = tuple(torch.gather(g_pred.view(1, -1), 1, g_acc.clamp(min=0))[0, : int(g_num) + 1].tolist())
     assert tv({greedy_seq: 1.0}, law) > 10 * tv_bound(len(law), n_draws)
+
+
+@pytest.mark.parametrize("final,bonus", [(0.25, 0), (0.75, 1)])
+def test_the_final_coin_draws_the_bonus(final, bonus):
+    """A root alone: the bonus is drawn from the root's law [1/2, 1/2] with ``uniform_samples_for_final_sampling``
+    (inverse CDF), whatever the per-node coins say."""
+    tree = DraftTree.from_lists([[5]], [[-1]])
+    probs = torch.tensor([[[0.5, 0.5]]])
+    predicts, _, num = run_op(tree, probs, torch.tensor([[1 - final]]), torch.tensor([final]))
+    assert predicts.tolist() == [bonus] and num.tolist() == [0]
 
 
 @pytest.mark.parametrize("k", [1, 3, 50, 0])
@@ -111,6 +120,7 @@ def top_p_loop(row, p):
     ([0.5, 0.3, 0.2], 0.6, [0.625, 0.375, 0.0]),
     ([0.7, 0.2, 0.1], 1.0, [0.7, 0.2, 0.1]),
     ([0.1, 0.3, 0.3, 0.3], 0.35, [0.0, 1 / 3, 1 / 3, 1 / 3]),
+    ([0.5, 0.25, 0.25], 0.5, [1.0, 0.0, 0.0]),  # mass before the cut exactly p: not below it, cut
 ])
 def test_top_p_renorm_keeps_ties_at_the_cut_as_flashinfer_does(row, p, want):
     """FlashInfer's top_p_renorm_probs keeps every token >= its threshold: tokens tied at the cut all stay."""

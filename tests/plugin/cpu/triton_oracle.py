@@ -1,5 +1,5 @@
 """Run SGLang 0.5.23's own Triton reference kernels under ``TRITON_INTERPRET=1`` (on the CPU) next to our
-torch stand-ins, on random cases; print one JSON line ``{op: [mismatching cases]}``.
+torch stand-ins, on random cases; print one JSON line ``{op: [[seed, mismatching case], ...]}``.
 
 Executed in a subprocess by ``test_kernels.py`` (the interpreter must be chosen before triton loads,
 and SGLANG_USE_CPU_ENGINE must be unset so SGLang's modules import their Triton kernels).
@@ -173,15 +173,26 @@ def check_eagle_fills(rng):
     return bad
 
 
-def main():
-    rng = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+def check_seed(seed: int) -> dict:
+    """``{op: [mismatching case]}`` for one seed's random cases."""
+    rng = random.Random(seed)
     torch.manual_seed(rng.randint(0, 10 ** 6))
     result = {"build_tree_kernel_efficient_cpu[FULL_MASK]": check_build_tree(rng, 0),
               "build_tree_kernel_efficient_cpu[QLEN_ONLY]": check_build_tree(rng, 1),
               "verify_tree_greedy_cpu": check_verify_greedy(rng)}
     result.update(check_cache_locs(rng))
     result.update(check_eagle_fills(rng))
-    print(json.dumps(result))
+    return result
+
+
+def main():
+    """Every seed named on the command line (default 0) in this one process (SGLang and triton load once):
+    ``{op: [[seed, case], ...]}``."""
+    out = {}
+    for seed in [int(a) for a in sys.argv[1:]] or [0]:
+        for op, bad in check_seed(seed).items():
+            out.setdefault(op, []).extend([seed, c] for c in bad)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -165,15 +165,14 @@ def decode_attention_cpu(query, k_cache, v_cache, k_scale: float, v_scale: float
     idx = req_to_token[req_pool_indices.long()][:, :L].long()  # [bs, L] cache slots
     visible = ar[None, :] < seq[:, None]  # [bs, L]
     mask = (visible[:, None, :] & _window((seq - 1)[:, None], ar[None, :], sliding_window_size))
-    k = k_cache[idx].transpose(1, 2)  # [bs, Hkv, L, D]
-    v = v_cache[idx].transpose(1, 2)
+    k = k_cache[idx].transpose(1, 2).to(query.dtype)  # [bs, Hkv, L, D] (a float8 cache read in the query's type)
+    v = v_cache[idx].transpose(1, 2).to(query.dtype)
     if k_scale != 1.0:
         k = k * k_scale
     if v_scale != 1.0:
         v = v * v_scale
-    q = query[:, :, None, :].to(k.dtype)  # [bs, Hq, 1, D]
-    out = attend(q, k, v, mask, sm_scale, logit_cap, sinks)  # [bs, Hq, 1, Dv]
-    output.copy_(out[:, :, 0].to(output.dtype))
+    out = attend(query[:, :, None, :], k, v, mask, sm_scale, logit_cap, sinks)  # [bs, Hq, 1, Dv]
+    output.copy_(out[:, :, 0])
 
 
 def _extend_mask(pre: torch.Tensor, ext: torch.Tensor, Lp: int, Le: int, tree_mask, is_causal: bool,
@@ -214,23 +213,23 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     ext, start, seq = extend_seq_lens.long(), extend_start_loc.long(), seq_lens.long()
     pre = seq - ext
     Le, Lp = int(ext.max()), int(pre.max())
-    ae, ap = torch.arange(Le, device=dev), torch.arange(Lp, device=dev)
+    ae = torch.arange(Le, device=dev)
     qvalid = ae[None, :] < ext[:, None]  # [bs, Le]
     qi = (start[:, None] + ae[None, :]).clamp(max=q_extend.shape[0] - 1)  # [bs, Le] rows of q_extend
     rows = req_to_token[req_pool_indices.long()].long()  # [bs, pool_len]
-    pslots = rows[:, :Lp] if Lp > 0 else rows[:, :0]  # [bs, Lp]
+    pslots = rows[:, :Lp]  # [bs, Lp]
     if k_extend is None:  # KV-shared layers: the extend part is already in the buffers
         eslots = torch.gather(rows, 1, (pre[:, None] + ae[None, :]).clamp(max=rows.shape[1] - 1))
         ke, ve = k_buffer[eslots], v_buffer[eslots]
     else:
         ke, ve = k_extend[qi], v_extend[qi]  # [bs, Le, Hkv, D]
-    k = torch.cat([k_buffer[pslots], ke.to(k_buffer.dtype)], 1).transpose(1, 2)  # [bs, Hkv, Lp + Le, D]
-    v = torch.cat([v_buffer[pslots], ve.to(v_buffer.dtype)], 1).transpose(1, 2)
+    dt = q_extend.dtype  # a float8 cache is read in the query's type
+    k = torch.cat([k_buffer[pslots].to(dt), ke.to(dt)], 1).transpose(1, 2)  # [bs, Hkv, Lp + Le, D]
+    v = torch.cat([v_buffer[pslots].to(dt), ve.to(dt)], 1).transpose(1, 2)
     if k_scale != 1.0:
         k = k * k_scale
     if v_scale != 1.0:
         v = v * v_scale
     mask = _extend_mask(pre, ext, Lp, Le, tree_mask, is_causal, sliding_window_size)
-    q = q_extend[qi].transpose(1, 2).to(k.dtype)  # [bs, Hq, Le, D]
-    out = attend(q, k, v, mask, sm_scale, logit_cap, sinks).transpose(1, 2)  # [bs, Le, Hq, Dv]
-    o_extend[qi[qvalid]] = out[qvalid].to(o_extend.dtype)
+    out = attend(q_extend[qi].transpose(1, 2), k, v, mask, sm_scale, logit_cap, sinks).transpose(1, 2)  # [bs, Le, Hq, Dv]
+    o_extend[qi[qvalid]] = out[qvalid]

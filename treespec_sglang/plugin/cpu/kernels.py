@@ -196,6 +196,9 @@ def tree_parents(parent_list, selected_index, topk: int):
     """
     bs, n1 = selected_index.shape
     dev = selected_index.device
+    root = torch.full((bs, 1), -1, dtype=torch.int64, device=dev)
+    if n1 == 0:  # a one-node tree: the root alone
+        return root, torch.zeros_like(root, dtype=torch.bool)
     sel = selected_index.long()
     slot = sel // topk  # [bs, N-1]
     ptok = torch.gather(parent_list.long(), 1, slot)  # [bs, N-1]
@@ -203,7 +206,6 @@ def tree_parents(parent_list, selected_index, topk: int):
     pos = match.long().argmax(-1) + 1  # first match
     found = (slot == 0) | match.any(-1)
     par = torch.where(slot == 0, 0, torch.where(found, pos, -1))
-    root = torch.full((bs, 1), -1, dtype=torch.int64, device=dev)
     return torch.cat([root, par], 1), torch.cat([torch.zeros_like(root, dtype=torch.bool), found], 1)
 
 
