@@ -35,8 +35,9 @@ def pool(g, slots=64, pool_rows=5, pool_len=32):
 
 @pytest.mark.parametrize("seq_lens,window,logit_cap,sinks,scales,fp8", [
     ([5, 1, 12], 0, 0.0, False, (1.0, 1.0), False), ([7, 3], 4, 0.0, False, (1.0, 1.0), False),
-    ([9, 2, 4], 0, 5.0, True, (1.0, 1.0), False), ([6, 3], 0, 5.0, False, (0.5, 2.0), False),
-    ([4, 8], 1, 0.0, True, (1.0, 1.0), False), ([5, 7], 0, 0.0, False, (0.5, 2.0), True)])
+    ([9, 2, 4], 0, 5.0, True, (1.0, 1.0), False), ([6, 3], 0, 1.0, False, (0.5, 2.0), False),
+    ([4, 8], 1, 0.0, True, (1.0, 1.0), False), ([5, 7], 0, 0.0, False, (2.0, 0.5), True),
+    ([6, 6], 0, 0.0, False, (1.0, 1.0), False)])  # as many keys as query heads: the grouped heads still grouped
 def test_decode_attention(seq_lens, window, logit_cap, sinks, scales, fp8):
     """``fp8``: a float8 e4m3 cache, read in the query's type, its scales applied."""
     g = torch.Generator().manual_seed(len(seq_lens) + window)
@@ -77,8 +78,8 @@ def tree_block(ext):
     return m
 
 
-@pytest.mark.parametrize("mode", ["causal", "tree", "full", "window", "capped"])
-@pytest.mark.parametrize("shape", [([6, 9], [3, 4]), ([4, 8, 2], [4, 5, 1]), ([5], [5])])
+@pytest.mark.parametrize("mode", ["causal", "tree", "full", "window", "narrow", "capped"])
+@pytest.mark.parametrize("shape", [([6, 9], [3, 4]), ([4, 8, 2], [4, 5, 1]), ([5], [5]), ([3, 5], [2, 1])])
 def test_extend_attention(mode, shape):
     torch.manual_seed(sum(shape[0]) + len(mode))
     g = torch.Generator().manual_seed(7)
@@ -96,16 +97,18 @@ def test_extend_attention(mode, shape):
     k_ext, v_ext = torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
     blocks = [tree_block(e) for e in ext_lens] if mode == "tree" else None
     tree_mask = torch.cat([b.reshape(-1) for b in blocks]) if blocks else None
-    window = 3 if mode == "window" else 0
-    # capped: causal, tanh-capped logits, one sink logit per head, scaled cache reads
-    cap, sink, (ks, vs) = (5.0, torch.randn(HQ, generator=g), (0.5, 2.0)) if mode == "capped" else (0.0, None, (1.0, 1.0))
+    window = {"window": 3, "narrow": 1}.get(mode, 0)  # narrow: each query sees itself alone
+    # capped: causal, tanh-capped logits, one sink logit per head, a float8 cache read scaled
+    cap, sink, (ks, vs) = (5.0, torch.randn(HQ, generator=g), (2.0, 2.0)) if mode == "capped" else (0.0, None, (1.0, 1.0))
+    if mode == "capped":
+        k_buf, v_buf = k_buf.to(torch.float8_e4m3fn), v_buf.to(torch.float8_e4m3fn)
     out = torch.full((T, HQ, D), float("nan"))
     extend_attention_cpu(q, k_ext, v_ext, out, k_buf, v_buf, ks, vs, r2t, rpi, seq, ext, start, int(ext.max()),
                          0.25, cap, False, window, None, sink, tree_mask, mode != "full")
     for b in range(bs):
         e, s = ext_lens[b], seq_lens[b]
         pre = s - e
-        pk, pv = k_buf[r2t[rpi[b], :pre].long()], v_buf[r2t[rpi[b], :pre].long()]
+        pk, pv = k_buf[r2t[rpi[b], :pre].long()].double(), v_buf[r2t[rpi[b], :pre].long()].double()
         for i in range(e):
             row = int(start[b]) + i
             if mode == "tree":
@@ -114,21 +117,25 @@ def test_extend_attention(mode, shape):
                 vis = list(range(e))
             else:
                 vis = list(range(i + 1))
-            keys = torch.cat([pk, k_ext[int(start[b]) + torch.tensor(vis, dtype=torch.long)]])
-            vals = torch.cat([pv, v_ext[int(start[b]) + torch.tensor(vis, dtype=torch.long)]])
+            keys = torch.cat([pk, k_ext[int(start[b]) + torch.tensor(vis, dtype=torch.long)].double()])
+            vals = torch.cat([pv, v_ext[int(start[b]) + torch.tensor(vis, dtype=torch.long)].double()])
             if window:
                 pos = list(range(pre)) + [pre + j for j in vis]
                 keep = [n for n, p in enumerate(pos) if (pre + i) - p < window]
                 keys, vals = keys[keep], vals[keep]
-            want = naive(q[row], keys.double() * ks, vals.double() * vs, 0.25, cap, sink)
+            want = naive(q[row], keys * ks, vals * vs, 0.25, cap, sink)
             torch.testing.assert_close(out[row].double(), want, atol=1e-5, rtol=1e-5)
 
 
-def test_a_kv_shared_extend_reads_a_full_rows_last_slot():
+@pytest.mark.parametrize("fp8", [False, True])
+def test_a_kv_shared_extend_reads_a_full_rows_last_slot(fp8):
     """Two requests extending by 1 and 3, the first at the pool row's last column: its padded queries' slots lie
-    past the row (clamped, then discarded), its one real query reads column 31."""
+    past the row (clamped, then discarded), its one real query reads column 31. ``fp8``: a float8 cache, whose
+    extend part is read in the query's type as its prefix is."""
     g = torch.Generator().manual_seed(12)
     k_buf, v_buf, r2t = pool(g)
+    if fp8:
+        k_buf, v_buf = k_buf.to(torch.float8_e4m3fn), v_buf.to(torch.float8_e4m3fn)
     rpi, seq, ext = torch.tensor([1, 3]), torch.tensor([32, 6]), torch.tensor([1, 3], dtype=torch.int32)
     start = torch.tensor([0, 1], dtype=torch.int32)
     q = torch.randn(4, HQ, D, generator=g)
@@ -136,7 +143,7 @@ def test_a_kv_shared_extend_reads_a_full_rows_last_slot():
     slots = torch.cat([r2t[1, 31:32], r2t[3, 3:6]]).long()
     args = (k_buf, v_buf, 1.0, 1.0, r2t, rpi, seq, ext, start, 3, 0.2, 0.0, False, 0, None, None, None, True)
     extend_attention_cpu(q, None, None, a, *args)
-    extend_attention_cpu(q, k_buf[slots], v_buf[slots], b, *args)
+    extend_attention_cpu(q, k_buf[slots].float(), v_buf[slots].float(), b, *args)
     assert torch.equal(a, b)
 
 

@@ -51,6 +51,12 @@ def test_tree_parents_worked_example():
     assert found[0].tolist() == [False] + [True] * 6
 
 
+def test_tree_parents_leaves_an_unselected_parent_unfound():
+    """Slot 12's parent is slot 3 (flat index 3): not selected here, so node 3 (slot 12) has parent -1, unfound."""
+    parent, found = K.tree_parents(torch.tensor([[-1, 0, 1, 2, 3, 5, 7]]), torch.tensor([[0, 1, 12]]), 3)
+    assert parent[0].tolist() == [-1, 0, 0, -1] and found[0].tolist() == [False, True, True, False]
+
+
 def test_bitpacked_mask_is_the_packed_qlen_mask():
     parent_list, sel = _tree_case(bs=2)
     N = 7
@@ -80,6 +86,7 @@ def test_draft_decode_metadata_rows(bs, topk, steps):
     req_to_token = torch.randint(0, 999, (6, pool_len), generator=g, dtype=torch.int32)
     rpi = torch.randperm(6, generator=g)[:bs]
     seq = torch.randint(1, pool_len - topk * steps, (bs,), generator=g)
+    seq[0] = pool_len - topk * steps  # the last branch's last slot is the row's last column
     out = K.build_draft_decode_metadata_cpu(req_to_token, rpi, seq, topk, steps, pool_len)
     assert out.shape == (bs * topk, pool_len)
     for b in range(bs):
@@ -88,12 +95,14 @@ def test_draft_decode_metadata_rows(bs, topk, steps):
         for k in range(topk):
             want = row[:s] + row[s + k * steps: s + (k + 1) * steps]
             assert out[b * topk + k, : s + steps].tolist() == want
+            assert (out[b * topk + k, s + steps:] == 0).all()  # the rest is 0
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_copy_all_layer_kv_cache_moves_every_buffer(dtype):
+@pytest.mark.parametrize("dtype,n_bufs", [(torch.float32, 5), (torch.bfloat16, 5), (torch.float32, 1)])
+def test_copy_all_layer_kv_cache_moves_every_buffer(dtype, n_bufs):
     g = torch.Generator().manual_seed(3)
-    bufs = [torch.randn(20, 3, 4, generator=g).to(dtype) for _ in range(4)] + [torch.randn(20, 6, generator=g).to(dtype)]
+    bufs = [torch.randn(20, 6, generator=g).to(dtype)] + [torch.randn(20, 3, 4, generator=g).to(dtype) for _ in range(4)]
+    bufs = bufs[:n_bufs]
     before = [b.clone() for b in bufs]
     ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64)  # as SGLang's memory pool builds them
     strides = torch.tensor([b.stride(0) * b.element_size() for b in bufs], dtype=torch.int64)

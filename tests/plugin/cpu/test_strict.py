@@ -8,123 +8,8 @@ the op takes them, then breaks one rule the compiled op (``sgl-kernel/csrc/cpu``
 import pytest
 import torch
 
-from treespec_sglang.plugin.cpu import attention as A
+from tests.plugin.cpu.standin_args import BS, N, OPS, meta, strided, tree_of, verify_greedy
 from treespec_sglang.plugin.cpu import kernels as K
-from treespec_sglang.plugin.cpu import sampling as S
-
-BS, TOPK, DEPTH, N, POOL_LEN, H, D = 2, 2, 3, 4, 32, 2, 32
-
-
-def strided(t):
-    """The same values as a non-contiguous view (every other column of a wider tensor)."""
-    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
-    wide[..., ::2] = t
-    return wide[..., ::2]
-
-
-def meta(t):
-    return torch.empty_like(t, device="meta")
-
-
-def build_tree():
-    sel = torch.tensor([[0, 1, 2], [0, 2, 3]])
-    return dict(parent_list=torch.tensor([[-1, 0, 1, 2, 3]] * BS), selected_index=sel,
-                verified_seq_len=torch.tensor([5, 9]), tree_mask=torch.zeros(BS * N * N, dtype=torch.bool),
-                positions=torch.zeros(BS * N, dtype=torch.int64), retrive_index=torch.zeros(BS, N, dtype=torch.int64),
-                retrive_next_token=torch.full((BS, N), -1, dtype=torch.int64),  # filled with -1, as eagle_utils does
-                retrive_next_sibling=torch.full((BS, N), -1, dtype=torch.int64), topk=TOPK, depth=DEPTH, draft_token_num=N,
-                tree_mask_mode=1)
-
-
-def verify_greedy():
-    return dict(predicts=torch.zeros(BS * N, dtype=torch.int32), accept_index=torch.full((BS, DEPTH + 1), -1, dtype=torch.int32),
-                accept_token_num=torch.zeros(BS, dtype=torch.int32), candidates=torch.zeros(BS, N, dtype=torch.int64),
-                retrive_index=torch.arange(BS * N).view(BS, N), retrive_next_token=torch.full((BS, N), -1),
-                retrive_next_sibling=torch.full((BS, N), -1), target_predict=torch.zeros(BS, N, dtype=torch.int64))
-
-
-def sampling():
-    v = verify_greedy()
-    del v["target_predict"]
-    probs = torch.full((BS, N, 8), 1 / 8)
-    return dict(v, uniform_samples=torch.rand(BS, N), uniform_samples_for_final_sampling=torch.rand(BS),
-                target_probs=probs, draft_probs=torch.zeros_like(probs), threshold_single=1.0, threshold_acc=1.0)
-
-
-def pool():
-    return torch.arange(6 * POOL_LEN, dtype=torch.int32).view(6, POOL_LEN)
-
-
-def decode():
-    return dict(query=torch.randn(BS, H, D), k_cache=torch.randn(64, H, D), v_cache=torch.randn(64, H, D), k_scale=1.0,
-                v_scale=1.0, output=torch.zeros(BS, H, D), key=torch.randn(BS, H, D), value=torch.randn(BS, H, D),
-                loc=torch.tensor([3, 4]), attn_logits=torch.zeros(BS, H, 4, D + 1), req_to_token=pool(),
-                req_pool_indices=torch.tensor([0, 1]), seq_lens=torch.tensor([3, 6]), sm_scale=0.2, logit_cap=0.0,
-                is_cross_attn=False, sliding_window_size=0, encoder_lens=None, sinks=None)
-
-
-def extend():
-    T = BS * N
-    return dict(q_extend=torch.randn(T, H, D), k_extend=torch.randn(T, H, D), v_extend=torch.randn(T, H, D),
-                o_extend=torch.zeros(T, H, D), k_buffer=torch.randn(6 * POOL_LEN, H, D),
-                v_buffer=torch.randn(6 * POOL_LEN, H, D), k_scale=1.0, v_scale=1.0, req_to_token=pool(),
-                req_pool_indices=torch.tensor([0, 2]), seq_lens=torch.tensor([9, 12]),
-                extend_seq_lens=torch.full((BS,), N, dtype=torch.int32),
-                extend_start_loc=torch.arange(0, T, N, dtype=torch.int32), max_len_extend=N, sm_scale=0.2,
-                logit_cap=0.0, is_cross_attn=False, sliding_window_size=0, encoder_lens=None, sinks=None,
-                tree_mask=torch.eye(N, dtype=torch.bool).repeat(BS, 1, 1).reshape(-1) | torch.tensor([True] + [False] * (N - 1)).repeat(BS * N),
-                is_causal=True)
-
-
-def segments():
-    return dict(req_pool_indices=torch.tensor([0, 3]), req_to_token=pool(),
-                start_offset=torch.tensor([2, 0], dtype=torch.int32), end_offset=torch.tensor([4, 3], dtype=torch.int32),
-                out_cache_loc=torch.arange(5), pool_len=POOL_LEN)
-
-
-def draft_locs():
-    return dict(req_pool_indices=torch.tensor([0, 3]), req_to_token=pool(), seq_lens=torch.tensor([2, 7]),
-                out_cache_loc=torch.zeros(BS * TOPK * DEPTH, dtype=torch.int64), pool_len=POOL_LEN, topk=TOPK,
-                num_steps=DEPTH)
-
-
-def bonus():
-    return dict(accept_tokens=torch.zeros(BS, 3, dtype=torch.int32), accept_lens=torch.tensor([1, 3], dtype=torch.int32),
-                bonus_tokens=torch.zeros(BS, dtype=torch.int32), accept_stride=3)
-
-
-def accept_locs():
-    return dict(accept_index=torch.tensor([[0, 2, -1], [4, -1, -1]], dtype=torch.int32), out_cache_loc=torch.arange(8),
-                accept_out_cache_loc=torch.zeros(6, dtype=torch.int64))
-
-
-KV = torch.zeros(16, 8)
-
-
-def kv_copy():
-    return dict(data_ptrs=torch.tensor([KV.data_ptr()], dtype=torch.uint64), strides=torch.tensor([32]),
-                tgt_loc=torch.tensor([1, 2]), src_loc=torch.tensor([3, 4]))
-
-
-def draft_metadata():
-    return dict(req_to_token=pool(), req_pool_indices=torch.tensor([0, 1]), seq_lens=torch.tensor([3, 5]), topk=TOPK,
-                num_steps=DEPTH, pool_len=POOL_LEN)
-
-
-OPS = {
-    "build_tree": (K.build_tree_kernel_efficient_cpu, build_tree),
-    "verify_greedy": (K.verify_tree_greedy_cpu, verify_greedy),
-    "sampling": (S.tree_speculative_sampling_target_only, sampling),
-    "decode": (A.decode_attention_cpu, decode),
-    "extend": (A.extend_attention_cpu, extend),
-    "req_to_token": (K.assign_req_to_token_pool_cpu, segments),
-    "extend_locs": (K.assign_extend_cache_locs_cpu, segments),
-    "draft_locs": (K.assign_draft_cache_locs_contiguous_cpu, draft_locs),
-    "bonus": (K.fill_bonus_tokens_cpu, bonus),
-    "accept_locs": (K.fill_accept_out_cache_loc_cpu, accept_locs),
-    "kv_copy": (K.copy_all_layer_kv_cache_cpu, kv_copy),
-    "draft_metadata": (K.build_draft_decode_metadata_cpu, draft_metadata),
-}
 
 # (op, argument, how it is broken, what the stand-in says after "<op>: ", to the letter)
 BROKEN = [
@@ -136,6 +21,9 @@ BROKEN = [
     ("build_tree", "parent_list", lambda t: torch.zeros(BS, 10, dtype=torch.int64)[:, :5],
      "parent_list: Size mismatch for stride#0: expected 5 but got 10"),
     ("build_tree", "parent_list", meta, "parent_list: Device mismatch: expected cpu but got meta"),
+    ("build_tree", "parent_list", lambda t: t[0], "parent_list: Tensor dimension mismatch: expected 2 but got 1"),
+    ("build_tree", "parent_list", lambda t: t[:, :0], "parent_list has 0 columns, expected topk * (depth - 1) + 1 = 5"),
+    ("build_tree", "selected_index", lambda t: t[:1], "selected_index: Size mismatch for shape#0('batch_size'): expected 2 but got 1"),
     ("build_tree", "depth", lambda d: 2, "parent_list has 5 columns, expected topk * (depth - 1) + 1 = 3"),
     ("build_tree", "positions", lambda t: strided(t), "positions: Tensor is not contiguous as expected (shape (8,), strides (2,))"),
     ("build_tree", "positions", meta, "positions: Device mismatch: expected cpu but got meta"),
@@ -174,6 +62,9 @@ BROKEN = [
     ("verify_greedy", "candidates", lambda t: strided(t),
      "candidates: Tensor is not contiguous as expected (shape (2, 4), strides (8, 2))"),
     ("verify_greedy", "candidates", lambda t: t.int(), "candidates: dtype mismatch: expected int64 but got int32"),
+    ("verify_greedy", "candidates", meta, "candidates: Device mismatch: expected cpu but got meta"),
+    ("verify_greedy", "accept_token_num", meta, "accept_token_num: Device mismatch: expected cpu but got meta"),
+    ("verify_greedy", "predicts", meta, "predicts: Device mismatch: expected cpu but got meta"),
     ("verify_greedy", "retrive_index", lambda t: t[:, :3],
      "retrive_index: Size mismatch for shape#1('draft_tokens'): expected 4 but got 3"),
     ("verify_greedy", "retrive_next_token", lambda t: t.int(), "retrive_next_token: dtype mismatch: expected int64 but got int32"),
@@ -189,6 +80,10 @@ BROKEN = [
     ("sampling", "uniform_samples_for_final_sampling", lambda t: t.double(),
      "uniform_samples_for_final_sampling: dtype mismatch: expected float32 but got float64"),
     ("sampling", "retrive_index", lambda t: t.int(), "retrive_index: dtype mismatch: expected int64 but got int32"),
+    ("sampling", "uniform_samples", meta, "uniform_samples: Device mismatch: expected cpu but got meta"),
+    ("sampling", "uniform_samples_for_final_sampling", meta,
+     "uniform_samples_for_final_sampling: Device mismatch: expected cpu but got meta"),
+    ("sampling", "target_probs", meta, "target_probs: Device mismatch: expected cpu but got meta"),
     ("sampling", "threshold_acc", lambda t: 1.5, "threshold_acc must be in [0, 1], got 1.5"),
     ("sampling", "threshold_single", lambda t: -0.5, "threshold_single must be in [0, 1], got -0.5"),
     ("decode", "query", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2), "query must be contiguous at last dimension"),
@@ -207,6 +102,7 @@ BROKEN = [
     ("decode", "value", lambda t: None, "key and value should have values at the same time"),
     ("decode", "key", lambda t: None, "key and value should have values at the same time"),
     ("decode", "key", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2), "key must be contiguous at last dimension"),
+    ("decode", "value", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2), "value must be contiguous at last dimension"),
     ("decode", "loc", lambda t: t.int(), "loc must be int64, got torch.int32"),
     ("decode", "loc", lambda t: t[:1], "loc must be a 1D tensor of 2 slots"),
     ("decode", "loc", lambda t: t[None], "loc must be a 1D tensor of 2 slots"),
@@ -220,6 +116,11 @@ BROKEN = [
      "o_extend: Tensor is not contiguous as expected (shape (8, 2, 32), strides (128, 64, 2))"),
     ("extend", "o_extend", meta, "o_extend: Device mismatch: expected cpu but got meta"),
     ("extend", "k_extend", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2), "k_extend must be contiguous at last dimension"),
+    ("extend", "v_extend", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2), "v_extend must be contiguous at last dimension"),
+    ("extend", "q_extend", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2), "q_extend must be contiguous at last dimension"),
+    ("extend", "k_buffer", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2), "k_buffer must be contiguous at last dimension"),
+    ("extend", "v_buffer", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2), "v_buffer must be contiguous at last dimension"),
+    ("extend", "v_extend", lambda t: t.double(), "v_extend must have the query's dtype torch.float32, got torch.float64"),
     ("extend", "v_extend", lambda t: t[:, :1].contiguous(), "v_extend and k_buffer must have the same KV heads"),
     ("extend", "k_extend", lambda t: t.double(), "k_extend must have the query's dtype torch.float32, got torch.float64"),
     ("extend", "q_extend", lambda t: t[..., :16].contiguous(), "invalid head_size 16"),
@@ -236,7 +137,7 @@ BROKEN = [
     ("extend", "tree_mask", lambda t: t.to(torch.uint8), "tree_mask: dtype mismatch: expected bool but got uint8"),
     ("extend", "tree_mask", meta, "tree_mask: Device mismatch: expected cpu but got meta"),
     ("extend", "max_len_extend", lambda n: None, "max_len_extend must be given with a tree_mask"),
-    ("extend", "sliding_window_size", lambda w: 4, "tree_mask is not supported with sliding window attention"),
+    ("extend", "sliding_window_size", lambda w: 1, "tree_mask is not supported with sliding window attention"),
     ("extend", "req_pool_indices", lambda t: t.int(), "expect req_pool_indices to be int64, got torch.int32"),
     ("extend", "o_extend", lambda t: t.double(), "o_extend must have the query's dtype torch.float32, got torch.float64"),
     ("extend", "k_buffer", lambda t: t.double(),
@@ -247,6 +148,7 @@ BROKEN = [
     ("req_to_token", "req_pool_indices", lambda t: t.float(), "req_pool_indices must be torch.int32 or torch.int64, got torch.float32"),
     ("req_to_token", "req_pool_indices", strided, "req_pool_indices: Tensor is not contiguous as expected (shape (2,), strides (2,))"),
     ("req_to_token", "start_offset", lambda t: t[:1], "start_offset has 1 elements, expected 2"),
+    ("req_to_token", "end_offset", lambda t: t[:1], "end_offset has 1 elements, expected 2"),
     ("req_to_token", "start_offset", strided, "start_offset: Tensor is not contiguous as expected (shape (2,), strides (2,))"),
     ("req_to_token", "end_offset", strided, "end_offset: Tensor is not contiguous as expected (shape (2,), strides (2,))"),
     ("req_to_token", "out_cache_loc", lambda t: t.int(), "out_cache_loc must be int64, got torch.int32"),
@@ -261,6 +163,10 @@ BROKEN = [
     ("draft_locs", "out_cache_loc", strided, "out_cache_loc: Tensor is not contiguous as expected (shape (12,), strides (2,))"),
     ("draft_locs", "seq_lens", lambda t: t.float(), "seq_lens must be torch.int32 or torch.int64, got torch.float32"),
     ("draft_locs", "seq_lens", strided, "seq_lens: Tensor is not contiguous as expected (shape (2,), strides (2,))"),
+    ("draft_locs", "req_pool_indices", strided,
+     "req_pool_indices: Tensor is not contiguous as expected (shape (2,), strides (2,))"),
+    ("draft_locs", "req_pool_indices", lambda t: t.float(),
+     "req_pool_indices must be torch.int32 or torch.int64, got torch.float32"),
     ("draft_locs", "req_pool_indices", lambda t: t[:1], "seq_lens has 2 elements, expected 1"),
     ("draft_locs", "pool_len", lambda n: n - 1, "req_to_token: Size mismatch for shape#1: expected 31 but got 32"),
     ("bonus", "accept_tokens", lambda t: t.long(), "accept_tokens must be int32, got torch.int64"),
@@ -271,12 +177,16 @@ BROKEN = [
     ("bonus", "accept_lens", lambda t: t.long(), "accept_lens must be torch.int32, got torch.int64"),
     ("bonus", "bonus_tokens", lambda t: t[:1], "bonus_tokens has 1 elements, expected 2"),
     ("bonus", "bonus_tokens", strided, "bonus_tokens: Tensor is not contiguous as expected (shape (2,), strides (2,))"),
+    ("bonus", "accept_lens", strided, "accept_lens: Tensor is not contiguous as expected (shape (2,), strides (2,))"),
     ("accept_locs", "accept_out_cache_loc", lambda t: t[:5], "accept_out_cache_loc has 5 entries, fewer than accept_index's 6"),
     ("accept_locs", "accept_out_cache_loc", lambda t: t.int(), "accept_out_cache_loc must be int64, got torch.int32"),
     ("accept_locs", "accept_index", lambda t: t.float(), "accept_index must be int32 or int64, got torch.float32"),
     ("accept_locs", "accept_index", strided, "accept_index: Tensor is not contiguous as expected (shape (2, 3), strides (6, 2))"),
     ("accept_locs", "out_cache_loc", lambda t: t.int(), "out_cache_loc must be int64, got torch.int32"),
     ("accept_locs", "out_cache_loc", lambda t: t[:4], "accept_index out of range"),
+    ("accept_locs", "out_cache_loc", strided, "out_cache_loc: Tensor is not contiguous as expected (shape (8,), strides (2,))"),
+    ("accept_locs", "accept_out_cache_loc", strided,
+     "accept_out_cache_loc: Tensor is not contiguous as expected (shape (6,), strides (2,))"),
     ("kv_copy", "data_ptrs", lambda t: t.long(), "data_ptrs must be uint64, got torch.int64"),
     ("kv_copy", "strides", lambda t: t.int(), "strides must be int64, got torch.int32"),
     ("kv_copy", "strides", lambda t: t.repeat(2), "strides must have one entry per buffer"),
@@ -290,6 +200,8 @@ BROKEN = [
     ("draft_metadata", "req_to_token", lambda t: strided(t),
      "req_to_token: Tensor is not contiguous as expected (shape (6, 32), strides (64, 2))"),
     ("draft_metadata", "seq_lens", lambda t: t[:1], "seq_lens has 1 elements, expected 2"),
+    ("draft_metadata", "seq_lens", strided, "seq_lens: Tensor is not contiguous as expected (shape (2,), strides (2,))"),
+    ("draft_metadata", "req_to_token", lambda t: t.long(), "req_to_token: dtype mismatch: expected int32 but got int64"),
     ("draft_metadata", "req_pool_indices", lambda t: t.float(), "req_pool_indices must be torch.int32 or torch.int64, got torch.float32"),
     ("draft_metadata", "req_pool_indices", strided, "req_pool_indices: Tensor is not contiguous as expected (shape (2,), strides (2,))"),
 ]
@@ -311,14 +223,6 @@ def test_the_stand_in_refuses_what_the_kernel_refuses(name, arg, breaks, msg):
     assert str(refused.value) == f"{fn.__name__}: {msg}"
 
 
-def tree_of(n: int, mode: int, mask: torch.Tensor) -> dict:
-    """``build_tree``'s arguments for an ``n``-node tree in ``mode`` (shapes and dtypes as SGLang passes them)."""
-    return dict(build_tree(), selected_index=torch.zeros(BS, n - 1, dtype=torch.int64), tree_mask=mask,
-                positions=torch.zeros(BS * n, dtype=torch.int64), retrive_index=torch.zeros(BS, n, dtype=torch.int64),
-                retrive_next_token=torch.full((BS, n), -1), retrive_next_sibling=torch.full((BS, n), -1),
-                draft_token_num=n, tree_mask_mode=mode)
-
-
 @pytest.mark.parametrize("n,row_bytes", [(8, 1), (9, 2), (16, 2), (17, 4), (32, 4)])
 def test_the_bit_packed_mask_needs_one_integer_of_its_rows_width_per_row(n, row_bytes):
     """QLEN_ONLY_BITPACKING (the CUDA kernel's mode 2): uint8 rows up to 8 nodes, 16-bit up to 16, 32-bit up to 32."""
@@ -337,6 +241,10 @@ def test_the_bit_packed_mask_holds_at_most_32_nodes():
 
 EDGES = [  # (op, arguments replaced): at the edge of what the kernel takes, and taken
     ("build_tree", dict(depth=1)),  # one step: any parent_list width
+    ("build_tree", dict(topk=1, parent_list=torch.tensor([[-1, 0, 1]] * BS), selected_index=torch.tensor([[0, 1, 2]] * BS))),
+    ("build_tree", dict(tree_of(1024, 1, torch.zeros(BS * 1024 * 1024, dtype=torch.bool)))),  # the largest tree
+    ("sampling", dict(target_probs=torch.ones(BS, N, 1), draft_probs=torch.zeros(BS, N, 1))),  # one token
+    ("req_to_token", dict(end_offset=torch.tensor([2, 3], dtype=torch.int32), out_cache_loc=torch.arange(3))),  # one empty
     ("build_tree", dict(tree_mask_mode=0, tree_mask=torch.zeros((5 + 9 + BS * N) * N, dtype=torch.bool))),  # FULL_MASK
     ("build_tree", dict(tree_mask_mode=2, tree_mask=torch.zeros(BS * N, dtype=torch.uint8))),  # one byte a row
     ("sampling", dict(threshold_single=0.0, threshold_acc=0.0)),
@@ -360,6 +268,15 @@ def test_cross_attention_is_refused(name):
     assert str(refused.value) == "treespec CPU attention stand-ins do not implement cross-attention"
 
 
+def test_a_single_rows_accept_length_is_checked_too():
+    fn, make = OPS["bonus"]
+    one = dict(accept_tokens=torch.zeros(1, 3, dtype=torch.int32), accept_lens=torch.tensor([4], dtype=torch.int32),
+               bonus_tokens=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(RuntimeError) as refused:
+        fn(**dict(make(), **one))
+    assert str(refused.value) == "fill_bonus_tokens_cpu: accept_lens must be in [1, accept_stride = 3], got [4]"
+
+
 def test_an_empty_vocabulary_or_tree_is_refused():
     fn, make = OPS["sampling"]
     with pytest.raises(RuntimeError) as refused:
@@ -371,6 +288,14 @@ def test_an_empty_vocabulary_or_tree_is_refused():
     with pytest.raises(RuntimeError) as refused:
         K.verify_tree_greedy_cpu(**dict(verify_greedy(), **empty))
     assert str(refused.value) == "verify_tree_greedy_cpu: draft_tokens and spec_tokens must be > 0"
+
+
+def test_a_one_column_parent_list_is_held_to_its_row_stride():
+    """One step (depth 1): SGLang's parent_list has one column, and the kernel binds its row stride to 1."""
+    fn, make = OPS["build_tree"]
+    with pytest.raises(RuntimeError) as refused:
+        fn(**dict(make(), depth=1, parent_list=torch.full((BS, 5), -1, dtype=torch.int64)[:, :1]))
+    assert str(refused.value) == "build_tree_kernel_efficient_cpu: parent_list: Size mismatch for stride#0: expected 1 but got 5"
 
 
 def test_a_one_node_tree_takes_any_row_stride_of_its_empty_selection():
