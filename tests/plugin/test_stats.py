@@ -98,6 +98,24 @@ def test_device_sizes_arrive_through_reused_pinned_buffers():
     assert host.is_pinned() and a.customized_info["treespec_tree_sizes"] == [3, 9]
 
 
+@pytest.mark.parametrize("device_branch", [False, True])
+def test_recording_a_finished_round_reads_nothing_back(monkeypatch, device_branch):
+    """The sizes a finished round recorded are in host memory (the tensor on the CPU, the pinned copy on a
+    device: stood in here by a plain buffer): flushing them counts no host read."""
+    if device_branch:
+        monkeypatch.setattr(S, "_on_host", lambda t: False)
+        monkeypatch.setattr(S, "_pinned", lambda t: torch.empty_like(t))
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(Event, "made", [])
+    pending, a = PendingSizes(), Req()
+    pending.push([a], ["salf"], torch.tensor([6]))
+    for e in Event.made:
+        e.done = True
+    with count_ops() as c:
+        pending.flush()
+    assert a.customized_info["treespec_tree_sizes"] == [6] and c.reads == 0
+
+
 def test_pushing_a_round_reads_nothing_from_the_device():
     pending = PendingSizes()
     with count_ops() as c:

@@ -2,10 +2,12 @@
 checked on the CPU with meta tensors standing for device tensors (never run) and a pinned stand-in; the ``gpu``
 test runs real CUDA calls and checks the counter against ``torch.cuda.set_sync_debug_mode``."""
 
+import re
+
 import pytest
 import torch
 
-from treespec_sglang.utils.syncs import count_host_syncs, count_ops, sync_of, to_device
+from treespec_sglang.utils.syncs import count_host_syncs, count_ops, read_host, sync_of, to_device
 
 
 class Pinned:
@@ -67,6 +69,26 @@ def test_the_counters_see_reads_on_the_cpu():
     assert (o.reads, o.copies) == (0, 1)
 
 
+def test_a_ready_host_buffer_is_read_without_counting_a_host_read():
+    """``read_host`` gives a host tensor's values and neither counter counts it; ``tolist`` on the same tensor,
+    the control, counts one read in each."""
+    x = torch.arange(6, dtype=torch.int32).view(2, 3)
+    with count_ops() as o, count_host_syncs() as c:
+        got = read_host(x)
+    assert got == [[0, 1, 2], [3, 4, 5]] and (o.reads, o.ops, c.count) == (0, 0, 0)
+    with count_ops() as o, count_host_syncs() as c:
+        _ = x.tolist()
+    assert (o.reads, c.count) == (1, 1)
+
+
+def test_a_device_tensor_is_refused_by_the_host_read():
+    x = torch.empty(3, device="meta")
+    with pytest.raises(ValueError, match=re.escape(
+            "read_host: t must be in host memory (device cpu), got device meta: a device tensor's values make the "
+            "host wait; copy it to pinned memory and read it once the copy's event is done")):
+        read_host(x)
+
+
 @pytest.mark.gpu
 def test_the_counter_agrees_with_cudas_sync_debug_mode():
     """Each call, alone: the counter says it waits exactly when CUDA's sync debug mode raises for it."""
@@ -83,6 +105,7 @@ def test_the_counter_agrees_with_cudas_sync_debug_mode():
         "pinned to device, non_blocking": lambda: pinned.to(dev, non_blocking=True),
         "nonzero_static": lambda: torch.nonzero_static(x, size=4),
         "device op": lambda: x * 2,
+        "read_host of a pinned buffer": lambda: read_host(pinned),
     }
     for what, call in calls.items():
         torch.cuda.synchronize()

@@ -38,6 +38,7 @@ from .metrics import scheduler_series
 from .round import same_requests
 from .settings import derived, env
 from ..policies.registry import registration_of
+from ..utils.syncs import read_host
 
 __all__ = ["PREFIX", "SUMMARY", "ROUND_KEYS", "FOLD", "stream_accept", "record_round", "record_rounds", "summary_of",
            "max_rounds", "RequestStats", "BatchStats", "PendingSizes", "policy_name"]
@@ -381,8 +382,8 @@ class PendingSizes:
     def flush(self) -> None:
         while self.rounds and (self.rounds[0][3] is None or self.rounds[0][3].query()):
             reqs, policies, host, event = self.rounds.popleft()
-            # a host list, or a finished host copy: no sync
-            record_rounds(reqs, policies, "treespec_tree_sizes", host if type(host) is list else host.tolist())
+            # a host list, or a finished host copy: no sync (read_host refuses a device tensor)
+            record_rounds(reqs, policies, "treespec_tree_sizes", host if type(host) is list else read_host(host))
             if event is not None:
                 spare = self.spare.setdefault((host.shape, host.dtype), [])
                 if len(spare) < self.KEEP:

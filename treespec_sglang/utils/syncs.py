@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["SyncCounter", "count_host_syncs", "OpCounter", "count_ops", "sync_of", "to_device"]
+__all__ = ["SyncCounter", "count_host_syncs", "OpCounter", "count_ops", "sync_of", "to_device", "read_host"]
 
 _SYNC_OPS = {
     "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
@@ -78,6 +78,31 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
         raise RuntimeError("to_device: a host->device copy inside a CUDA graph capture; build the tensor before "
                            "capturing (an eager run of the captured body)")
     return t.pin_memory().to(dev, non_blocking=True)
+
+
+def read_host(t: torch.Tensor) -> list:  # t: [*] in host memory, its writes done -> nested lists of its values
+    """The values of ``t`` as (nested) lists, where ``t`` is in host memory and its writes have finished: a CPU
+    tensor, or a pinned buffer that an asynchronous device->host copy filled once that copy's event is seen done.
+    Such a read does not wait for any device, so :func:`count_ops`, :func:`count_host_syncs` and the plugin's
+    profiler do not count it as a host read (they count every other ``tolist``, which on a device tensor waits).
+
+    Examples
+    --------
+    >>> with count_ops() as c:
+    ...     values = read_host(torch.arange(3))
+    >>> values, c.reads
+    ([0, 1, 2], 0)
+
+    Raises
+    ------
+    ValueError
+        ``t`` is on another device (reading it would wait for that device): copy it to pinned memory first.
+    """
+    if t.device.type != "cpu":
+        raise ValueError(f"read_host: t must be in host memory (device cpu), got device {t.device}: a device "
+                         "tensor's values make the host wait; copy it to pinned memory and read it once the copy's "
+                         "event is done")
+    return torch._C.TensorBase.tolist(t)  # the C method: not the counters' wrapper of ``Tensor.tolist``
 
 
 class SyncCounter(TorchDispatchMode):
