@@ -6,6 +6,7 @@
 #
 #   STEPS=tests,host bash bench/gpu_session.sh           # GPU tests, hooks' host time (2026-11-26 H100: 110 + 10 s)
 #   STEPS=random bash bench/gpu_session.sh               # round times, no model files (two engines: ~5 min)
+#   STEPS=paired bash bench/gpu_session.sh               # eagle2 vs native in ABBA blocks (one engine, no model files)
 #   STEPS=profile bash bench/gpu_session.sh               # the demo target: auto vs torch vs native vs plain
 #   STEPS=flashinfer,bf16,eagle3 bash bench/gpu_session.sh
 #   STEPS=fi,firandom bash bench/gpu_session.sh           # FlashInfer carried (bench/gpu_flashinfer.sh), no model files
@@ -13,14 +14,15 @@
 # Steps: tests (pytest -m gpu, one file per process: bench/gpu_tests.sh); host (the hooks' host time per round,
 # bench/round_host_cost.py, on this GPU's host with real CUDA dispatch, the selection's device work stubbed); random
 # (the profile below on a random-weight target of the demo target's shape: round times and outputs == plain, no
-# accept lengths); profile (float32, Triton attention, selection auto vs torch, beside native and plain, outputs
+# accept lengths); paired (on the same target, native against eagle2, eagle2-small, the mix and itself in ABBA
+# blocks, bench/round_pairs.py: the gap per decode round with the run's drift cancelled); profile (float32, Triton attention, selection auto vs torch, beside native and plain, outputs
 # compared with plain); fi (installs the carried FlashInfer: bench/gpu_flashinfer.sh); firandom (SGLang's FlashInfer
 # backend, bf16, on the random target: our custom-mask verify's outputs against plain and its round times);
 # flashinfer (padded, ragged and tuned verify per batch size on the demo target); bf16; eagle3 (the shipped EAGLE-3
 # head). Each profile runs concurrency 1, 16 and 64 over 64 prompts (held-out ones on the demo target).
 set -uo pipefail
 OUT=${OUT:-bench/measured/gpu-run}
-STEPS=${STEPS:-tests,host,random,fi,firandom,profile,flashinfer,bf16,eagle3}
+STEPS=${STEPS:-tests,host,random,paired,fi,firandom,profile,flashinfer,bf16,eagle3}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/card.txt" 2>&1 || true
 PROFILE=(python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --no-ops)
@@ -41,6 +43,8 @@ step host 90 python bench/round_host_cost.py --device cuda --json "$OUT/round_ho
 # before the demo target's files are there: the round times on a random target of its shape (no tokenizer)
 # (16 new tokens: on an H100 the two engines' starts and the per-size warm-ups took most of 5 minutes)
 step random 420 "${PROFILE[@]}" --target random --plain --select auto --max-new-tokens 16 --out "$OUT/random.json"
+step paired 420 "${PROFILE[@]}" --target random --select auto --max-new-tokens 16 --paired 4 \
+    --sets native,eagle2,eagle2-small,mix --out "$OUT/paired.json"
 # FlashInfer (carried: bench/gpu_flashinfer.sh) sits in a site of its own, on the path of its steps only
 WITH_FI=(env "PYTHONPATH=${FI_SITE:-/root/site-flashinfer}${PYTHONPATH:+:$PYTHONPATH}")
 step fi 120 bash bench/gpu_flashinfer.sh install

@@ -31,11 +31,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench.round_pairs, bench.random_target
+
+from bench.random_target import RANDOM_PREFIX, random_prompt_ids, random_target  # noqa: E402,F401 (the CLI's)
 
 
 def policy_sets(topk: int, steps: int, n: int) -> dict:
@@ -112,38 +116,10 @@ def start(a, env: dict, speculative: bool = True):
     return lambda ids, sp: llm.generate(input_ids=ids, sampling_params=sp), llm.shutdown
 
 
-RANDOM_PREFIX = "treespec-random-target-"  # the folder --target random writes its weights to (removed after)
-
-
 def draft_dir(a) -> str:
     from treespec_sglang.engine.loading import demo_draft_dir, eagle3_draft_dir
 
     return eagle3_draft_dir() if a.draft == "demo-eagle3" else demo_draft_dir()
-
-
-def random_target(out: str, draft: str, layers: int = 30, seed: int = 0) -> str:
-    """A Llama target of the draft head's dimensions (the demo target's: ``layers`` 30) with random weights and no
-    tokenizer, written to ``out``: what a GPU session can serve without the demo target's files. Its rounds cost
-    what the demo target's do; its accept lengths (a trained draft on a random target) mean nothing."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    with open(os.path.join(draft, "config.json")) as f:
-        head = json.load(f)
-    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-            "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings", "hidden_act", "bos_token_id",
-            "eos_token_id", "pad_token_id")
-    cfg = LlamaConfig(**{k: head[k] for k in keep if k in head}, num_hidden_layers=layers, tie_word_embeddings=True,
-                      architectures=["LlamaForCausalLM"])
-    torch.manual_seed(seed)
-    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(out)
-    return out
-
-
-def random_prompt_ids(n: int, vocab: int, seed: int = 0) -> list:
-    """``n`` prompts of 32-192 random token ids (never the first 3: BOS / EOS / padding), for a random target."""
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab) for _ in range(rng.randint(32, 192))] for _ in range(n)]
 
 
 def params_for(specs, n: int, max_new_tokens: int, ignore_eos: bool = False) -> list:
@@ -360,6 +336,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--target", default="demo", choices=("demo", "random"),
                     help="random: the demo target's shape with random weights, no tokenizer (round times only)")
     ap.add_argument("--draft", default="demo", choices=("demo", "demo-eagle3"), help="the shipped EAGLE / EAGLE-3 head")
+    ap.add_argument("--paired", type=int, default=0,
+                    help="K: instead of the sets in turn, K ABBA blocks (native, set, set, native) per set of --sets "
+                         "and concurrency, the gap to native per block (bench/round_pairs.py); no op counts")
+    ap.add_argument("--sets", default="native,eagle2,eagle2-small,mix",
+                    help="--paired: comma list of the sets to pair with native (native itself: the noise floor)")
     ap.add_argument("--out", default=None, help="JSON file for the figures")
     return ap
 
@@ -371,6 +352,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.device == "cuda" and a.attention == "flashinfer" and a.dtype == "float32":
         ap.error("--attention flashinfer needs --dtype bfloat16 or float16: FlashInfer has no float32 kernels")
+    if a.paired:
+        known = [n for n in policy_sets(a.topk, a.steps, a.num_draft_tokens) if n != "native_again"]
+        unknown = [n for n in a.sets.split(",") if n not in known]
+        if unknown:
+            ap.error(f"--sets takes names from {known}, got {unknown}")
+        if not 1 <= a.paired <= a.prompts:
+            ap.error(f"--paired must be 0 (off) or in [1, --prompts = {a.prompts}] (block j serves prompt share j), "
+                     f"got {a.paired}")
+        if a.plain:
+            ap.error("--paired compares round times only: drop --plain (the sets' outputs are checked without it)")
     return a
 
 
@@ -397,6 +388,9 @@ def main(argv=None):
 
 def report_runs(a, prompt_ids) -> None:
     """Every engine's runs on ``prompt_ids`` (plain first with ``--plain``), the tables printed, ``--out`` written."""
+    if a.paired:
+        from bench.round_pairs import report_paired
+        return report_paired(a, prompt_ids)
     plain = run_plain(a, prompt_ids) if a.plain else {}
     timed, counted, tables = {}, {}, []
     for label, env in engines(a).items():
@@ -411,6 +405,8 @@ def report_runs(a, prompt_ids) -> None:
             json.dump({"machine": machine(a.device), "args": vars(a),
                        "plain_tok_s": {bs: p["tok_s"] for bs, p in plain.items()}, "timed": timed,
                        "counted": counted, "table": table}, f, indent=1)
+
+
 
 if __name__ == "__main__":
     main()

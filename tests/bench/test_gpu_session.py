@@ -43,27 +43,29 @@ def run_script(tmp_path, steps, script="bench/gpu_session.sh", wrap=(), **env):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
 def test_every_profile_step_parses_and_runs_in_order(tmp_path):
-    done, calls, out = run_script(tmp_path, "eagle3,profile,flashinfer,firandom,bf16,host,random,tests",
+    done, calls, out = run_script(tmp_path, "eagle3,profile,flashinfer,firandom,bf16,host,paired,random,tests",
                                   FI_SITE="/fi-site", PYTHONPATH="/bed")
     assert done.returncode == 0, done.stderr
     paths = (tmp_path / "calls.txt.path").read_text().splitlines()[3:]  # the benchmarks' (after the GPU tests')
     # FlashInfer's site on the path of its two steps only: SGLang uses FlashInfer wherever it can import it
-    assert paths == ["/bed", "/bed", "/fi-site:/bed", "/bed", "/fi-site:/bed", "/bed", "/bed"]
+    assert paths == ["/bed", "/bed", "/bed", "/fi-site:/bed", "/bed", "/fi-site:/bed", "/bed", "/bed"]
     tests, calls = calls[:3], calls[3:]  # the GPU tests: a collection, then one run per file (bench/gpu_tests.sh)
     assert "--collect-only" in tests[0] and [t.split()[-5] for t in tests[1:]] == \
         ["tests/plugin/test_a.py", "tests/training/test_b.py"]
     assert [c.split()[0] for c in calls] == ["bench/round_host_cost.py"] + \
-        ["bench/plugin_round_profile.py"] * 6  # the script's order
+        ["bench/plugin_round_profile.py"] * 7  # the script's order
     profiles = [parse_args(c.split()[1:]) for c in calls[1:]]  # checked as the script checks: FlashInfer never float32
     assert all(a.device == "cuda" and a.bs == [1, 16, 64] and a.out.startswith(str(out)) for a in profiles)
-    assert [a.target for a in profiles] == ["random", "random", "demo", "demo", "demo", "demo"]
-    assert [a.attention for a in profiles] == ["triton", "flashinfer", "triton", "flashinfer", "triton", "triton"]
-    assert profiles[1].plain and profiles[1].dtype == "bfloat16" and profiles[3].ragged == "0,1,tuned"
-    assert profiles[5].draft == "demo-eagle3"
+    assert [a.target for a in profiles] == ["random", "random", "random", "demo", "demo", "demo", "demo"]
+    assert [a.attention for a in profiles] == ["triton", "triton", "flashinfer", "triton", "flashinfer", "triton",
+                                               "triton"]
+    assert [a.paired for a in profiles] == [0, 4, 0, 0, 0, 0, 0] and "eagle2" in profiles[1].sets.split(",")
+    assert profiles[2].plain and profiles[2].dtype == "bfloat16" and profiles[4].ragged == "0,1,tuned"
+    assert profiles[6].draft == "demo-eagle3"
     assert round_host_cost.parser().parse_args(calls[0].split()[1:]).device == "cuda"
     status = (out / "steps.txt").read_text().splitlines()
-    assert [s.split(":")[0] for s in status] == ["tests", "host", "random", "firandom", "profile", "flashinfer",
-                                                 "bf16", "eagle3"]
+    assert [s.split(":")[0] for s in status] == ["tests", "host", "random", "paired", "firandom", "profile",
+                                                 "flashinfer", "bf16", "eagle3"]
     assert all("rc 0" in s for s in status) and (out / "profile.log").read_text().startswith("ran ")
     # every step's output also reaches the call's stdout (what returns when $OUT does not), in the steps' order
     ran = [ln for ln in done.stdout.splitlines() if ln.startswith("ran ")]

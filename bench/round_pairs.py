@@ -1,0 +1,129 @@
+"""Native against a policy set in ABBA blocks on one engine: the gap in ms per decode round, the drift cancelled.
+
+A set's round time moves with its place in a run (kernels compiling, clocks, caches warming): on an H100 native
+against itself moved 0.42-0.80 ms within one call, more than the 0.1 ms the issue's "an eagle2 round within 0.1 ms
+of a native round" asks to tell. Each block serves one share of the prompts four times in a row, native, the set,
+the set, native (ABBA): a drift linear in time adds the same to the set's two runs as to native's two, so the
+block's gap (the set's mean ms per decode round minus native's) holds the set's own cost and the noise only. A block
+of native against itself (set ``native``) is the control: its gaps are the noise floor the other gaps are read
+against. Per set the blocks' gaps are summarised by their median and range, and by the wall time's ratio (the set's
+seconds over native's in each block: tokens per second where, as on a random target, both runs emit the same
+tokens).
+
+``bench/plugin_round_profile.py --paired K --sets eagle2,eagle2-small,mix`` runs it (K blocks per set and
+concurrency, share j of the prompts in block j):
+
+    python bench/plugin_round_profile.py --device cuda --target random --select auto --bs 1,16,64 --prompts 64 \
+        --max-new-tokens 16 --paired 4 --sets native,eagle2,eagle2-small,mix --out paired.json
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Dict, List, Sequence, Tuple
+
+NATIVE = "native"
+DECODE_KINDS = ("ts", NATIVE)  # the profiler's decode-round kinds (a prefill or idle call is a round of its own)
+
+
+def abba(sets: Sequence[str], blocks: int) -> List[Tuple[int, str, str]]:
+    """The runs in order: ``(block, the block's set, the run's place)`` where block j serves prompt share j; for
+    each share, each set in ``sets`` gets a block of native, the set, the set, native (places ``"a1", "b1", "b2",
+    "a2"``: an ``a`` run serves native)."""
+    return [(j, name, place) for j in range(blocks) for name in sets for place in ("a1", "b1", "b2", "a2")]
+
+
+def decode_ms(prof: dict) -> float:
+    """ms per decode round of a profile delta (``{kind: {"rounds", "round_s", ...}}``), native and treespec rounds
+    together (a mixed batch's rounds are ``ts``); NaN without a decode round."""
+    rounds = sum(prof.get(k, {}).get("rounds", 0) for k in DECODE_KINDS)
+    seconds = sum(prof.get(k, {}).get("round_s", 0.0) for k in DECODE_KINDS)
+    return 1e3 * seconds / rounds if rounds else float("nan")
+
+
+def paired(run: Callable[[int, str], Tuple[float, float]], sets: Sequence[str], blocks: int) -> Dict[str, dict]:
+    """Run :func:`abba`'s schedule with ``run(block, set) -> (ms per decode round, wall seconds)`` and summarise
+    each set: ``{"gaps": [per block: set's mean ms - native's], "median", "lo", "hi", "wall_ratio": [per block:
+    set's seconds / native's], "native_ms": [per block: native's mean], "set_ms": [...]}``."""
+    got: Dict[Tuple[int, str], Dict[str, Tuple[float, float]]] = {}
+    for j, name, place in abba(sets, blocks):
+        got.setdefault((j, name), {})[place] = run(j, NATIVE if place[0] == "a" else name)
+    out = {}
+    for name in sets:
+        rows = [got[(j, name)] for j in range(blocks)]
+        nat = [(r["a1"][0] + r["a2"][0]) / 2 for r in rows]
+        own = [(r["b1"][0] + r["b2"][0]) / 2 for r in rows]
+        gaps = [b - a for a, b in zip(nat, own)]
+        wall = [(r["b1"][1] + r["b2"][1]) / (r["a1"][1] + r["a2"][1]) for r in rows]
+        out[name] = {"gaps": gaps, "median": statistics.median(gaps), "lo": min(gaps), "hi": max(gaps),
+                     "wall_ratio": wall, "native_ms": nat, "set_ms": own}
+    return out
+
+
+def table(results: Dict[int, Dict[str, dict]], label: str) -> str:
+    """Markdown per concurrency: each set's native and own ms per decode round (medians over blocks), the gap's
+    median and range, and the wall-time ratio's median."""
+    lines = []
+    for bs, sets in results.items():
+        lines += [f"\n{label}, bs {bs}: ABBA blocks, ms per decode round (native against itself: the noise floor)", "",
+                  "| set | blocks | native ms | set ms | gap median (range) | wall time / native's |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in sets.items():
+            lines.append(f"| {name} | {len(r['gaps'])} | {statistics.median(r['native_ms']):.3f} | "
+                         f"{statistics.median(r['set_ms']):.3f} | {r['median']:+.3f} ({r['lo']:+.3f} .. "
+                         f"{r['hi']:+.3f}) | {statistics.median(r['wall_ratio']):.3f} |")
+    return "\n".join(lines)
+
+
+def run_paired(a, prompt_ids, label: str, env: dict) -> Dict[int, Dict[str, dict]]:
+    """``{bs: paired(...)}`` from one engine of ``bench/plugin_round_profile.py`` (``env``: its settings), each
+    concurrency warmed first with every set's policies (their kernels and selection graphs), then ``a.paired``
+    ABBA blocks per set of ``a.sets`` (comma list), prompt share j (``prompt_ids[j::K]``) in block j."""
+    import tempfile
+
+    from bench.plugin_round_profile import delta, generated, params_for, policy_sets, start, warm
+    from treespec_sglang.plugin.profile import read_profile
+
+    every = policy_sets(a.topk, a.steps, a.num_draft_tokens)
+    names = a.sets.split(",")
+    d = tempfile.mkdtemp()
+    generate, stop = start(a, {"TREESPEC_PROFILE": d, "TREESPEC_PROFILE_OPS": "0",
+                               "TREESPEC_PROFILE_SYNC": "1" if a.sync else "0", **env})
+    k = a.paired
+    out = {}
+    try:
+        for bs in a.bs:
+            warm(generate, prompt_ids, bs, [s for n in names for s in every[n]])
+
+            def run(j: int, name: str) -> Tuple[float, float]:
+                ids = prompt_ids[j::k]
+                before = read_profile(d)
+                sp = params_for(every[name], len(ids), a.max_new_tokens, a.target == "random")
+                seconds, _ = generated(generate, ids, sp, bs)
+                return decode_ms(delta(read_profile(d), before)), seconds
+
+            out[bs] = paired(run, names, k)
+            for name, r in out[bs].items():
+                print(f"{label} paired bs {bs} {name}: gap {r['median']:+.3f} ms ({r['lo']:+.3f} .. {r['hi']:+.3f}) "
+                      f"over {k} blocks", flush=True)
+    finally:
+        stop()
+    return out
+
+def report_paired(a, prompt_ids) -> None:
+    """``--paired``: every engine's ABBA blocks (:mod:`bench.round_pairs`), the tables printed, ``--out`` written."""
+    import json
+    import os
+
+    from bench.plugin_round_profile import engines, machine
+
+    got, tables = {}, []
+    for label, env in engines(a).items():
+        got[label] = run_paired(a, prompt_ids, label, env)
+        tables.append(table(got[label], label))
+    text = "\n".join(tables)
+    print(text)
+    if a.out:
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump({"machine": machine(a.device), "args": vars(a), "paired": got, "table": text}, f, indent=1)

@@ -1,0 +1,79 @@
+"""``bench/round_pairs.py``: native against each set in ABBA blocks, so a drift of the machine over the run does not
+pass for a set's cost (the H100's native moved more within one call than the gap the issue asks to tell)."""
+
+import math
+
+import pytest
+
+from bench.plugin_round_profile import parse_args
+from bench.round_pairs import abba, decode_ms, paired, table
+
+
+def test_every_block_serves_native_the_set_the_set_native_on_its_own_share():
+    assert abba(["eagle2", "mix"], 2) == [(j, name, place) for j in (0, 1) for name in ("eagle2", "mix")
+                                          for place in ("a1", "b1", "b2", "a2")]
+
+
+@pytest.mark.parametrize("drift", [0.0, 0.37, -0.2])
+def test_a_linear_drift_cancels_and_each_sets_own_cost_remains(drift):
+    """A machine whose rounds grow by ``drift`` ms every run, whose share j costs 0.5 j ms more, and whose sets
+    cost their own offset over native: each block's gap is the set's offset (to rounding), whatever the drift;
+    native paired with itself gaps 0. Wall time is 10x the ms here, so its ratio is the sets' ratio."""
+    own = {"native": 0.0, "eagle2": 0.05, "mix": 0.4}
+    calls = []
+
+    def run(j, name):
+        ms = 4.0 + 0.5 * j + own[name] + drift * len(calls)
+        calls.append((j, name))
+        return ms, 10 * ms
+
+    got = paired(run, ["native", "eagle2", "mix"], 3)
+    assert calls == [(j, name) for j in range(3) for s in ("native", "eagle2", "mix")
+                     for name in ("native", s, s, "native")]  # native, the set, the set, native; share j in block j
+    for name, offset in own.items():
+        r = got[name]
+        assert r["gaps"] == pytest.approx([offset] * 3, abs=1e-9), name
+        assert (r["median"], r["lo"], r["hi"]) == pytest.approx((offset, offset, offset), abs=1e-9)
+        for j, (nat, mine, ratio) in enumerate(zip(r["native_ms"], r["set_ms"], r["wall_ratio"])):
+            assert mine - nat == pytest.approx(offset, abs=1e-9) and ratio == pytest.approx(mine / nat)
+
+
+def test_the_gaps_summary_is_the_median_and_range_over_blocks():
+    gaps = [0.3, -0.1, 0.05]  # block j: the set's runs cost native's plus gaps[j], and twice its wall time
+
+    def run(j, name):
+        return (1.0, 1.0) if name == "native" else (1.0 + gaps[j], 2.0)
+
+    r = paired(run, ["eagle2"], 3)["eagle2"]
+    assert r["gaps"] == pytest.approx([0.3, -0.1, 0.05])
+    assert (r["median"], r["lo"], r["hi"]) == pytest.approx((0.05, -0.1, 0.3)) and r["wall_ratio"] == [2.0] * 3
+    text = table({16: {"eagle2": r}}, "auto")
+    assert "| eagle2 | 3 | 1.000 | 1.050 | +0.050 (-0.100 .. +0.300) | 2.000 |" in text and "bs 16" in text
+
+
+def test_a_round_is_a_decode_round_of_either_kind():
+    prof = {"ts": {"rounds": 3, "round_s": 0.012}, "native": {"rounds": 1, "round_s": 0.002},
+            "prefill": {"rounds": 5, "round_s": 1.0}}
+    assert decode_ms(prof) == pytest.approx(1e3 * 0.014 / 4)
+    assert math.isnan(decode_ms({"prefill": {"rounds": 1, "round_s": 0.1}}))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--paired", "2", "--sets", "eagle2,bogus"], "--sets takes names from ['native', 'eagle2', 'talon', 'salf', "
+                                                  "'c2t', 'chain', 'eagle2-small', 'mix'], got ['bogus']"),
+    (["--paired", "9", "--prompts", "8"], "--paired must be 0 (off) or in [1, --prompts = 8] (block j serves prompt "
+                                          "share j), got 9"),
+    (["--paired", "-1"], "--paired must be 0 (off) or in [1, --prompts = 8] (block j serves prompt share j), got -1"),
+    (["--paired", "2", "--plain"], "--paired compares round times only: drop --plain (the sets' outputs are checked "
+                                   "without it)"),
+])
+def test_a_paired_run_that_cannot_be_served_is_refused_before_any_engine_starts(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert f"error: {message}" in capsys.readouterr().err
+
+
+def test_a_paired_run_parses_with_its_sets():
+    a = parse_args(["--paired", "4", "--prompts", "64", "--sets", "native,eagle2,mix"])
+    assert (a.paired, a.sets.split(",")) == (4, ["native", "eagle2", "mix"])
+    assert parse_args([]).paired == 0
