@@ -71,6 +71,42 @@ def test_bitpacked_mask_is_the_packed_qlen_mask():
     assert outs[2].view(2, N).tolist() == packed
 
 
+def _wide_case(N, bs=2):
+    """topk 4, two steps, N nodes: the four depth-1 slots (0-3), then depth-2 slots 4.. (slot s hangs off depth-1
+    slot s // 4 - 1), N - 5 of them: a tree wider than a byte's worth of columns once N > 8."""
+    parent_list = torch.tensor([[-1, 0, 1, 2, 3]] * bs)
+    sel = torch.tensor([list(range(4)) + list(range(4, N - 1))] * bs)
+    return parent_list, sel
+
+
+@pytest.mark.parametrize("N", [8, 9, 12, 16, 17, 20])
+@pytest.mark.parametrize("layout", ["one item per row", "bytes"])
+def test_a_bitpacked_mask_holds_every_column_of_a_wide_tree(N, layout):
+    """Mode 2 packs row i's ancestor columns as bits, little-endian over the row's 1 / 2 / 4 bytes (N <= 8 / 16 /
+    32): in SGLang's own mask (one uint8 / uint16 / uint32 per row) and in a plain byte buffer of the same size the
+    bytes decode to the dense QLEN_ONLY mask of the same tree (mode 1, the oracle here)."""
+    bs = 2
+    parent_list, sel = _wide_case(N, bs)
+    width = 4 if N > 16 else 2 if N > 8 else 1
+
+    def build(mode, mask):
+        r = torch.full((3, bs, N), -1)
+        K.build_tree_kernel_efficient_cpu(parent_list, sel, torch.tensor([4, 9]), mask,
+                                          torch.zeros(bs * N, dtype=torch.long), r[0], r[1], r[2], 4, 2, N, mode)
+        return mask
+
+    dense = build(1, torch.ones(bs * N * N, dtype=torch.bool)).view(bs, N, N).tolist()
+    dtype = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32}[width] if layout == "one item per row" else torch.uint8
+    packed = build(2, torch.zeros(bs * N * width // (torch.empty(0, dtype=dtype).element_size()), dtype=dtype))
+    raw = packed.view(torch.uint8).tolist()
+    for b in range(bs):
+        for i in range(N):
+            row = raw[(b * N + i) * width:(b * N + i + 1) * width]
+            bits = sum(byte << (8 * k) for k, byte in enumerate(row))
+            assert [bool(bits >> j & 1) for j in range(N)] == dense[b][i], (b, i)
+    assert N <= 8 or any(dense[b][i][j] for b in range(bs) for i in range(N) for j in range(8, N))  # past a byte
+
+
 def test_bad_mask_mode_names_the_range():
     parent_list, sel = _tree_case(bs=1)
     r = torch.full((3, 1, 7), -1)

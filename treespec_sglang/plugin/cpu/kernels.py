@@ -220,6 +220,11 @@ def _links(parent: torch.Tensor, found: torch.Tensor):
     return torch.where(first < n, first, -1), torch.where(nxt < n, nxt, -1)
 
 
+def _packed_width(n: int) -> int:
+    """Bytes per row of a bit-packed (QLEN_ONLY_BITPACKING) tree mask of ``n`` nodes: 1, 2 or 4."""
+    return 4 if n > 16 else 2 if n > 8 else 1
+
+
 def _check_build_tree(parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
                       retrive_next_token, retrive_next_sibling, topk, depth, n, mode) -> None:
     """The entry checks of SGLang's tree kernel (``kernels/jit/csrc/speculative/tree.cuh``
@@ -250,7 +255,7 @@ def _check_build_tree(parent_list, selected_index, verified_seq_len, tree_mask, 
     item = tree_mask.element_size()
     if mode == 2:  # the GPU kernel's bit-packed mode (the compiled CPU op refuses it; SGLang's CPU path never asks)
         check(op, n <= 32, f"QLEN_ONLY_BITPACKING needs draft_token_num <= 32, got {n}")
-        need = bs.unwrap() * n * (4 if n > 16 else 2 if n > 8 else 1)
+        need = bs.unwrap() * n * _packed_width(n)
         check(op, tree_mask.numel() * item >= need, f"tree_mask holds {tree_mask.numel() * item} bytes, needs >= {need}")
         return
     # the compiled CPU op: a bool mask of exactly its mode's size (QLEN_ONLY [bs, N, N], FULL_MASK per request
@@ -323,9 +328,13 @@ def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_le
         tree_mask[idx.reshape(-1)] = anc.reshape(-1)
     elif tree_mask_mode == 1:
         tree_mask[: bs * n * n] = anc.reshape(-1)
-    else:  # 2, QLEN_ONLY_BITPACKING (the mode was checked at entry)
-        bits = (anc.long() << ar).sum(-1)  # [bs, N]
-        tree_mask[: bs * n] = bits.reshape(-1).to(tree_mask.dtype)
+    else:  # 2, QLEN_ONLY_BITPACKING (the mode was checked at entry): row r's bits, little-endian, in the mask's
+        # bytes [r * width, (r + 1) * width), as the kernel writes them (SGLang allocates one uint8 / uint16 / uint32
+        # per row; a byte buffer of the same size reads the same)
+        width = _packed_width(n)
+        bits = (anc.long() << ar).sum(-1).reshape(-1)  # [bs * N]
+        raw = (bits[:, None] >> (8 * torch.arange(width, device=dev))) & 0xFF  # [bs * N, width]
+        tree_mask.view(torch.uint8)[: bs * n * width] = raw.reshape(-1).to(torch.uint8)
 
 
 def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
