@@ -29,6 +29,9 @@ class FakeClock:
     def end(self, _, key):
         self.pending.append((key, self.ms[key[1]]))
 
+    def cancel(self, _):
+        pass
+
     def finished(self):
         if self.held:
             return []
@@ -266,10 +269,49 @@ def test_a_chosen_ragged_verify_with_nothing_to_compact_is_no_sample(monkeypatch
     monkeypatch.setenv(ENV_TUNING, "warmup=2")
     monkeypatch.setattr(ragged, "verify_group", lambda: None)
     full = torch.ones(2, 4, dtype=torch.bool)
-    for keep in (KEEP, full, KEEP, full):  # padded, ragged (full: ran padded), padded, ragged
+    # padded; a ragged turn with nothing to compact (ran padded: no sample) passed on; ragged; padded
+    for keep in (KEEP, full, KEEP, full):
         runner, fb = verify_batch(IntelAMXAttnBackend(), keep)
         ragged_verify_forward(recording_forward([]), runner, fb, keep)
-    assert ragged_tuner._TUNER[0].table()["2-3"]["samples"] == [2, 0]
+    assert ragged_tuner._TUNER[0].table()["2-3"]["samples"] == [2, 1]
+
+
+def turns(t: RaggedTuner, bs: int, compacts: list) -> list:
+    """The paths ``t`` chose for verifies whose batches can (True) or cannot (False) be compacted: a ragged verify
+    of a batch that cannot ran padded, no sample (as :func:`ragged_verify_forward` marks it)."""
+    out = []
+    for can in compacts:
+        r = t.choose(bs)
+        with t.timed(bs, r, "cpu") as sample:
+            sample.kept = can or not r
+        out.append(int(r))
+    return out
+
+
+def test_a_ragged_turn_with_nothing_to_compact_passes_to_the_next_verify():
+    """Warm-up 2: the ragged turns go to the first batches that compact, so the bucket decides on 2 ragged samples
+    after its 4 turns instead of deciding padded with none."""
+    t = RaggedTuner(TunerOptions(warmup=2, explore_every=100), clock=FakeClock(padded=10.0, ragged=5.0))
+    assert turns(t, 4, [True, False, False, True, True, False, True]) == [0, 1, 1, 1, 0, 1, 1]
+    assert t.table()["4-7"]["samples"] == [2, 2]
+    assert turns(t, 4, [True, True]) == [1, 1] and t.table()["4-7"]["ragged"]
+
+
+def test_a_load_that_never_compacts_passes_a_turn_on_at_most_warmup_times():
+    """Nothing ever compacts: each warm-up ragged turn is tried on 1 + warmup verifies, then taken; once decided
+    padded, each exploration turn too (explore_every 4: turns at the bucket's verifies 7, 11, ...)."""
+    t = RaggedTuner(TunerOptions(warmup=2, explore_every=4), clock=FakeClock(padded=10.0, ragged=5.0))
+    got = turns(t, 1, [False] * 20)
+    assert got == [0, 1, 1, 1, 0, 1, 1, 1] + [0, 0, 0, 1, 1, 1] + [0, 0, 0, 1, 1, 1]
+    assert t.table()["1"]["samples"] == [8, 0] and not t.table()["1"]["ragged"]
+
+
+def test_a_decided_ragged_bucket_passes_nothing_on():
+    """Decided ragged, a batch with nothing to compact runs padded on its ragged turn and the schedule moves on
+    (the padded exploration comes at its place)."""
+    t = RaggedTuner(TunerOptions(warmup=1, explore_every=3), clock=FakeClock(padded=10.0, ragged=5.0))
+    assert turns(t, 2, [True, True, True]) == [0, 1, 0]  # warm-up, then ragged decided: verify 2 explores padded
+    assert turns(t, 2, [False, False, True]) == [1, 1, 0]  # verifies 3, 4 ragged (ran padded), 5 explores
 
 
 def test_a_rank_out_of_step_raises_at_the_agreement():

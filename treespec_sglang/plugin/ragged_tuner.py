@@ -10,6 +10,11 @@ measures both on the running server and verifies each batch size the faster way:
 - **Then** the bucket runs its decided path, and one verify in ``explore_every`` the other one (to follow the
   load as contexts grow and the policy mix changes): at most ``1 / explore_every`` of its verifies take the
   slower path once decided. Undecided (samples still in flight) means padded, SGLang's own path.
+- **Passed on**: a ragged turn of the warm-up or the exploration whose batch has nothing to compact (every tree at N: it runs padded, no sample)
+  passes the turn to the bucket's next verify, at most ``warmup`` times in a row. Otherwise a load whose first
+  batches keep every node (eagle2 or talon at budget N) spends the warm-up's ragged turns on them and decides
+  with too few ragged samples, then gathers them one in ``explore_every``; a load that never compacts reads its
+  sizes on at most ``1 + warmup`` verifies per turn.
 - **Timing**: each verify forward (the whole hook path: compaction, re-plan, forward, scatter) between two
   CUDA events on the forward's stream, read back only once finished (``Event.query``: no device sync); on
   the CPU with ``perf_counter``. Each path keeps an exponential mean per bucket (weight ``smoothing``).
@@ -161,6 +166,7 @@ class _Bucket:
     ratio: Optional[float] = None  # mean of (other path's sample / current path's mean when it arrived)
     ratios: int = 0  # samples in ``ratio`` since the last switch
     ragged: bool = False  # the agreed decision
+    passed: int = 0  # ragged turns passed on in a row (nothing to compact)
 
 
 class RaggedTuner:
@@ -207,10 +213,18 @@ class RaggedTuner:
         start = self.clock.begin()
         sample = SimpleNamespace(kept=True)
         yield sample
+        b = self.buckets.get(bucket(bs))
         if sample.kept:
             self.clock.end(start, (bucket(bs), int(ragged)))
         else:
             self.clock.cancel(start)
+        if b is not None:  # chosen by :meth:`choose` (identical on every rank, as ``kept`` is: the batch's trees)
+            turn = ragged and (b.verifies - 1 < 2 * self.options.warmup or not b.ragged)  # warm-up or exploration
+            if turn and not sample.kept and b.passed < self.options.warmup:
+                b.verifies -= 1  # the next verify takes this ragged turn again
+                b.passed += 1
+            else:
+                b.passed = 0
 
     def proposal(self, b: _Bucket) -> bool:
         """This rank's view of bucket ``b``: ragged or padded (the current decision until both paths have
