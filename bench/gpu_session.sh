@@ -43,7 +43,7 @@ step host 90 python bench/round_host_cost.py --device cuda --json "$OUT/round_ho
 # before the demo target's files are there: the round times on a random target of its shape (no tokenizer)
 # (16 new tokens: on an H100 the two engines' starts and the per-size warm-ups took most of 5 minutes)
 step random 420 "${PROFILE[@]}" --target random --plain --select auto --max-new-tokens 16 --out "$OUT/random.json"
-step paired 420 "${PROFILE[@]}" --target random --select auto --max-new-tokens 16 --paired 4 \
+step paired 420 "${PROFILE[@]}" --target random --select auto --max-new-tokens 16 --paired 8 \
     --sets native,eagle2,eagle2-small,mix --out "$OUT/paired.json"
 # FlashInfer (carried: bench/gpu_flashinfer.sh) sits in a site of its own, on the path of its steps only
 WITH_FI=(env "PYTHONPATH=${FI_SITE:-/root/site-flashinfer}${PYTHONPATH:+:$PYTHONPATH}")

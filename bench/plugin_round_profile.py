@@ -339,6 +339,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--paired", type=int, default=0,
                     help="K: instead of the sets in turn, K ABBA blocks (native, set, set, native) per set of --sets "
                          "and concurrency, the gap to native per block (bench/round_pairs.py); no op counts")
+    ap.add_argument("--paired-batches", type=int, default=2,
+                    help="--paired: full batches each run of a block serves (bs x this many prompts, taken in turn)")
     ap.add_argument("--sets", default="native,eagle2,eagle2-small,mix",
                     help="--paired: comma list of the sets to pair with native (native itself: the noise floor)")
     ap.add_argument("--out", default=None, help="JSON file for the figures")
@@ -357,9 +359,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         unknown = [n for n in a.sets.split(",") if n not in known]
         if unknown:
             ap.error(f"--sets takes names from {known}, got {unknown}")
-        if not 1 <= a.paired <= a.prompts:
-            ap.error(f"--paired must be 0 (off) or in [1, --prompts = {a.prompts}] (block j serves prompt share j), "
-                     f"got {a.paired}")
+        if not 1 <= a.paired <= 1000:
+            ap.error(f"--paired must be 0 (off) or in [1, 1000], got {a.paired}")
+        if not 1 <= a.paired_batches <= 1000:
+            ap.error(f"--paired-batches must be in [1, 1000], got {a.paired_batches}")
         if a.plain:
             ap.error("--paired compares round times only: drop --plain (the sets' outputs are checked without it)")
     return a

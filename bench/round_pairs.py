@@ -11,10 +11,11 @@ seconds over native's in each block: tokens per second where, as on a random tar
 tokens).
 
 ``bench/plugin_round_profile.py --paired K --sets eagle2,eagle2-small,mix`` runs it (K blocks per set and
-concurrency, share j of the prompts in block j):
+concurrency; at concurrency bs block j serves ``--paired-batches`` B full batches, the prompts ``j * bs * B`` on,
+taken in turn from the prompt list, so every concurrency is served at its width whatever the list's length):
 
     python bench/plugin_round_profile.py --device cuda --target random --select auto --bs 1,16,64 --prompts 64 \
-        --max-new-tokens 16 --paired 4 --sets native,eagle2,eagle2-small,mix --out paired.json
+        --max-new-tokens 16 --paired 8 --sets native,eagle2,eagle2-small,mix --out paired.json
 """
 
 from __future__ import annotations
@@ -27,10 +28,17 @@ DECODE_KINDS = ("ts", NATIVE)  # the profiler's decode-round kinds (a prefill or
 
 
 def abba(sets: Sequence[str], blocks: int) -> List[Tuple[int, str, str]]:
-    """The runs in order: ``(block, the block's set, the run's place)`` where block j serves prompt share j; for
-    each share, each set in ``sets`` gets a block of native, the set, the set, native (places ``"a1", "b1", "b2",
+    """The runs in order: ``(block, the block's set, the run's place)`` where block j serves prompt share j
+    (:func:`share`); for each share, each set in ``sets`` gets a block of native, the set, the set, native (places ``"a1", "b1", "b2",
     "a2"``: an ``a`` run serves native)."""
     return [(j, name, place) for j in range(blocks) for name in sets for place in ("a1", "b1", "b2", "a2")]
+
+
+def share(prompt_ids: Sequence, j: int, bs: int, batches: int) -> list:
+    """Block j's prompts at concurrency ``bs``: ``batches`` full batches, ``bs * batches`` prompts from position
+    ``j * bs * batches`` on, in turn through ``prompt_ids`` (wrapping around)."""
+    n = bs * batches
+    return [prompt_ids[(j * n + i) % len(prompt_ids)] for i in range(n)]
 
 
 def decode_ms(prof: dict) -> float:
@@ -78,7 +86,7 @@ def table(results: Dict[int, Dict[str, dict]], label: str) -> str:
 def run_paired(a, prompt_ids, label: str, env: dict) -> Dict[int, Dict[str, dict]]:
     """``{bs: paired(...)}`` from one engine of ``bench/plugin_round_profile.py`` (``env``: its settings), each
     concurrency warmed first with every set's policies (their kernels and selection graphs), then ``a.paired``
-    ABBA blocks per set of ``a.sets`` (comma list), prompt share j (``prompt_ids[j::K]``) in block j."""
+    ABBA blocks per set of ``a.sets`` (comma list), :func:`share` j in block j."""
     import tempfile
 
     from bench.plugin_round_profile import delta, generated, params_for, policy_sets, start, warm
@@ -96,7 +104,7 @@ def run_paired(a, prompt_ids, label: str, env: dict) -> Dict[int, Dict[str, dict
             warm(generate, prompt_ids, bs, [s for n in names for s in every[n]])
 
             def run(j: int, name: str) -> Tuple[float, float]:
-                ids = prompt_ids[j::k]
+                ids = share(prompt_ids, j, bs, a.paired_batches)
                 before = read_profile(d)
                 sp = params_for(every[name], len(ids), a.max_new_tokens, a.target == "random")
                 seconds, _ = generated(generate, ids, sp, bs)

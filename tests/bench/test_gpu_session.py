@@ -59,7 +59,7 @@ def test_every_profile_step_parses_and_runs_in_order(tmp_path):
     assert [a.target for a in profiles] == ["random", "random", "random", "demo", "demo", "demo", "demo"]
     assert [a.attention for a in profiles] == ["triton", "triton", "flashinfer", "triton", "flashinfer", "triton",
                                                "triton"]
-    assert [a.paired for a in profiles] == [0, 4, 0, 0, 0, 0, 0] and "eagle2" in profiles[1].sets.split(",")
+    assert [a.paired for a in profiles] == [0, 8, 0, 0, 0, 0, 0] and "eagle2" in profiles[1].sets.split(",")
     assert profiles[2].plain and profiles[2].dtype == "bfloat16" and profiles[4].ragged == "0,1,tuned"
     assert profiles[6].draft == "demo-eagle3"
     assert round_host_cost.parser().parse_args(calls[0].split()[1:]).device == "cuda"

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from bench.plugin_round_profile import parse_args
-from bench.round_pairs import abba, decode_ms, paired, table
+from bench.round_pairs import abba, decode_ms, paired, share, table
 
 
 def test_every_block_serves_native_the_set_the_set_native_on_its_own_share():
@@ -51,6 +51,13 @@ def test_the_gaps_summary_is_the_median_and_range_over_blocks():
     assert "| eagle2 | 3 | 1.000 | 1.050 | +0.050 (-0.100 .. +0.300) | 2.000 |" in text and "bs 16" in text
 
 
+def test_a_block_serves_full_batches_in_turn_through_the_prompts():
+    prompts = list(range(10))
+    assert share(prompts, 0, 4, 2) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert share(prompts, 1, 4, 2) == [8, 9, 0, 1, 2, 3, 4, 5]  # wraps around: every batch full at bs 4
+    assert share(prompts, 3, 1, 2) == [6, 7] and len(share(prompts, 0, 64, 2)) == 128
+
+
 def test_a_round_is_a_decode_round_of_either_kind():
     prof = {"ts": {"rounds": 3, "round_s": 0.012}, "native": {"rounds": 1, "round_s": 0.002},
             "prefill": {"rounds": 5, "round_s": 1.0}}
@@ -61,9 +68,9 @@ def test_a_round_is_a_decode_round_of_either_kind():
 @pytest.mark.parametrize("argv,message", [
     (["--paired", "2", "--sets", "eagle2,bogus"], "--sets takes names from ['native', 'eagle2', 'talon', 'salf', "
                                                   "'c2t', 'chain', 'eagle2-small', 'mix'], got ['bogus']"),
-    (["--paired", "9", "--prompts", "8"], "--paired must be 0 (off) or in [1, --prompts = 8] (block j serves prompt "
-                                          "share j), got 9"),
-    (["--paired", "-1"], "--paired must be 0 (off) or in [1, --prompts = 8] (block j serves prompt share j), got -1"),
+    (["--paired", "1001"], "--paired must be 0 (off) or in [1, 1000], got 1001"),
+    (["--paired", "-1"], "--paired must be 0 (off) or in [1, 1000], got -1"),
+    (["--paired", "2", "--paired-batches", "0"], "--paired-batches must be in [1, 1000], got 0"),
     (["--paired", "2", "--plain"], "--paired compares round times only: drop --plain (the sets' outputs are checked "
                                    "without it)"),
 ])
