@@ -84,3 +84,39 @@ def test_a_paired_run_parses_with_its_sets():
     a = parse_args(["--paired", "4", "--prompts", "64", "--sets", "native,eagle2,mix"])
     assert (a.paired, a.sets.split(",")) == (4, ["native", "eagle2", "mix"])
     assert parse_args([]).paired == 0
+
+
+def test_a_paired_run_drives_one_engine_through_the_blocks(monkeypatch):
+    """``run_paired`` on a stand-in engine whose profile grows with every batch served: a treespec batch's rounds
+    cost 0.2 ms more than native's and every batch 0.01 ms more than the one before (a drift). Each concurrency is
+    warmed with every set's policies, each run serves ``--paired-batches`` full batches, and the gaps come out
+    at the treespec cost with native against itself at 0."""
+    from bench import plugin_round_profile as prof
+    from bench import round_pairs
+    from treespec_sglang.plugin import profile
+
+    served, state = [], {"ts": [0, 0.0], "native": [0, 0.0], "batches": 0}
+
+    def generate(ids, sp):
+        state["batches"] += 1
+        kind = "ts" if any("custom_params" in p for p in sp) else "native"
+        ms = 4.0 + (0.2 if kind == "ts" else 0.0) + 0.01 * state["batches"]
+        state[kind][0] += 16
+        state[kind][1] += 16 * ms / 1e3
+        served.append((len(ids), kind, sp[0]["max_new_tokens"]))
+        return [{"meta_info": {}, "output_ids": []} for _ in ids]
+
+    monkeypatch.setattr(prof, "start", lambda a, env: (generate, lambda: None))
+    monkeypatch.setattr(profile, "read_profile", lambda d: {
+        k: {"rounds": state[k][0], "round_s": state[k][1], "parts": {}, "ops": {}} for k in ("ts", "native")})
+    a = parse_args(["--paired", "3", "--paired-batches", "2", "--bs", "1,4", "--sets", "native,eagle2",
+                    "--max-new-tokens", "16"])
+    got = round_pairs.run_paired(a, [[i] for i in range(5)], "auto", {"TREESPEC_SELECT": "auto"})
+    assert set(got) == {1, 4}
+    for bs in (1, 4):
+        assert got[bs]["native"]["gaps"] == pytest.approx([0.0] * 3, abs=1e-9)
+        assert got[bs]["eagle2"]["gaps"] == pytest.approx([0.2] * 3, abs=1e-9)
+    timed = [s for s in served if s[2] == 16]
+    assert len(timed) == 2 * 3 * 2 * 4 * 2  # bs, blocks, sets, runs a block, batches a run
+    assert {n for n, _, _ in timed} == {1, 4}  # every batch full at its concurrency
+    assert any(t == 4 and k == "ts" for _, k, t in served)  # the warm-up: 4 tokens, the sets' policies
