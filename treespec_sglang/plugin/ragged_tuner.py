@@ -10,11 +10,11 @@ measures both on the running server and verifies each batch size the faster way:
 - **Then** the bucket runs its decided path, and one verify in ``explore_every`` the other one (to follow the
   load as contexts grow and the policy mix changes): at most ``1 / explore_every`` of its verifies take the
   slower path once decided. Undecided (samples still in flight) means padded, SGLang's own path.
-- **Passed on**: a ragged turn of the warm-up or the exploration whose batch has nothing to compact (every tree at N: it runs padded, no sample)
-  passes the turn to the bucket's next verify, at most ``warmup`` times in a row. Otherwise a load whose first
-  batches keep every node (eagle2 or talon at budget N) spends the warm-up's ragged turns on them and decides
-  with too few ragged samples, then gathers them one in ``explore_every``; a load that never compacts reads its
-  sizes on at most ``1 + warmup`` verifies per turn.
+- **Passed on**: a ragged turn of the warm-up or the exploration whose batch has nothing to compact (every tree
+  at N: it runs padded, no sample) passes to the bucket's next verify, at most ``warmup`` times in a row.
+  Otherwise a load whose first batches keep every node (eagle2 or talon at budget N) spends the warm-up's ragged
+  turns on them, decides with too few ragged samples, then gathers them one in ``explore_every``; a load that
+  never compacts reads its sizes on at most ``1 + warmup`` verifies per turn.
 - **Timing**: each verify forward (the whole hook path: compaction, re-plan, forward, scatter) between two
   CUDA events on the forward's stream, read back only once finished (``Event.query``: no device sync); on
   the CPU with ``perf_counter``. Each path keeps an exponential mean per bucket (weight ``smoothing``).
