@@ -51,7 +51,8 @@ def main(argv=None) -> dict:
     from treespec_sglang.engine.dtypes import cpu_bf16
 
     torch.set_num_threads(a.threads)
-    machine = f"{_cpu_name()} ({cpu_bf16()[1]}), {os.cpu_count()} cores, {a.threads} thread(s), torch {torch.__version__}"
+    machine = (f"{_cpu_name()} ({cpu_bf16()[1]}), {os.cpu_count()} cores, {a.threads} thread(s), "
+               f"torch {torch.__version__}")
     print(f"# F.linear ms per call by row count, float32; {machine}")
     out = {"machine": machine, "ms": {}}
     for name in a.shapes.split(","):

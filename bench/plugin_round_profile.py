@@ -37,7 +37,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench.round_pairs, bench.random_target
+# the repository's root: bench.round_pairs, bench.random_target
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.random_target import RANDOM_PREFIX, random_prompt_ids, random_target  # noqa: E402,F401 (the CLI's)
 

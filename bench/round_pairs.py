@@ -29,8 +29,8 @@ DECODE_KINDS = ("ts", NATIVE)  # the profiler's decode-round kinds (a prefill or
 
 def abba(sets: Sequence[str], blocks: int) -> List[Tuple[int, str, str]]:
     """The runs in order: ``(block, the block's set, the run's place)`` where block j serves prompt share j
-    (:func:`share`); for each share, each set in ``sets`` gets a block of native, the set, the set, native (places ``"a1", "b1", "b2",
-    "a2"``: an ``a`` run serves native)."""
+    (:func:`share`); for each share, each set in ``sets`` gets a block of native, the set, the set, native
+    (places ``"a1", "b1", "b2", "a2"``: an ``a`` run serves native)."""
     return [(j, name, place) for j in range(blocks) for name in sets for place in ("a1", "b1", "b2", "a2")]
 
 
