@@ -75,6 +75,9 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                    "tests/plugin/test_chain_stop.py",
                    "tests/plugin/test_select_graph.py", "tests/plugin/test_chain_graph.py",
                    "tests/plugin/test_sglang_rounds.py", "tests/plugin/test_handoff.py", "tests/plugin/test_columns.py"]),
+    # the ragged verify's tuner: its schedule, decisions, agreements and the turns it passes on
+    "tuner": (["treespec_sglang/plugin/ragged_tuner.py"],
+              ["tests/plugin/test_ragged_tuner.py", "tests/plugin/test_ragged.py", "tests/plugin/test_ragged_hooks.py"]),
     # the sgl_kernel stand-ins SGLang runs on in the CPU test bed: each computes what the kernel it replaces computes
     # and refuses what that kernel refuses (contiguity, dtype, shape, device)
     "standins": (["treespec_sglang/plugin/cpu/matcher.py", "treespec_sglang/plugin/cpu/kernels.py",

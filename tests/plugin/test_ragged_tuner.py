@@ -356,3 +356,133 @@ def test_after_a_switch_one_late_sample_of_the_old_path_does_not_switch_back():
     assert run(t, 4, 1) == [1]
     clock.pending.append(((bucket(4), 0), 1.0))  # a second one: now the ratio stands on warmup samples
     assert run(t, 4, 1) == [0]
+
+
+# ---------------------------------------------------------------------------- gaps found by mutation (group tuner)
+import logging  # noqa: E402
+import re  # noqa: E402
+
+from treespec_sglang.plugin.ragged_tuner import _Bucket  # noqa: E402
+
+
+@pytest.mark.parametrize("raw, message", [
+    ("warmup=1000001", "warmup must be an integer in [1, 1000000], got 1000001"),
+    ("agree_every=0", "agree_every must be an integer in [1, 1000000], got 0"),
+    ("margin=-0.01", "margin must be in [0, 1), got -0.01"),
+    ("smoothing=1.5", "smoothing must be in (0, 1], got 1.5"),
+    ("warmup=2.5", "warmup must be an integer, got '2.5'"),
+    ("margin=x", "margin must be a number, got 'x'"),
+    ("warmup=4=5", "warmup must be an integer, got '4=5'"),
+])
+def test_each_tuning_bound_is_refused_to_the_letter(raw, message):
+    with pytest.raises(ValueError, match=re.escape(f"{ENV_TUNING}: {message}")):
+        TunerOptions.parse(raw)
+
+
+def test_each_tuning_bound_itself_is_taken():
+    o = TunerOptions.parse("warmup=1000000,agree_every=1,explore_every=2,margin=0,smoothing=1")
+    assert (o.warmup, o.agree_every, o.explore_every, o.margin, o.smoothing) == (1000000, 1, 2, 0.0, 1.0)
+    assert type(o.margin) is float and type(o.warmup) is int and TunerOptions.parse("margin=1e-1").margin == 0.1
+
+
+def test_the_host_clock_reports_milliseconds(monkeypatch):
+    now = iter([2.0, 2.5])
+    monkeypatch.setattr(ragged_tuner.time, "perf_counter", lambda: next(now))
+    c = HostClock()
+    c.end(c.begin(), (3, 1))
+    assert c.finished() == [((3, 1), 500.0)]
+
+
+class ListClock(FakeClock):
+    """Each timed forward of a path takes the next of ``times[path]``."""
+
+    def __init__(self, padded, ragged):
+        super().__init__(0.0, 0.0)
+        self.times = {0: list(padded), 1: list(ragged)}
+
+    def end(self, _, key):
+        self.pending.append((key, self.times[key[1]].pop(0)))
+
+
+def test_means_and_ratios_are_exponential_with_the_smoothing_weight():
+    """Padded samples 10 then 20 (mean 0.75 * 10 + 0.25 * 20), ragged 5 then 7 against padded's mean when each
+    arrives (ratios 0.5 then 0.7 / 12.5, their mean weighted alike)."""
+    t = RaggedTuner(TunerOptions(warmup=10, smoothing=0.25), clock=ListClock([10.0, 20.0], [5.0, 7.0]))
+    for ragged in (False, True, False, True):
+        with t.timed(2, ragged, "cpu"):
+            pass
+    row = t.table()["2-3"]  # a bucket made from its samples alone (no verify chosen there)
+    assert row["padded_ms"] == pytest.approx(12.5) and row["ragged_ms"] == pytest.approx(0.75 * 5 + 0.25 * 7)
+    assert row["ratio"] == pytest.approx(0.75 * 0.5 + 0.25 * 7 / 12.5) and row["samples"] == [2, 2]
+    assert row["verifies"] == 0 and t.verifies == 0
+
+
+def test_a_ratio_exactly_at_the_margin_does_not_switch():
+    t = RaggedTuner(TunerOptions(warmup=1, explore_every=100, margin=0.5, smoothing=1.0), clock=FakeClock(10.0, 5.0))
+    assert run(t, 4, 4) == [0, 1, 0, 0]  # 5 / 10 = 1 - margin: not below it
+    assert t.table()["4-7"]["verifies"] == 4 and t.verifies == 4
+
+
+def test_a_group_without_a_world_size_is_one_rank():
+    t = RaggedTuner(TunerOptions(warmup=1, explore_every=100, agree_every=1), clock=FakeClock(10.0, 5.0))
+    assert run(t, 1, 3, group=SimpleNamespace()) == [0, 1, 1]  # no broadcast asked: it decides alone at once
+
+
+def test_a_switch_is_logged_with_the_bucket_and_both_means(caplog):
+    t = RaggedTuner(TunerOptions(warmup=1, explore_every=100), clock=FakeClock(10.0, 5.0))
+    with caplog.at_level(logging.INFO, logger="treespec_sglang.plugin"):
+        run(t, 4, 3)
+        t._decide(4, _Bucket(), True)  # a decision taken from rank 0 before this rank has any sample
+        t._decide(4, _Bucket(mean=[3.0, float("nan")], ragged=True), False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "treespec ragged verify, batch size 4-7: ragged (padded 10.000 ms, ragged 5.000 ms a verify)",
+        "treespec ragged verify, batch size 8-15: ragged (padded - ms, ragged - ms a verify)",
+        "treespec ragged verify, batch size 8-15: padded (padded 3.000 ms, ragged - ms a verify)"]
+
+
+def test_the_process_tuner_is_made_once_and_honest_unless_asked(monkeypatch, fresh_tuner):
+    monkeypatch.setenv(ENV_TUNING, "warmup=3")
+    t = ragged_tuner.tuner()
+    assert t.contrary is False and t.options.warmup == 3 and ragged_tuner.tuner(contrary=True) is t
+    ragged_tuner._TUNER[0] = None
+    assert ragged_tuner.tuner(contrary=True).contrary is True
+
+
+class FakeEvent:
+    """A CUDA event stand-in: ``query`` is what the test says; ``elapsed_time`` the difference of the stamps, refused
+    (as CUDA refuses it) unless both events were made with timing on."""
+
+    def __init__(self, enable_timing=False):
+        self.stamp, self.done, self.records, self.timing = None, False, 0, enable_timing is True
+
+    def record(self):
+        self.records += 1
+
+    def query(self):
+        return self.done
+
+    def elapsed_time(self, other):
+        if not (self.timing and other.timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        return other.stamp - self.stamp
+
+
+def test_the_device_clock_reads_finished_pairs_in_order_and_reuses_them(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    c = DeviceClock()
+    a, b = c.begin(), c.begin()
+    assert a[0] is not b[0] and a[0].records == 1 and a[1].records == 0
+    for (start, stop), (t0, t1) in ((a, (1.0, 4.0)), (b, (5.0, 5.5))):
+        start.stamp, stop.stamp = t0, t1
+    c.end(a, (2, 0))
+    c.end(b, (2, 1))
+    assert a[1].records == 1 and c.finished() == []  # nothing done yet
+    b[1].done = True
+    assert c.finished() == []  # the older pair still runs: read in order
+    a[1].done = True
+    assert c.finished() == [((2, 0), 3.0), ((2, 1), 0.5)] and c.finished() == []
+    assert c.free == [a, b] and c.begin()[0] is b[0] and c.begin()[0] is a[0]  # finished pairs used again
+    d = c.begin()
+    assert d[0].records == 1 and a[0].records == 2
+    c.cancel(d)
+    assert c.free == [d] and not c.pending
