@@ -226,6 +226,21 @@ def engines(a) -> dict:
     return out
 
 
+def profile_env(a, directory: str, ops: bool) -> dict:
+    """The round profiler's settings for an engine profiling into ``directory`` (``ops``: count each hook's ATen ops
+    and host reads; ``a.sync``: charge each part its device time)."""
+    return {"TREESPEC_PROFILE": directory, "TREESPEC_PROFILE_OPS": "1" if ops else "0",
+            "TREESPEC_PROFILE_SYNC": "1" if a.sync else "0"}
+
+
+def write_out(a, figures: dict) -> None:
+    """``--out``: ``figures`` as JSON with the machine and the arguments, its folder made if need be."""
+    if a.out:
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump({"machine": machine(a.device), "args": vars(a), **figures}, f, indent=1)
+
+
 def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None, env: dict = None) -> dict:
     """``{bs: {set: {kind: per_round(...), "tok_s", "tau", "seconds", "differing"}}}`` from one engine (``ops``:
     the op-counting engine; ``select``: its label; ``env``: its settings (:func:`engines`; default
@@ -234,8 +249,7 @@ def run_sets(a, prompt_ids, ops: bool, select: str = "torch", plain: dict = None
     from treespec_sglang.plugin.profile import read_profile
 
     d = tempfile.mkdtemp()
-    env = {"TREESPEC_PROFILE": d, "TREESPEC_PROFILE_OPS": "1" if ops else "0",
-           "TREESPEC_PROFILE_SYNC": "1" if a.sync else "0", **(env or {"TREESPEC_SELECT": select})}
+    env = {**profile_env(a, d, ops), **(env or {"TREESPEC_SELECT": select})}
     generate, stop = start(a, env)
     out = {}
     try:
@@ -403,13 +417,8 @@ def report_runs(a, prompt_ids) -> None:
         tables.append(report(timed[label], counted[label], plain, label))
     table = "\n".join(tables)
     print(table)
-    if a.out:
-        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump({"machine": machine(a.device), "args": vars(a),
-                       "plain_tok_s": {bs: p["tok_s"] for bs, p in plain.items()}, "timed": timed,
-                       "counted": counted, "table": table}, f, indent=1)
-
+    write_out(a, {"plain_tok_s": {bs: p["tok_s"] for bs, p in plain.items()}, "timed": timed, "counted": counted,
+                  "table": table})
 
 
 if __name__ == "__main__":

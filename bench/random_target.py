@@ -34,4 +34,3 @@ def random_prompt_ids(n: int, vocab: int, seed: int = 0) -> list:
     """``n`` prompts of 32-192 random token ids (never the first 3: BOS / EOS / padding), for a random target."""
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(32, 192))] for _ in range(n)]
-

@@ -89,14 +89,13 @@ def run_paired(a, prompt_ids, label: str, env: dict) -> Dict[int, Dict[str, dict
     ABBA blocks per set of ``a.sets`` (comma list), :func:`share` j in block j."""
     import tempfile
 
-    from bench.plugin_round_profile import delta, generated, params_for, policy_sets, start, warm
+    from bench.plugin_round_profile import delta, generated, params_for, policy_sets, profile_env, start, warm
     from treespec_sglang.plugin.profile import read_profile
 
     every = policy_sets(a.topk, a.steps, a.num_draft_tokens)
     names = a.sets.split(",")
     d = tempfile.mkdtemp()
-    generate, stop = start(a, {"TREESPEC_PROFILE": d, "TREESPEC_PROFILE_OPS": "0",
-                               "TREESPEC_PROFILE_SYNC": "1" if a.sync else "0", **env})
+    generate, stop = start(a, {**profile_env(a, d, ops=False), **env})
     k = a.paired
     out = {}
     try:
@@ -118,12 +117,10 @@ def run_paired(a, prompt_ids, label: str, env: dict) -> Dict[int, Dict[str, dict
         stop()
     return out
 
+
 def report_paired(a, prompt_ids) -> None:
     """``--paired``: every engine's ABBA blocks (:mod:`bench.round_pairs`), the tables printed, ``--out`` written."""
-    import json
-    import os
-
-    from bench.plugin_round_profile import engines, machine
+    from bench.plugin_round_profile import engines, write_out
 
     got, tables = {}, []
     for label, env in engines(a).items():
@@ -131,7 +128,4 @@ def report_paired(a, prompt_ids) -> None:
         tables.append(table(got[label], label))
     text = "\n".join(tables)
     print(text)
-    if a.out:
-        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump({"machine": machine(a.device), "args": vars(a), "paired": got, "table": text}, f, indent=1)
+    write_out(a, {"paired": got, "table": text})

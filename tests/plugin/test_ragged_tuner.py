@@ -2,6 +2,8 @@
 from measured times (margin, samples still in flight), agreement across ranks, its options, its clocks, and
 the verify hook running each batch the chosen way."""
 
+import logging
+import re
 import time
 from types import SimpleNamespace
 
@@ -13,7 +15,7 @@ from treespec_sglang.plugin import ragged, ragged_tuner
 from treespec_sglang.plugin.ragged import ragged_verify_forward
 from treespec_sglang.plugin.ragged_support import ENV_RAGGED
 from treespec_sglang.plugin.ragged_tuner import (ENV_TUNING, DeviceClock, HostClock, RaggedTuner, TunerOptions,
-                                                 bucket, clock_for)
+                                                 _Bucket, bucket, clock_for)
 
 
 class FakeClock:
@@ -359,12 +361,6 @@ def test_after_a_switch_one_late_sample_of_the_old_path_does_not_switch_back():
 
 
 # ---------------------------------------------------------------------------- gaps found by mutation (group tuner)
-import logging  # noqa: E402
-import re  # noqa: E402
-
-from treespec_sglang.plugin.ragged_tuner import _Bucket  # noqa: E402
-
-
 @pytest.mark.parametrize("raw, message", [
     ("warmup=1000001", "warmup must be an integer in [1, 1000000], got 1000001"),
     ("agree_every=0", "agree_every must be an integer in [1, 1000000], got 0"),
@@ -408,8 +404,8 @@ def test_means_and_ratios_are_exponential_with_the_smoothing_weight():
     """Padded samples 10 then 20 (mean 0.75 * 10 + 0.25 * 20), ragged 5 then 7 against padded's mean when each
     arrives (ratios 0.5 then 0.7 / 12.5, their mean weighted alike)."""
     t = RaggedTuner(TunerOptions(warmup=10, smoothing=0.25), clock=ListClock([10.0, 20.0], [5.0, 7.0]))
-    for ragged in (False, True, False, True):
-        with t.timed(2, ragged, "cpu"):
+    for path in (False, True, False, True):
+        with t.timed(2, path, "cpu"):
             pass
     row = t.table()["2-3"]  # a bucket made from its samples alone (no verify chosen there)
     assert row["padded_ms"] == pytest.approx(12.5) and row["ragged_ms"] == pytest.approx(0.75 * 5 + 0.25 * 7)
