@@ -22,7 +22,8 @@ def bench(demo_target_dir, tmp_path_factory):
             "--policies", "talon,c2t,salf", "--budgets", "5", "--concurrency", "1,2", "--every", "10",
             "--num-prompts", str(N_PROMPTS), "--max-new-tokens", "16", "--out", str(out),
             "--policy-json", json.dumps({"salf": {"th": 7}})]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=checkout_env(), cwd=ROOT, timeout=1500)
+    env = {**checkout_env(), "TREESPEC_RAGGED_VERIFY": "1"}  # every compactable verify ragged (auto: tuned)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1500)
     rows = [json.loads(line) for line in open(out / "results.jsonl")] if (out / "results.jsonl").exists() else []
     return proc, out, rows
 

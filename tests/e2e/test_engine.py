@@ -19,9 +19,10 @@ def plain(host_factory, demo_target_dir):
 
 @pytest.fixture(scope="module")
 def eagle(host_factory, demo_target_dir):
-    # tests.e2e.custom_policy registers two policies through the public API in every process of the engine
+    # tests.e2e.custom_policy registers two policies through the public API in every process of the engine;
+    # every compactable verify ragged (auto on the CPU tunes: each batch size ragged or padded by measured time)
     h = host_factory("eagle", cpu_engine_kwargs(demo_target_dir, **eagle_kwargs(shipped_draft(), TOPK, STEPS, N)),
-                     env={"TREESPEC_POLICY_MODULES": "tests.e2e.custom_policy"})
+                     env={"TREESPEC_POLICY_MODULES": "tests.e2e.custom_policy", "TREESPEC_RAGGED_VERIFY": "1"})
     yield h
     h.close()
 
@@ -112,7 +113,7 @@ SMALL = ("root-only", "talon-3", "chain-2")  # trees of at most 3 nodes
 
 @pytest.mark.parametrize("names", [sorted(RAGGED) + [None], list(SMALL)], ids=["mixed", "small"])
 def test_ragged_verify_runs_the_batch_at_its_widest_tree(eagle, prompt_ids, plain_greedy, names):
-    """Ragged verify (on by default on the CPU): a tree verify runs every request at the batch's widest tree
+    """Ragged verify (``TREESPEC_RAGGED_VERIFY=1``): a tree verify runs every request at the batch's widest tree
     (the compiled CPU extend kernel takes a tree mask only over one extend length), never fewer tokens than
     a request's own tree, and a batch of small trees far fewer than N; output == plain greedy, and the pool
     stays consistent (SGLang's strict idle memory check would kill the engine on a leaked slot)."""

@@ -17,7 +17,7 @@ OWN = dict(SHARED, token_cap=False)
 @pytest.fixture(scope="module")
 def capped(host_factory, demo_target_dir):
     h = host_factory("token-cap", cpu_engine_kwargs(demo_target_dir, **eagle_kwargs(shipped_draft(), TOPK, STEPS, N)),
-                     env={"TREESPEC_TOKEN_CAP": str(PER_REQUEST)})
+                     env={"TREESPEC_TOKEN_CAP": str(PER_REQUEST), "TREESPEC_RAGGED_VERIFY": "1"})
     yield h
     h.close()
 

@@ -64,8 +64,8 @@ UNIFORM = [0, 2, 3, 4, 5, 6]  # a CPU tree batch at its widest tree's width, 3: 
 
 
 @pytest.mark.parametrize("backend, env, mask, topk, want_mode, want_tree, rows, width", [
-    (IntelAMXAttnBackend, None, True, 4, "cpu", True, UNIFORM, 3),  # the compiled kernel's uniform tree extend
-    (IntelAMXAttnBackend, None, True, 1, "cpu", False, ROWS, 4),  # a chain: causal, no mask, own lengths, N
+    (IntelAMXAttnBackend, "1", True, 4, "cpu", True, UNIFORM, 3),  # the compiled kernel's uniform tree extend
+    (IntelAMXAttnBackend, "1", True, 1, "cpu", False, ROWS, 4),  # a chain: causal, no mask, own lengths, N
     (FlashInferAttnBackend, "1", True, 4, "flashinfer", False, ROWS, None),  # the mask is compacted in paged args
 ])
 @pytest.mark.parametrize("hidden", [True, False])
@@ -96,7 +96,7 @@ def test_a_ragged_verify_runs_the_kept_rows_with_its_plan(monkeypatch, backend, 
     (IntelAMXAttnBackend, "0", KEEP, True),  # ragged verify off
     (FlashInferAttnBackend, None, KEEP, True),  # FlashInfer: opt-in only
     (FlashInferAttnBackend, "1", KEEP, False),  # a chain verify without a custom mask: nothing to compact
-    (IntelAMXAttnBackend, None, torch.ones(2, 4, dtype=torch.bool), True),  # every node kept
+    (IntelAMXAttnBackend, "1", torch.ones(2, 4, dtype=torch.bool), True),  # every node kept
 ])
 def test_padded_verify_runs_sglangs_batch_untouched(monkeypatch, backend, env, keep, mask):
     monkeypatch.delenv(ENV_RAGGED, raising=False) if env is None else monkeypatch.setenv(ENV_RAGGED, env)
@@ -175,7 +175,7 @@ def test_spec_and_logits_without_the_optional_attributes(monkeypatch):
 
     def no_hidden(runner, fb):
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=fb.input_ids.float()[:, None]))
-    monkeypatch.setenv(ENV_RAGGED, "auto")
+    monkeypatch.setenv(ENV_RAGGED, "1")
     runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
     lo = ragged_verify_forward(no_hidden, runner, fb, KEEP)[0].logits_output
     assert not hasattr(lo, "hidden_states") and lo.next_token_logits[ROWS, 0].tolist() == [float(r) for r in ROWS]

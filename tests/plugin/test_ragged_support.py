@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from treespec_sglang.plugin.ragged_support import (ENV_RAGGED, check_ragged_model, check_ragged_parallelism,
-                                                   ragged_mode)
+                                                   ragged_mode, ragged_tuned)
 
 
 class IntelAMXAttnBackend:  # stand-ins named like SGLang's backends (ragged_mode reads the class name)
@@ -31,6 +31,16 @@ def test_ragged_mode_by_backend_and_env(monkeypatch, env, backend, want):
     else:
         monkeypatch.setenv(ENV_RAGGED, env)
     assert ragged_mode(SimpleNamespace(attn_backend=backend())) == want
+
+
+@pytest.mark.parametrize("env, mode, want", [
+    (None, "cpu", True), ("auto", "cpu", True), (" Auto ", "cpu", True),  # the CPU's default: timed, never slower
+    ("tuned", "cpu", True), ("tuned", "flashinfer", True),
+    ("1", "cpu", False), ("on", "flashinfer", False),  # every compactable verify ragged
+    ("auto", "flashinfer", False)])  # (no ragged FlashInfer path under auto: ragged_mode is None there)
+def test_which_ragged_verifies_are_tuned(monkeypatch, env, mode, want):
+    monkeypatch.delenv(ENV_RAGGED, raising=False) if env is None else monkeypatch.setenv(ENV_RAGGED, env)
+    assert ragged_tuned(mode) is want
 
 
 @pytest.mark.parametrize("env, want", [(" OFF ", None), ("False", None), ("On", "flashinfer"), ("YES", "flashinfer")])

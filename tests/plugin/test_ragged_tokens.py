@@ -146,7 +146,7 @@ def run_verify(seed, sizes, n, ragged, topk=4):
         spec_info=SimpleNamespace(custom_mask=mask, tree_topk=topk, draft_token_num=n))
     runner.attn_backend.init_forward_metadata(fb)  # SGLang plans the padded batch before the forward
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ENV_RAGGED, "auto" if ragged else "0")
+        mp.setenv(ENV_RAGGED, "1" if ragged else "0")
         out, recorded = ragged_verify_forward(model_forward(weights), runner, fb, keep)
     assert fb.input_ids.shape[0] == bs * n  # the batch's fields are restored after the forward
     return trees, slots, prefix, op.calls, recorded, out.logits_output.next_token_logits

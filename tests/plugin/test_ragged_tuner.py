@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.plugin.test_ragged_hooks import KEEP, IntelAMXAttnBackend, recording_forward, verify_batch
+from tests.plugin.test_ragged_hooks import (KEEP, FlashInferAttnBackend, IntelAMXAttnBackend, recording_forward,
+                                           verify_batch)
 from treespec_sglang.plugin import ragged, ragged_tuner
 from treespec_sglang.plugin.ragged import ragged_verify_forward
 from treespec_sglang.plugin.ragged_support import ENV_RAGGED
@@ -223,10 +224,11 @@ def test_the_device_clock_reads_finished_events_without_a_sync():
     assert again[0] is pair[0] and again[1] is pair[1]  # the pair's events are reused
 
 
-def test_the_verify_hook_runs_each_batch_the_tuned_way(monkeypatch, fresh_tuner):
-    """``tuned`` on SGLang's CPU backend: the tuner's warm-up alternates the plain forward (every node) and the
-    compacted one; the tree sizes recorded follow the path taken."""
-    monkeypatch.setenv(ENV_RAGGED, "tuned")
+@pytest.mark.parametrize("setting", ["tuned", "auto", None])
+def test_the_verify_hook_runs_each_batch_the_tuned_way(monkeypatch, fresh_tuner, setting):
+    """``tuned`` on SGLang's CPU backend, and ``auto`` (or unset) there too: the tuner's warm-up alternates the
+    plain forward (every node) and the compacted one; the tree sizes recorded follow the path taken."""
+    monkeypatch.delenv(ENV_RAGGED, raising=False) if setting is None else monkeypatch.setenv(ENV_RAGGED, setting)
     monkeypatch.setenv(ENV_TUNING, "warmup=2")
     monkeypatch.setattr(ragged, "verify_group", lambda: None)
     paths, recorded = [], []
@@ -242,16 +244,22 @@ def test_the_verify_hook_runs_each_batch_the_tuned_way(monkeypatch, fresh_tuner)
     assert t.options.warmup == 2 and t.table()["2-3"]["samples"] == [2, 2]
 
 
-def test_other_settings_never_make_a_tuner(monkeypatch, fresh_tuner):
-    monkeypatch.setenv(ENV_RAGGED, "auto")
-    runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
-    seen = []
-    ragged_verify_forward(recording_forward(seen), runner, fb, KEEP)
-    assert seen[0]["plan"] is not None and ragged_tuner._TUNER[0] is None
+@pytest.mark.parametrize("setting, backend, ragged_run", [
+    ("1", IntelAMXAttnBackend, True), ("1", FlashInferAttnBackend, True),  # every compactable verify ragged
+    ("0", IntelAMXAttnBackend, False), ("auto", FlashInferAttnBackend, False),  # padded, SGLang's own
+])
+def test_other_settings_never_make_a_tuner(monkeypatch, fresh_tuner, setting, backend, ragged_run):
+    monkeypatch.setenv(ENV_RAGGED, setting)
+    for _ in range(3):
+        runner, fb = verify_batch(backend(), KEEP)
+        seen = []
+        ragged_verify_forward(recording_forward(seen), runner, fb, KEEP)
+        assert (seen[0]["plan"] is not None) == ragged_run
+    assert ragged_tuner._TUNER[0] is None
 
 
 @pytest.mark.parametrize("keep, reads, want", [(KEEP, 1, [3, 3]), (torch.ones(2, 4, dtype=torch.bool), 1, [4, 4])])
-def test_a_ragged_verify_reads_the_host_once(keep, reads, want):
+def test_a_ragged_verify_reads_the_host_once(monkeypatch, keep, reads, want):
     """The kept sizes, read once, give the plan's shape and the verify-token stats (no second read after the
     forward); a batch that keeps every node runs padded after that one read."""
     from treespec_sglang.utils.syncs import count_ops
@@ -260,6 +268,7 @@ def test_a_ragged_verify_reads_the_host_once(keep, reads, want):
         x = fb.input_ids.float()[:, None]
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=x, hidden_states=None))
 
+    monkeypatch.setenv(ENV_RAGGED, "1")  # every verify ragged (``auto`` on the CPU: the tuner's first turn is padded)
     runner, fb = verify_batch(IntelAMXAttnBackend(), keep)
     with count_ops() as c:
         _, sizes = ragged_verify_forward(forward, runner, fb, keep)

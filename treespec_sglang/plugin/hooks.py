@@ -14,7 +14,8 @@ already has them on the host (no extra sync); the tree sizes are copied to the h
 recorded once that copy is done (:class:`PendingSizes`).
 
 Ragged verify (:mod:`.ragged`, ``TREESPEC_RAGGED_VERIFY``) is on by default for the CPU ``intel_amx``
-backend, opt-in (``=1``) for SGLang's FlashInfer backend (not yet run on a GPU), off with ``=0``.
+backend, tuned (each batch size verified ragged or padded, whichever measured faster), opt-in (``=1``, ``=tuned``)
+for SGLang's FlashInfer backend, off with ``=0``.
 Elsewhere every request verifies N tokens with its filler nodes unlinked.
 
 Several ranks (:mod:`.ranks`): every rank of the attention TP group takes rank 0's tree each round and

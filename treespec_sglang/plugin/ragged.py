@@ -13,8 +13,9 @@ runs every request at the batch's widest kept tree (``plan_ragged(uniform=True)`
 mask, causal) and FlashInfer (per-request custom masks) run each request's own nodes.
 
 Compaction needs ``T = sum_b n_b`` on the host (the forward's shape depends on it): one size read
-per verify round, inherent to a ragged batch. With ``TREESPEC_RAGGED_VERIFY=tuned`` each verify runs ragged
-or padded (SGLang's own, in its graph) as :mod:`.ragged_tuner` measured faster at the batch's size.
+per verify round, inherent to a ragged batch. With ``TREESPEC_RAGGED_VERIFY=tuned`` (and ``auto`` on the CPU,
+:func:`.ragged_support.ragged_tuned`) each verify runs ragged or padded (SGLang's own, in its graph on a GPU) as
+:mod:`.ragged_tuner` measured faster at the batch's size.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from ..tree import kept_rows, to_grid
-from .ragged_support import ragged_mode, ragged_setting
+from .ragged_support import ragged_mode, ragged_tuned
 from .ragged_tuner import bucket, tuner
 from .ranks import digests_dir, perturbed_rank, record_digest, verify_group
 from .round import current, opened
@@ -218,7 +219,7 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, *
         mode = None  # a chain verify without a custom mask: nothing to compact the mask from
     if mode is None:
         return original(runner, forward_batch, *args, **kwargs), [n] * bs
-    if ragged_setting() != "tuned":
+    if not ragged_tuned(mode):
         return _ragged_forward(mode, original, runner, forward_batch, keep, *args, **kwargs)
     group = verify_group()
     t = tuner(contrary=perturbed_rank(group))

@@ -14,7 +14,7 @@ from typing import Optional, Union
 from .config import env_switch
 from .settings import derived, env
 
-__all__ = ["ENV_RAGGED", "ragged_setting", "ragged_mode", "dp_attention", "check_ragged_parallelism",
+__all__ = ["ENV_RAGGED", "ragged_setting", "ragged_mode", "ragged_tuned", "dp_attention", "check_ragged_parallelism",
            "ragged_unsupported", "check_ragged_model"]
 
 ENV_RAGGED = "TREESPEC_RAGGED_VERIFY"
@@ -31,9 +31,10 @@ def ragged_setting() -> Union[bool, str]:
 def ragged_mode(model_runner) -> Optional[str]:
     """Which ragged path applies to this runner's attention backend, or None (padded verify).
 
-    ``TREESPEC_RAGGED_VERIFY`` unset / ``auto``: the CPU ``intel_amx`` backend only; ``1``: also SGLang's
-    FlashInfer backend (eager for ragged batches; opt-in until it has been measured on a GPU); ``tuned``: both
-    backends, each verify ragged or padded as :mod:`.ragged_tuner` measured faster at its batch size; ``0``: off.
+    ``TREESPEC_RAGGED_VERIFY`` unset / ``auto``: the CPU ``intel_amx`` backend only, tuned (:func:`ragged_tuned`);
+    ``1``: also SGLang's FlashInfer backend, every compactable verify ragged (eager for ragged batches; opt-in until
+    it has been measured on a GPU); ``tuned``: both backends, each verify ragged or padded as :mod:`.ragged_tuner`
+    measured faster at its batch size; ``0``: off.
     Under attention data parallelism, and for a target :func:`ragged_unsupported` refuses, every verify is padded
     (``auto``; ``1`` and ``tuned`` are refused at start, :func:`check_ragged_parallelism`,
     :func:`check_ragged_model`).
@@ -45,6 +46,16 @@ def ragged_mode(model_runner) -> Optional[str]:
     if kind is None or dp_attention(getattr(model_runner, "server_args", None)) or _unsupported(model_runner):
         return None
     return kind if kind == "cpu" or setting in (True, "tuned") else None
+
+
+def ragged_tuned(mode: str) -> bool:
+    """Whether a verify on ragged path ``mode`` (:func:`ragged_mode`, not None) runs ragged or padded as
+    :mod:`.ragged_tuner` measured faster: under ``tuned``, and under ``auto`` on the CPU, where fewer rows are not
+    always cheaper (a float32 matmul's time steps with its row count, by the CPU's own pattern: on a Xeon 13-15 rows
+    cost more than 16, on an AMD EPYC 3 rows more than 8), so that ``auto`` is never slower than padded; under ``1``
+    every compactable verify runs ragged."""
+    setting = ragged_setting()
+    return setting == "tuned" or (setting == "auto" and mode == "cpu")
 
 
 def _unsupported(model_runner) -> bool:

@@ -1,4 +1,5 @@
-"""Ragged or padded verify per batch size, chosen by timing both (``TREESPEC_RAGGED_VERIFY=tuned``; no sglang import).
+"""Ragged or padded verify per batch size, chosen by timing both (``TREESPEC_RAGGED_VERIFY=tuned``, and ``auto`` on
+the CPU; no sglang import).
 
 A ragged verify (:mod:`.ragged`) runs only the kept nodes, but on a GPU it runs eagerly (the target's CUDA graphs
 were captured for ``bs * N`` tokens) and reads the batch's sizes on the host; a padded verify replays the graph
