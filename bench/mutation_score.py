@@ -78,6 +78,13 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     # the ragged verify's tuner: its schedule, decisions, agreements and the turns it passes on
     "tuner": (["treespec_sglang/plugin/ragged_tuner.py"],
               ["tests/plugin/test_ragged_tuner.py", "tests/plugin/test_ragged.py", "tests/plugin/test_ragged_hooks.py"]),
+    # what an operator reads off a server: Prometheus series, SGLang's CUDA-graph decisions, the round profile's
+    # timers, the ``treespec`` section of /server_info
+    "observability": (["treespec_sglang/plugin/metrics.py", "treespec_sglang/plugin/graph_log.py",
+                       "treespec_sglang/plugin/profile.py", "treespec_sglang/plugin/info.py"],
+                      ["tests/plugin/test_metrics.py", "tests/plugin/test_graph_log.py", "tests/plugin/test_profile.py",
+                       "tests/plugin/test_info.py", "tests/plugin/test_sglang_real.py", "tests/plugin/test_stats.py",
+                       "tests/bench/test_round_pairs.py"]),
     # the sgl_kernel stand-ins SGLang runs on in the CPU test bed: each computes what the kernel it replaces computes
     # and refuses what that kernel refuses (contiguity, dtype, shape, device)
     "standins": (["treespec_sglang/plugin/cpu/matcher.py", "treespec_sglang/plugin/cpu/kernels.py",
@@ -97,7 +104,7 @@ SPAWNED = {"ranks": ["tests/plugin/test_ranks.py"], "selection": ["tests/plugin/
 # own batch objects are unit-tested with sglang imported, which these groups need
 WITH_SGLANG = "not gpu and not slow and not e2e"
 MARKERS = {"ranks": WITH_SGLANG, "rounds": WITH_SGLANG, "requests": WITH_SGLANG, "selection": WITH_SGLANG,
-           "standins": WITH_SGLANG}
+           "standins": WITH_SGLANG, "observability": WITH_SGLANG}
 DEFAULT_MARKERS = WITH_SGLANG + " and not sglang"
 # tests that cannot pass under mutmut at all: its trampolines read os.environ (MUTANT_UNDER_TEST) on every call
 DESELECT = ["tests/plugin/test_settings.py::test_a_round_reads_no_environment_once_frozen"]

@@ -12,4 +12,5 @@ def test_the_ragged_verify_setting_is_reported_as_the_server_reads_it(monkeypatc
     monkeypatch.delenv(ENV_RAGGED, raising=False) if env is None else monkeypatch.setenv(ENV_RAGGED, env)
     info = server_info()
     assert info["ragged_verify"] == shown
-    assert {"version", "sglang", "policies", "selection", "stats_max_rounds", "token_cap"} <= set(info)
+    assert set(info) == {"chain_stop_graph", "classifiers", "default_policy", "policies", "ragged_verify", "selection",
+                         "sglang", "stats_max_rounds", "token_cap", "version"}

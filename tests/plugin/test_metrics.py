@@ -237,3 +237,132 @@ def test_an_unknown_policy_naming_a_classifier_is_refused_as_an_unknown_policy()
 
     msg = diagnose({"treespec": {"policy": "qx7z9", "classifier": "/etc/passwd"}})
     assert "policy must be one of" in msg and "/etc/passwd" not in msg and M.refused_field(msg) == "policy"
+
+
+def test_none_label_values_are_exported_empty(monkeypatch):
+    """SGLang's labels may hold None (an unset model name): exported as ``""``, never as the string ``"None"``."""
+    import prometheus_client
+
+    reg = prometheus_client.CollectorRegistry()
+    for cls in ("Counter", "Histogram"):
+        real = getattr(prometheus_client, cls)
+        monkeypatch.setattr(prometheus_client, cls, lambda *a, _r=real, **k: _r(*a, registry=reg, **k))
+    s = M.SchedulerSeries({"model_name": None, "tp_rank": 0})
+    assert s.labels == {"model_name": "", "tp_rank": "0"}
+    s.new_request("talon")
+    assert reg.get_sample_value("treespec:requests_total", {"model_name": "", "tp_rank": "0", "policy": "talon"}) == 1
+
+
+class _Inc:
+    def inc(self, n=1):
+        pass
+
+
+@pytest.mark.parametrize("bounds, buckets, has_sum, want", [
+    ((1.0, 2.0), [_Inc(), _Inc()], True, True),  # prometheus_client's layout (its bounds are a list or a tuple)
+    ([1.0], [_Inc()], True, True),  # one bucket (+Inf alone) is a layout too
+    ((1.0, 2.0), (_Inc(), _Inc()), True, False),  # buckets not a list
+    ([1.0, 2.0], [_Inc()], True, False),  # one value per bound, or not the layout
+    ([], [], True, False),  # no bucket at all
+    ("12", [_Inc(), _Inc()], True, False),  # bounds of another kind
+    ((1.0, 2.0), [_Inc(), _Inc()], False, False),  # no sum
+    ((1.0, 2.0), [_Inc(), object()], True, False),  # a bucket value that cannot be incremented
+])
+def test_the_bulk_layout_is_recognised_only_when_every_part_is_there(bounds, buckets, has_sum, want):
+    child = SimpleNamespace(_upper_bounds=bounds, _buckets=buckets, **({"_sum": _Inc()} if has_sum else {}))
+    assert M.bulk_observable(child) is want
+
+
+def test_a_known_layout_is_observed_in_bulk_never_value_by_value(series, caplog):
+    """The library's histogram is written in bulk by default (``observe_all``'s default and the series' first
+    decision): its own ``observe`` is never called, and nothing is logged."""
+    s, reg = series
+    child = s._child(s.tree_size, "talon")
+
+    def no_observe(v):
+        raise AssertionError("observe called: not the bulk path")
+
+    child.observe = no_observe
+    with caplog.at_level("WARNING", logger="treespec_sglang.plugin"):
+        s.drafted("talon", [4, 8, 4])
+        M.observe_all(child, [1, 2])
+    assert s.bulk is True and caplog.text == ""
+    assert _sample(reg, "treespec:tree_size_count", "talon") == 5 and _sample(reg, "treespec:tree_size_sum",
+                                                                                 "talon") == 19
+
+
+def test_a_refused_request_is_counted_by_field_under_the_tokenizers_labels(monkeypatch):
+    """``enable_tokenizer`` (once per tokenizer process) then ``count_refused`` per refusal: one counter,
+    SGLang's labels + ``field`` (None labels exported empty); a second enable keeps the first counter."""
+    import prometheus_client
+
+    reg = prometheus_client.CollectorRegistry()
+    real = prometheus_client.Counter
+    monkeypatch.setattr(prometheus_client, "Counter", lambda *a, **k: real(*a, registry=reg, **k))
+    monkeypatch.setattr(M, "_refused", None)
+    M.enable_tokenizer({"model_name": "m", "tokenizer": None})
+    first = M._refused
+    M.enable_tokenizer({"model_name": "other"})  # a second call: no new counter (it would be a duplicate series)
+    assert M._refused is first
+    for msg in ("custom_params['treespec']: salf.budget must be in [1, 1024], got 0",
+                "custom_params['treespec']: salf.budget must be in [1, 1024], got 9999", "garbage"):
+        M.count_refused(msg)
+    value = lambda field: reg.get_sample_value("treespec:refused_requests_total",  # noqa: E731
+                                               {"model_name": "m", "tokenizer": "", "field": field})
+    assert (value("salf.budget"), value("other")) == (2.0, 1.0)
+    text = prometheus_client.generate_latest(reg).decode()
+    assert "# HELP treespec:refused_requests_total Requests refused for a bad custom_params['treespec']" in text
+
+
+def test_enable_scheduler_makes_the_process_series_once(monkeypatch):
+    import prometheus_client
+
+    reg = prometheus_client.CollectorRegistry()
+    for cls in ("Counter", "Histogram"):
+        real = getattr(prometheus_client, cls)
+        monkeypatch.setattr(prometheus_client, cls, lambda *a, _r=real, **k: _r(*a, registry=reg, **k))
+    monkeypatch.setattr(M, "_scheduler", None)
+    s = M.enable_scheduler({"model_name": "m"})
+    assert M.scheduler_series() is s and s.labels == {"model_name": "m"}
+    assert M.enable_scheduler({"model_name": "x"}) is s
+
+
+# what /metrics shows of each scheduler series: its HELP text and its TYPE (the exposition operators and dashboards
+# read; docs/plugin.md's table names the same series with the same types)
+EXPOSITION = {
+    "treespec:requests": ("counter", "Requests drafted with a treespec policy"),
+    "treespec:rounds": ("counter", "Verify rounds committed for treespec requests"),
+    "treespec:accepted_draft_tokens": ("counter", "Accepted draft tokens (bonus excluded)"),
+    "treespec:verified_tokens": ("counter", "Tokens the target's verify forward ran"),
+    "treespec:tree_size": ("histogram", "Verified nodes per round (root included)"),
+    "treespec:accept_length": ("histogram", "Accepted draft tokens per round"),
+    "treespec:verify_forwards": ("counter", "Target verify forwards of treespec rounds, by path (ragged: kept nodes "
+                                            "only; padded: N per request)"),
+}
+
+
+def test_the_exposition_shows_each_series_help_and_type_as_documented(series):
+    import os
+    import re
+
+    import prometheus_client
+
+    s, reg = series
+    s.new_request("talon")
+    s.drafted("talon", [3])
+    s.verified_tokens("talon", [3])
+    s.accepted_round("talon", [1])
+    s.verify_forward(True)
+    text = prometheus_client.generate_latest(reg).decode()
+    shown = {}
+    for m in re.finditer(r"^# (HELP|TYPE) (\S+) (.*)$", text, re.M):
+        shown.setdefault(m.group(2), {})[m.group(1)] = m.group(3)
+    want = {}
+    for name, (kind, help_text) in EXPOSITION.items():
+        key = name + "_total" if kind == "counter" else name
+        want[key] = {"HELP": help_text, "TYPE": kind}
+    assert {k: v for k, v in shown.items() if k.startswith("treespec:") and not k.endswith("_created")} == want
+    docs = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "plugin.md")).read()
+    documented = dict(re.findall(r"^\| `(treespec:\w+)` \| (counter|histogram)", docs, re.M))
+    assert {k: v["TYPE"] for k, v in want.items()} == {k: v for k, v in documented.items() if k in want}
+    assert set(documented) == set(want) | {"treespec:refused_requests_total"}

@@ -149,7 +149,7 @@ def test_profile_from_env(monkeypatch, tmp_path, env, expect):
     if expect is None:
         assert prof is None
     else:
-        assert (prof.count, prof.sync) == expect and (tmp_path / "d").is_dir()
+        assert (prof.count, prof.sync) == expect and (tmp_path / "d").is_dir() and prof.out_dir == str(tmp_path / "d")
 
 
 @pytest.mark.parametrize("profiling", [False, True])
@@ -200,3 +200,99 @@ def test_a_bad_profile_switch_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv(P.ENV_PROFILE_OPS, "2")
     with pytest.raises(ValueError, match="TREESPEC_PROFILE_OPS must be one of 1 / 0"):
         P.profile_from_env()
+
+
+def test_by_default_a_profile_neither_counts_ops_nor_syncs(monkeypatch):
+    synced = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: synced.append(1))
+    prof = P.Profile(None)
+    hook = P.profiled(prof, "sglang.srt.x.f", "AFTER", lambda result: (torch.arange(3.0) + 1).sum(), lambda: True)
+    hook(None)
+    prof.end_round("ts", 0.0)
+    assert (prof.count, prof.sync) == (False, False) and synced == []
+    assert prof.totals["ts"]["ops"] == {} and prof.totals["ts"]["parts"]["hook:<lambda>"][1] == 1
+
+
+@pytest.mark.parametrize("available, initialized, capturing, synced", [
+    (True, True, False, True),  # a live CUDA context outside a capture: every boundary synchronises
+    (True, False, False, False),  # CUDA present but never initialised in this process (a CPU server on a GPU node)
+    (False, True, False, False),
+    (True, True, True, False),  # inside a CUDA-graph capture a sync is illegal
+])
+def test_sync_mode_synchronises_only_a_live_device_outside_a_capture(monkeypatch, available, initialized,
+                                                                     capturing, synced):
+    from treespec_sglang.plugin import draft_select
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append(1))
+    monkeypatch.setattr(draft_select, "capturing", lambda: capturing)
+    clock = Ticks()
+    prof = P.Profile(None, sync=True, clock=clock)
+    assert prof._now() == 0.0
+    assert calls == ([1] if synced else [])
+
+
+def test_op_counts_add_up_over_rounds():
+    prof = P.Profile(None, count=True)
+
+    def hook(result, t):
+        _ = (t + 1).tolist()  # 1 op, 1 host read
+        return result
+
+    wrapped = P.profiled(prof, "sglang.srt.x.f", "AFTER", hook, lambda: True)
+    for rounds in (1, 2):
+        wrapped(None, torch.arange(3.0))
+        prof.end_round("ts", 0.0)
+        assert prof.totals["ts"]["ops"] == {"hook:hook": [rounds, rounds]}
+
+
+def test_an_unwritable_profile_directory_is_logged_and_the_round_goes_on(tmp_path, caplog):
+    gone = tmp_path / "missing"
+    prof = P.Profile(str(gone), clock=Ticks())
+    prof.pending["hook:a"] = [0.5, 1]
+    with caplog.at_level("WARNING", logger="treespec_sglang.plugin"):
+        totals = prof.end_round("ts", 1.0)
+    assert totals["ts"]["parts"] == {"hook:a": [0.5, 1]}
+    (record,) = caplog.records
+    assert record.getMessage().startswith(f"treespec profile: cannot write {gone}/profile-")
+    assert "No such file or directory" in record.getMessage()
+
+
+def test_a_body_without_a_name_is_timed_as_hook_and_keyword_arguments_reach_sglang():
+    import functools
+    from types import SimpleNamespace
+
+    clock = Ticks()
+    prof = P.Profile(None, clock=clock)
+
+    def after(result, x, scale=1):
+        return result
+
+    unnamed = P.profiled(prof, "sglang.srt.x.after", "AFTER", functools.partial(after, scale=2), lambda: False)
+    unnamed(None, 1)
+    seen = []
+
+    def sglang_round(worker, batch=None):  # SGLang's round called with its batch by keyword
+        seen.append(batch)
+        clock.advance(5)
+
+    batch = SimpleNamespace(forward_mode=Mode("DECODE"))  # no is_extend_in_batch: a decode round
+    run = P.profiled(prof, P.ROUND, "AROUND", lambda original, w, batch=None: original(w, batch=batch), lambda: True)
+    run(sglang_round, object(), batch=batch)
+    assert seen == [batch] and set(prof.totals) == {"ts"} and prof.totals["ts"]["round_s"] == 5
+    assert prof.totals["ts"]["parts"]["hook:hook"] == [0, 1]
+
+
+def test_read_profile_sums_op_counts_and_reads_files_without_them(tmp_path):
+    (tmp_path / "profile-1.json").write_text(json.dumps(
+        {"ts": {"rounds": 1, "round_s": 1.0, "parts": {"hook:a": [1.0, 1]}, "ops": {"hook:a": [5, 1]}}}))
+    (tmp_path / "profile-2.json").write_text(json.dumps(
+        {"ts": {"rounds": 2, "round_s": 2.0, "parts": {"hook:a": [1.0, 2]}, "ops": {"hook:a": [7, 0]}}}))
+    (tmp_path / "profile-3.json").write_text(json.dumps(  # written without op counts (no "ops" key)
+        {"ts": {"rounds": 1, "round_s": 0.5, "parts": {"hook:a": [0.5, 1]}}}))
+    got = P.read_profile(str(tmp_path))["ts"]
+    assert got == {"rounds": 4, "round_s": 3.5, "parts": {"hook:a": [2.5, 4]}, "ops": {"hook:a": [12, 1]}}
