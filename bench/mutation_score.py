@@ -121,7 +121,8 @@ def prepare(group: str, work: str, only=None) -> str:
     for f in files:
         # bench/*.py: a test may import a bench helper (the FlashInfer verify layouts)
         bench_py = f.startswith("bench/") and f.endswith(".py")
-        if f.startswith(("treespec_sglang/", "tests/", "pyproject.toml")) or bench_py:
+        # docs/: a test may check the code against what the docs say (the metrics table)
+        if f.startswith(("treespec_sglang/", "tests/", "docs/", "pyproject.toml")) or bench_py:
             dst = os.path.join(work, f)
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             shutil.copy2(os.path.join(ROOT, f), dst)
@@ -137,7 +138,7 @@ def prepare(group: str, work: str, only=None) -> str:
         only = [x + "*" if x.endswith("/") else x for x in paths]  # glob patterns
         fh.write(f"\n[tool.mutmut]\nsource_paths = [\"treespec_sglang\"]\nonly_mutate = {_toml_list(only)}\n"
                  f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
-                 f"pytest_add_cli_args = {_toml_list(args)}\nalso_copy = [\"tests\", \"bench\"]\n"
+                 f"pytest_add_cli_args = {_toml_list(args)}\nalso_copy = [\"tests\", \"bench\", \"docs\"]\n"
                  # each mutant in a fresh child of a server that only collected the tests: the per-process
                  # caches (parameter rows, index tables) start empty, so a mutated builder is exercised
                  f"process_isolation = \"forkserver\"\nforkserver_warmup = \"collect\"\n")
