@@ -85,6 +85,11 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                       ["tests/plugin/test_metrics.py", "tests/plugin/test_graph_log.py", "tests/plugin/test_profile.py",
                        "tests/plugin/test_info.py", "tests/plugin/test_sglang_real.py", "tests/plugin/test_stats.py",
                        "tests/bench/test_round_pairs.py"]),
+    # the fused kernels' host side (the Triton source, pool_kernels_triton.py, is loaded by path and not mutated:
+    # mutmut's trampolines would replace what @triton.jit parses); their tests run the kernels in Triton's interpreter
+    "kernels": (["treespec_sglang/plugin/pool_kernels.py", "treespec_sglang/plugin/unlink_kernel.py"],
+                ["tests/plugin/test_pool_kernels.py", "tests/plugin/test_unlink_kernel.py",
+                 "tests/plugin/test_kernel_compile.py"]),
     # the sgl_kernel stand-ins SGLang runs on in the CPU test bed: each computes what the kernel it replaces computes
     # and refuses what that kernel refuses (contiguity, dtype, shape, device)
     "standins": (["treespec_sglang/plugin/cpu/matcher.py", "treespec_sglang/plugin/cpu/kernels.py",

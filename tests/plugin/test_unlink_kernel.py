@@ -5,6 +5,7 @@ CPU tensors run the kernel in Triton's interpreter (as the selection kernel's te
 ``gpu`` and run it compiled."""
 
 import random
+import re
 
 import pytest
 import torch
@@ -180,3 +181,48 @@ def test_the_scratch_is_one_buffer_per_width_grown_by_doubling(monkeypatch):
         unlink_kernel.unlink_filler_fused(nt, ns, keep)
         assert nt.tolist() == want_t and ns.tolist() == want_s
     assert len(unlink_kernel._SCRATCH) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_single_request_is_unlinked_too(device):
+    """bs 1 (one request in flight, the commonest batch): its chains are rewritten like any other batch's."""
+    changed = []
+    for seed in range(4):
+        nt, ns, keep = random_chains(random.Random(77 + seed), 1, 8)
+        want_t, want_s = unlink_oracle(nt, ns, keep)
+        got_t, got_s = nt.clone().to(device), ns.clone().to(device)
+        unlink_kernel.unlink_filler_fused(got_t, got_s, keep.to(device))
+        assert got_t.cpu().tolist() == want_t and got_s.cpu().tolist() == want_s
+        changed.append((want_t, want_s) != (nt.tolist(), ns.tolist()))
+    assert sum(changed) >= 2  # most of the cases had something to unlink
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65])
+def test_the_scratch_row_is_the_smallest_power_of_two_holding_every_node(N):
+    want = 2
+    while want < N:
+        want *= 2
+    assert unlink_kernel._block_n(N) == want
+
+
+@pytest.mark.parametrize("N", [8, 33])
+def test_the_start_check_stops_a_kernel_one_round_of_jumps_short_or_leaving_a_chain_alone(monkeypatch, N):
+    """The start check's fixed trees hold runs of fillers on a chain, so one round of pointer jumping is not enough;
+    and both chains are compared (a kernel that rewrote next_token alone stops the start, the message showing
+    next_token against torch's next_token)."""
+    real = unlink_kernel.launch_unlink
+    one_round = lambda mod, nt, ns, keep, work: mod.unlink_kernel[(keep.shape[0],)](  # noqa: E731
+        nt, ns, keep, work, keep.shape[1], BLOCK_N=work.shape[1], ROUNDS=1)
+
+    def siblings_left(mod, nt, ns, keep, work):
+        before = ns.clone()
+        real(mod, nt, ns, keep, work)
+        ns.copy_(before)
+
+    for broken in (one_round, siblings_left):
+        monkeypatch.setattr(unlink_kernel, "launch_unlink", broken)
+        with pytest.raises(RuntimeError, match="disagrees with the torch unlink") as e:
+            unlink_kernel.check_unlink("cpu", N)
+        if broken is siblings_left:  # next_token was right: the message shows it equal to torch's
+            got, want = re.search(r"got next_token (\[.*\]), want (\[.*\])\)", str(e.value)).groups()
+            assert got == want
