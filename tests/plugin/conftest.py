@@ -2,19 +2,26 @@ import pytest
 
 
 @pytest.fixture
-def series(monkeypatch):
-    """Fresh Prometheus series on a private registry, installed as this process's scheduler series:
-    ``(SchedulerSeries, CollectorRegistry)``."""
+def private_registry(monkeypatch):
+    """A fresh ``CollectorRegistry`` that every ``prometheus_client.Counter`` / ``Histogram`` made during the test
+    registers in (not the process's default registry)."""
     prometheus_client = pytest.importorskip("prometheus_client")
-    from treespec_sglang.plugin import metrics
-
     reg = prometheus_client.CollectorRegistry()
     for cls in ("Counter", "Histogram"):
         real = getattr(prometheus_client, cls)
         monkeypatch.setattr(prometheus_client, cls, lambda *a, _r=real, **k: _r(*a, registry=reg, **k))
+    return reg
+
+
+@pytest.fixture
+def series(monkeypatch, private_registry):
+    """Fresh Prometheus series on a private registry, installed as this process's scheduler series:
+    ``(SchedulerSeries, CollectorRegistry)``."""
+    from treespec_sglang.plugin import metrics
+
     s = metrics.SchedulerSeries({"model_name": "m", "tp_rank": 0})
     monkeypatch.setattr(metrics, "_scheduler", s)
-    return s, reg
+    return s, private_registry
 
 
 @pytest.fixture(scope="module")

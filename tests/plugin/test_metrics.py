@@ -241,14 +241,9 @@ def test_an_unknown_policy_naming_a_classifier_is_refused_as_an_unknown_policy()
     assert "policy must be one of" in msg and "/etc/passwd" not in msg and M.refused_field(msg) == "policy"
 
 
-def test_none_label_values_are_exported_empty(monkeypatch):
+def test_none_label_values_are_exported_empty(private_registry):
     """SGLang's labels may hold None (an unset model name): exported as ``""``, never as the string ``"None"``."""
-    import prometheus_client
-
-    reg = prometheus_client.CollectorRegistry()
-    for cls in ("Counter", "Histogram"):
-        real = getattr(prometheus_client, cls)
-        monkeypatch.setattr(prometheus_client, cls, lambda *a, _r=real, **k: _r(*a, registry=reg, **k))
+    reg = private_registry
     s = M.SchedulerSeries({"model_name": None, "tp_rank": 0})
     assert s.labels == {"model_name": "", "tp_rank": "0"}
     s.new_request("talon")
@@ -293,14 +288,12 @@ def test_a_known_layout_is_observed_in_bulk_never_value_by_value(series, caplog)
                                                                                  "talon") == 19
 
 
-def test_a_refused_request_is_counted_by_field_under_the_tokenizers_labels(monkeypatch):
+def test_a_refused_request_is_counted_by_field_under_the_tokenizers_labels(monkeypatch, private_registry):
     """``enable_tokenizer`` (once per tokenizer process) then ``count_refused`` per refusal: one counter,
     SGLang's labels + ``field`` (None labels exported empty); a second enable keeps the first counter."""
     import prometheus_client
 
-    reg = prometheus_client.CollectorRegistry()
-    real = prometheus_client.Counter
-    monkeypatch.setattr(prometheus_client, "Counter", lambda *a, **k: real(*a, registry=reg, **k))
+    reg = private_registry
     monkeypatch.setattr(M, "_refused", None)
     M.enable_tokenizer({"model_name": "m", "tokenizer": None})
     first = M._refused
@@ -316,13 +309,7 @@ def test_a_refused_request_is_counted_by_field_under_the_tokenizers_labels(monke
     assert "# HELP treespec:refused_requests_total Requests refused for a bad custom_params['treespec']" in text
 
 
-def test_enable_scheduler_makes_the_process_series_once(monkeypatch):
-    import prometheus_client
-
-    reg = prometheus_client.CollectorRegistry()
-    for cls in ("Counter", "Histogram"):
-        real = getattr(prometheus_client, cls)
-        monkeypatch.setattr(prometheus_client, cls, lambda *a, _r=real, **k: _r(*a, registry=reg, **k))
+def test_enable_scheduler_makes_the_process_series_once(monkeypatch, private_registry):
     monkeypatch.setattr(M, "_scheduler", None)
     s = M.enable_scheduler({"model_name": "m"})
     assert M.scheduler_series() is s and s.labels == {"model_name": "m"}

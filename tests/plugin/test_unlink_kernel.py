@@ -91,6 +91,13 @@ def test_the_kernel_compiles_for_an_h100():
     assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
 
 
+def jumping(rounds: int):
+    """A launch of the unlink kernel with ``rounds`` rounds of pointer jumping (``launch_unlink``'s signature)."""
+    def launch(mod, nt, ns, keep, work):
+        mod.unlink_kernel[(keep.shape[0],)](nt, ns, keep, work, keep.shape[1], BLOCK_N=work.shape[1], ROUNDS=rounds)
+    return launch
+
+
 @pytest.mark.parametrize("N", [1, 2, 8, 33])
 def test_the_start_check_passes_on_a_sound_kernel_and_stops_a_wrong_one(monkeypatch, N):
     """``check_unlink`` (run by ``check_selection`` at server start wherever the kernel will unlink): silent
@@ -99,9 +106,7 @@ def test_the_start_check_passes_on_a_sound_kernel_and_stops_a_wrong_one(monkeypa
     unlink_kernel.check_unlink("cpu", N)
     if N <= 2:
         return  # the fixed trees keep every node of N 1 and 2: nothing to unlink, any kernel passes
-    short = lambda mod, nt, ns, keep, work: mod.unlink_kernel[(keep.shape[0],)](  # noqa: E731
-        nt, ns, keep, work, keep.shape[1], BLOCK_N=work.shape[1], ROUNDS=0)
-    for broken in ((lambda *a: None), short):
+    for broken in ((lambda *a: None), jumping(0)):
         monkeypatch.setattr(unlink_kernel, "launch_unlink", broken)
         with pytest.raises(RuntimeError, match="disagrees with the torch unlink on cpu at N .* TREESPEC_SELECT=torch"):
             unlink_kernel.check_unlink("cpu", N)
@@ -211,8 +216,7 @@ def test_the_start_check_stops_a_kernel_one_round_of_jumps_short_or_leaving_a_ch
     and both chains are compared (a kernel that rewrote next_token alone stops the start, the message showing
     next_token against torch's next_token)."""
     real = unlink_kernel.launch_unlink
-    one_round = lambda mod, nt, ns, keep, work: mod.unlink_kernel[(keep.shape[0],)](  # noqa: E731
-        nt, ns, keep, work, keep.shape[1], BLOCK_N=work.shape[1], ROUNDS=1)
+    one_round = jumping(1)
 
     def siblings_left(mod, nt, ns, keep, work):
         before = ns.clone()
