@@ -51,7 +51,7 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     # the multi-rank agreements (every per-round decision identical on every rank): gloo groups on the CPU
     "ranks": (["treespec_sglang/plugin/ranks.py"],
               ["tests/plugin/test_ranks.py", "tests/plugin/test_draft_select.py", "tests/plugin/test_chain_graph.py",
-               "tests/plugin/test_ragged_tuner.py"]),
+               "tests/plugin/test_ragged_tuner.py", "tests/plugin/test_ragged_tuner_options.py"]),
     # a batch's columns, parameter rows and stats (the host work of every round)
     "rounds": (["treespec_sglang/plugin/columns.py", "treespec_sglang/plugin/rows.py",
                 "treespec_sglang/plugin/stats.py", "treespec_sglang/plugin/round.py"],
@@ -77,7 +77,8 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                    "tests/plugin/test_sglang_rounds.py", "tests/plugin/test_handoff.py", "tests/plugin/test_columns.py"]),
     # the ragged verify's tuner: its schedule, decisions, agreements and the turns it passes on
     "tuner": (["treespec_sglang/plugin/ragged_tuner.py"],
-              ["tests/plugin/test_ragged_tuner.py", "tests/plugin/test_ragged.py", "tests/plugin/test_ragged_hooks.py"]),
+              ["tests/plugin/test_ragged_tuner.py", "tests/plugin/test_ragged_tuner_options.py",
+               "tests/plugin/test_ragged.py", "tests/plugin/test_ragged_hooks.py"]),
     # what an operator reads off a server: Prometheus series, SGLang's CUDA-graph decisions, the round profile's
     # timers, the ``treespec`` section of /server_info
     "observability": (["treespec_sglang/plugin/metrics.py", "treespec_sglang/plugin/graph_log.py",
@@ -90,6 +91,16 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     "kernels": (["treespec_sglang/plugin/pool_kernels.py", "treespec_sglang/plugin/unlink_kernel.py"],
                 ["tests/plugin/test_pool_kernels.py", "tests/plugin/test_unlink_kernel.py",
                  "tests/plugin/test_kernel_compile.py"]),
+    # where SGLang calls in: the hooks of a round, the server-side hooks (flags, requests, metrics, the draft
+    # graph's vote) and the source patches where no hook reaches
+    "serving": (["treespec_sglang/plugin/hooks.py", "treespec_sglang/plugin/server_hooks.py",
+                 "treespec_sglang/plugin/patching.py"],
+                ["tests/plugin/test_patching.py", "tests/plugin/test_config.py", "tests/plugin/test_sglang_real.py",
+                 "tests/plugin/test_sglang_rounds.py", "tests/plugin/test_handoff.py", "tests/plugin/test_request.py",
+                 "tests/plugin/test_settings.py", "tests/plugin/test_ragged_hooks.py", "tests/plugin/test_chain_stop.py",
+                 "tests/plugin/test_ranks.py", "tests/plugin/test_draft_select.py",
+                 "tests/plugin/test_draft_select_edges.py", "tests/plugin/test_metrics.py",
+                 "tests/plugin/test_profile.py", "tests/plugin/test_columns.py"]),
     # the sgl_kernel stand-ins SGLang runs on in the CPU test bed: each computes what the kernel it replaces computes
     # and refuses what that kernel refuses (contiguity, dtype, shape, device)
     "standins": (["treespec_sglang/plugin/cpu/matcher.py", "treespec_sglang/plugin/cpu/kernels.py",
@@ -109,7 +120,7 @@ SPAWNED = {"ranks": ["tests/plugin/test_ranks.py"], "selection": ["tests/plugin/
 # own batch objects are unit-tested with sglang imported, which these groups need
 WITH_SGLANG = "not gpu and not slow and not e2e"
 MARKERS = {"ranks": WITH_SGLANG, "rounds": WITH_SGLANG, "requests": WITH_SGLANG, "selection": WITH_SGLANG,
-           "standins": WITH_SGLANG, "observability": WITH_SGLANG}
+           "standins": WITH_SGLANG, "observability": WITH_SGLANG, "serving": WITH_SGLANG}
 DEFAULT_MARKERS = WITH_SGLANG + " and not sglang"
 # tests that cannot pass under mutmut at all: its trampolines read os.environ (MUTANT_UNDER_TEST) on every call
 DESELECT = ["tests/plugin/test_settings.py::test_a_round_reads_no_environment_once_frozen"]

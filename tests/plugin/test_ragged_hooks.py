@@ -1,6 +1,7 @@
 """The ragged verify hook bodies as SGLang calls them: arguments passed through to the wrapped method
 unchanged, which attention path a batch takes (CPU tree / chain, FlashInfer with or without a custom mask,
-a batch that keeps every node), the plan the forward sees, the outputs it returns and its errors."""
+a batch that keeps every node), the plan the forward sees, the outputs it returns and its errors; under ``tuned``
+(the CPU's ``auto``) the path each batch takes is the tuner's."""
 
 from types import SimpleNamespace
 
@@ -8,10 +9,11 @@ import pytest
 import torch
 
 from tests.helpers import planned
-from treespec_sglang.plugin import ragged
+from treespec_sglang.plugin import ragged, ragged_tuner
 from treespec_sglang.plugin.ragged import (amx_extend_metadata, amx_forward_metadata, eager_while_ragged,
                                            flashinfer_verify_args, plan_ragged, ragged_verify_forward)
 from treespec_sglang.plugin.ragged_support import ENV_RAGGED
+from treespec_sglang.plugin.ragged_tuner import ENV_TUNING
 
 
 class Backend:
@@ -179,3 +181,67 @@ def test_spec_and_logits_without_the_optional_attributes(monkeypatch):
     runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
     lo = ragged_verify_forward(no_hidden, runner, fb, KEEP)[0].logits_output
     assert not hasattr(lo, "hidden_states") and lo.next_token_logits[ROWS, 0].tolist() == [float(r) for r in ROWS]
+
+
+# ---------------------------------------------------------------- the tuner (TREESPEC_RAGGED_VERIFY=tuned / auto)
+@pytest.mark.parametrize("setting", ["tuned", "auto", None])
+def test_the_verify_hook_runs_each_batch_the_tuned_way(monkeypatch, fresh_tuner, setting):
+    """``tuned`` on SGLang's CPU backend, and ``auto`` (or unset) there too: the tuner's warm-up alternates the
+    plain forward (every node) and the compacted one; the tree sizes recorded follow the path taken."""
+    monkeypatch.delenv(ENV_RAGGED, raising=False) if setting is None else monkeypatch.setenv(ENV_RAGGED, setting)
+    monkeypatch.setenv(ENV_TUNING, "warmup=2")
+    monkeypatch.setattr(ragged, "verify_group", lambda: None)
+    paths, recorded = [], []
+    for _ in range(4):
+        runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
+        seen = []
+        _, sizes = ragged_verify_forward(recording_forward(seen), runner, fb, KEEP)
+        paths.append(seen[0]["plan"] is not None)
+        recorded.append(sizes)
+    assert paths == [False, True, False, True]
+    assert recorded == [[4, 4], [3, 3], [4, 4], [3, 3]]  # a CPU tree batch runs at its widest kept tree
+    t = ragged_tuner._TUNER[0]
+    assert t.options.warmup == 2 and t.table()["2-3"]["samples"] == [2, 2]
+
+
+@pytest.mark.parametrize("setting, backend, ragged_run", [
+    ("1", IntelAMXAttnBackend, True), ("1", FlashInferAttnBackend, True),  # every compactable verify ragged
+    ("0", IntelAMXAttnBackend, False), ("auto", FlashInferAttnBackend, False),  # padded, SGLang's own
+])
+def test_other_settings_never_make_a_tuner(monkeypatch, fresh_tuner, setting, backend, ragged_run):
+    monkeypatch.setenv(ENV_RAGGED, setting)
+    for _ in range(3):
+        runner, fb = verify_batch(backend(), KEEP)
+        seen = []
+        ragged_verify_forward(recording_forward(seen), runner, fb, KEEP)
+        assert (seen[0]["plan"] is not None) == ragged_run
+    assert ragged_tuner._TUNER[0] is None
+
+
+@pytest.mark.parametrize("keep, reads, want", [(KEEP, 1, [3, 3]), (torch.ones(2, 4, dtype=torch.bool), 1, [4, 4])])
+def test_a_ragged_verify_reads_the_host_once(monkeypatch, keep, reads, want):
+    """The kept sizes, read once, give the plan's shape and the verify-token stats (no second read after the
+    forward); a batch that keeps every node runs padded after that one read."""
+    from treespec_sglang.utils.syncs import count_ops
+
+    def forward(runner, fb):  # reads nothing on the host
+        x = fb.input_ids.float()[:, None]
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=x, hidden_states=None))
+
+    monkeypatch.setenv(ENV_RAGGED, "1")  # every verify ragged (``auto`` on the CPU: the tuner's first turn is padded)
+    runner, fb = verify_batch(IntelAMXAttnBackend(), keep)
+    with count_ops() as c:
+        _, sizes = ragged_verify_forward(forward, runner, fb, keep)
+    assert sizes == want and c.reads == reads
+
+
+def test_a_chosen_ragged_verify_with_nothing_to_compact_is_no_sample(monkeypatch, fresh_tuner):
+    monkeypatch.setenv(ENV_RAGGED, "tuned")
+    monkeypatch.setenv(ENV_TUNING, "warmup=2")
+    monkeypatch.setattr(ragged, "verify_group", lambda: None)
+    full = torch.ones(2, 4, dtype=torch.bool)
+    # padded; a ragged turn with nothing to compact (ran padded: no sample) passed on; ragged; padded
+    for keep in (KEEP, full, KEEP, full):
+        runner, fb = verify_batch(IntelAMXAttnBackend(), keep)
+        ragged_verify_forward(recording_forward([]), runner, fb, keep)
+    assert ragged_tuner._TUNER[0].table()["2-3"]["samples"] == [2, 1]
