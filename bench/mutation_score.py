@@ -100,7 +100,8 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                  "tests/plugin/test_settings.py", "tests/plugin/test_ragged_hooks.py", "tests/plugin/test_chain_stop.py",
                  "tests/plugin/test_ranks.py", "tests/plugin/test_draft_select.py",
                  "tests/plugin/test_draft_select_edges.py", "tests/plugin/test_metrics.py",
-                 "tests/plugin/test_profile.py", "tests/plugin/test_columns.py"]),
+                 "tests/plugin/test_profile.py", "tests/plugin/test_columns.py", "tests/plugin/test_hooks.py",
+                 "tests/plugin/test_server_hooks.py"]),
     # the sgl_kernel stand-ins SGLang runs on in the CPU test bed: each computes what the kernel it replaces computes
     # and refuses what that kernel refuses (contiguity, dtype, shape, device)
     "standins": (["treespec_sglang/plugin/cpu/matcher.py", "treespec_sglang/plugin/cpu/kernels.py",
@@ -150,6 +151,8 @@ def prepare(group: str, work: str, only=None) -> str:
         paths = only
     args = ["-x", "-q", "-p", "no:cacheprovider", "-m", MARKERS.get(group, DEFAULT_MARKERS)]
     args += [a for t in DESELECT for a in ("--deselect", t)]
+    if "not sglang" not in args[args.index("-m") + 1]:  # SGLang imported once, in mutmut's fork server
+        args += ["-p", "bench.mutmut_preload"]
     with open(os.path.join(work, "pyproject.toml"), "a") as fh:
         only = [x + "*" if x.endswith("/") else x for x in paths]  # glob patterns
         fh.write(f"\n[tool.mutmut]\nsource_paths = [\"treespec_sglang\"]\nonly_mutate = {_toml_list(only)}\n"

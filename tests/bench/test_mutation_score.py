@@ -22,7 +22,8 @@ def _mutmut_section(work):
 def test_each_group_runs_its_tests_under_its_marker_expression(tmp_path, group, sglang):
     section = _mutmut_section(M.prepare(group, str(tmp_path)))
     markers = "not gpu and not slow and not e2e" + ("" if sglang else " and not sglang")
-    assert f'"-m", "{markers}", "--deselect", "{M.DESELECT[0]}"]' in section
+    preload = ', "-p", "bench.mutmut_preload"' if sglang else ""  # SGLang imported once, in the fork server
+    assert f'"-m", "{markers}", "--deselect", "{M.DESELECT[0]}"{preload}]' in section
     assert f"pytest_add_cli_args_test_selection = {M._toml_list(M.GROUPS[group][1])}" in section
     assert f"only_mutate = {M._toml_list(M.GROUPS[group][0])}" in section
     assert os.path.exists(tmp_path / M.GROUPS[group][0][0])  # the tracked tree copied
@@ -49,3 +50,18 @@ def test_an_equivalent_entry_holds_only_while_its_line_still_matches():
     diffs = {"a": "--- f\n+++ f\n-    x = 1\n+    x = 2\n", "b": "--- f\n+++ f\n-    y = 1\n+    y = 3\n", "c": ""}
     equivalent = {"a": ("x = 2", "why"), "b": ("y = 2", "why")}
     assert M.classify(["a", "b", "c"], diffs, equivalent) == (["b", "c"], ["a"], ["b"])
+
+
+@pytest.mark.sglang
+def test_the_preload_imports_the_module_of_every_hook_target():
+    pytest.importorskip("sglang")
+    from bench.mutmut_preload import preload
+    from treespec_sglang.plugin.hooks import HOOKS
+
+    done = preload()
+    assert done and all(m in sys.modules for m in done)
+    for target in HOOKS:  # each target is an attribute path under one of the preloaded modules
+        module = max((m for m in done if target.startswith(m + ".")), key=len)
+        obj = sys.modules[module]
+        for name in target[len(module) + 1:].split("."):
+            obj = getattr(obj, name)

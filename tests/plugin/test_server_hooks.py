@@ -1,0 +1,121 @@
+"""The server-side hook bodies (``plugin/server_hooks.py``) as SGLang calls them, on stand-in objects: the metrics
+hooks enable the plugin's series with SGLang's labels only where SGLang collects metrics, ``/server_info`` gains its
+``treespec`` section, a batch's malformed items are counted as refused and its cached per-item objects follow the
+marked copies, and DP attention's draft-graph vote. (With SGLang's own objects: ``test_sglang_real.py``,
+``test_ranks.py``.)"""
+
+from types import SimpleNamespace
+
+import pytest
+
+from treespec_sglang.plugin import server_hooks
+from treespec_sglang.plugin.request import ERROR_KEY
+
+
+@pytest.fixture
+def enabled(monkeypatch):
+    """The labels each metrics family was enabled with: ``{"scheduler": [...], "tokenizer": [...]}``."""
+    seen = {"scheduler": [], "tokenizer": []}
+    monkeypatch.setattr(server_hooks, "enable_scheduler", lambda labels: seen["scheduler"].append(labels))
+    monkeypatch.setattr(server_hooks, "enable_tokenizer", lambda labels: seen["tokenizer"].append(labels))
+    return seen
+
+
+@pytest.mark.parametrize("scheduler, want", [
+    (SimpleNamespace(metrics_collector=SimpleNamespace(labels={"model_name": "m", "tp_rank": 1})),
+     [{"model_name": "m", "tp_rank": 1}]),
+    (SimpleNamespace(metrics_collector=SimpleNamespace()), [{}]),  # a collector without labels
+    (SimpleNamespace(metrics_collector=None), []),  # a rank that logs no stats
+    (SimpleNamespace(), []),
+])
+def test_the_scheduler_series_follow_sglangs_collector_and_its_labels(enabled, scheduler, want):
+    assert server_hooks._scheduler_metrics("out", scheduler) == "out"
+    assert enabled == {"scheduler": want, "tokenizer": []}
+
+
+@pytest.mark.parametrize("manager, want", [
+    (SimpleNamespace(enable_metrics=True, metrics_collector=SimpleNamespace(labels={"model_name": "m"})),
+     [{"model_name": "m"}]),
+    (SimpleNamespace(enable_metrics=True, metrics_collector=SimpleNamespace(labels=None)), [{}]),
+    (SimpleNamespace(enable_metrics=True, metrics_collector=SimpleNamespace()), [{}]),
+    (SimpleNamespace(enable_metrics=True), [{}]),
+    (SimpleNamespace(enable_metrics=False, metrics_collector=SimpleNamespace(labels={"model_name": "m"})), []),
+    (SimpleNamespace(metrics_collector=SimpleNamespace(labels={"model_name": "m"})), []),  # no flag: off
+])
+def test_the_refused_counter_is_enabled_only_with_the_tokenizers_metrics(enabled, manager, want):
+    assert server_hooks._tokenizer_metrics("out", manager) == "out"
+    assert enabled == {"scheduler": [], "tokenizer": want}
+
+
+def test_server_info_gains_the_treespec_section_and_nothing_else(monkeypatch):
+    monkeypatch.setattr(server_hooks, "server_info", lambda: {"policies": ["talon"]})
+    info = {"version": "0.5.23"}
+    assert server_hooks._server_info(info, None, None) is info
+    assert info == {"version": "0.5.23", "treespec": {"policies": ["talon"]}}
+    assert server_hooks._server_info("not a dict") == "not a dict"
+
+
+@pytest.fixture
+def refused(monkeypatch):
+    """The messages ``count_refused`` was called with."""
+    out = []
+    monkeypatch.setattr(server_hooks, "count_refused", out.append)
+    return out
+
+
+BAD = {"max_new_tokens": 4, "custom_params": {"treespec": {"policy": "talon", "budget": 0}}}
+GOOD = {"max_new_tokens": 4, "custom_params": {"treespec": {"policy": "talon", "budget": 8}}}
+
+
+def test_each_malformed_batch_item_is_counted_as_refused_with_its_message(refused):
+    obj = SimpleNamespace(sampling_params=[GOOD, BAD, None, {"max_new_tokens": 4}, dict(BAD)])
+    server_hooks._handle_batch_request(None, obj)
+    assert len(refused) == 2 and all("talon.budget must be in [1, 1024], got 0" in m for m in refused)
+    assert refused[0] == obj.sampling_params[1]["custom_params"][ERROR_KEY]
+    assert obj.sampling_params[2] is None and obj.sampling_params[0] is GOOD  # items left as given
+
+
+def test_a_batch_sharing_one_dict_is_left_whole_and_its_cached_items_alone(refused):
+    """One dict for every item: not marked (the call fails as a whole), and the per-item objects SGLang already
+    handed out keep what they had."""
+    sub = SimpleNamespace(sampling_params="as handed out")
+    obj = SimpleNamespace(sampling_params=dict(BAD), _sub_obj_cache={0: sub})
+    server_hooks._handle_batch_request(None, obj)
+    assert refused == [] and obj.sampling_params == BAD and sub.sampling_params == "as handed out"
+
+
+def test_cached_items_follow_the_marked_copies(refused):
+    subs = {0: SimpleNamespace(sampling_params=GOOD), 1: SimpleNamespace(sampling_params=BAD), 2: SimpleNamespace()}
+    obj = SimpleNamespace(sampling_params=[GOOD, BAD, GOOD], _sub_obj_cache=subs)
+    server_hooks._handle_batch_request(None, obj)
+    assert subs[1].sampling_params is obj.sampling_params[1] and ERROR_KEY in subs[1].sampling_params["custom_params"]
+    assert subs[0].sampling_params is GOOD and not hasattr(subs[2], "sampling_params")
+
+
+def test_an_embedding_request_passes_untouched(refused):
+    obj = SimpleNamespace(text="x")
+    assert server_hooks._handle_batch_request(None, obj) is None and vars(obj) == {"text": "x"} and refused == []
+
+
+@pytest.fixture
+def chain_server(monkeypatch):
+    """A chain-mode server (topk 1) whose requests carry a treespec policy unless ``{"native": True}``."""
+    monkeypatch.setitem(server_hooks._DRAFT_TOPK, "topk", 1)
+    monkeypatch.setattr(server_hooks, "server_defaults", lambda: None)
+    monkeypatch.setattr(server_hooks, "_req_params", lambda r, defaults: None if r.get("native") else "talon")
+
+
+def decode(reqs):
+    return SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_decode=lambda: True))
+
+
+def test_the_draft_graph_vote_edges(chain_server, monkeypatch):
+    """Only a decode batch with treespec requests on a chain server votes for an eager draft; a batch without
+    requests (an idle DP rank's, with or without the attribute) keeps SGLang's vote."""
+    assert server_hooks._draft_graph_vote(True, decode([{}])) is False
+    assert server_hooks._draft_graph_vote(True, decode([{"native": True}])) is True
+    assert server_hooks._draft_graph_vote(True, SimpleNamespace()) is True  # no reqs attribute, no forward_mode
+    assert server_hooks._draft_graph_vote(True, SimpleNamespace(reqs=[])) is True
+    assert server_hooks._draft_graph_vote(False, decode([{}])) is False
+    monkeypatch.setitem(server_hooks._DRAFT_TOPK, "topk", 2)  # a tree server: the selection runs after the graph
+    assert server_hooks._draft_graph_vote(True, decode([{}])) is True
