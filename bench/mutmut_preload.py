@@ -4,13 +4,12 @@ so each mutant's forked run finds them imported instead of importing SGLang agai
 the ``loaded`` fixture's ``load_plugins`` then only wraps the targets). Without SGLang it does nothing."""
 
 import importlib
+import importlib.util
 
 
 def preload() -> list:
     """Import each hook target's module (the longest importable prefix of its dotted name); returns their names."""
-    try:
-        import sglang  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("sglang") is None:
         return []
     from treespec_sglang.plugin.hooks import HOOKS
 
