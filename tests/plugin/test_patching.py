@@ -125,3 +125,15 @@ def test_an_editable_sglang_is_found_in_its_source_checkout(tmp_path, monkeypatc
     assert patching.find_sglang() == (str(checkout), "0.5.23")
     with pytest.raises(PatchError, match="no sglang package under"):  # an explicit --site is taken as given
         patching.find_sglang(str(site))
+
+
+@pytest.mark.parametrize("spec", [None, "a module, not a package"])
+def test_no_sglang_package_found_is_none(monkeypatch, spec):
+    import importlib.machinery
+    import importlib.util
+
+    from treespec_sglang.plugin import patching
+
+    found = None if spec is None else importlib.machinery.ModuleSpec("sglang", None)  # no search locations
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: found)
+    assert patching._package_parent() is None

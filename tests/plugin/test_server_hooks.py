@@ -119,3 +119,64 @@ def test_the_draft_graph_vote_edges(chain_server, monkeypatch):
     assert server_hooks._draft_graph_vote(False, decode([{}])) is False
     monkeypatch.setitem(server_hooks._DRAFT_TOPK, "topk", 2)  # a tree server: the selection runs after the graph
     assert server_hooks._draft_graph_vote(True, decode([{}])) is True
+
+
+class Req:
+    """A scheduler request: its sampling parameters and the abort it was finished with (if any)."""
+
+    def __init__(self, custom_params=None):
+        self.sampling_params = SimpleNamespace(custom_params=custom_params)
+        self.aborted = None
+
+    def set_finish_with_abort(self, msg, status_code, err_type):
+        self.aborted = (msg, status_code, err_type)
+
+
+TREE_SERVER = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE", speculative_eagle_topk=4))
+CHAIN_SERVER = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE", speculative_eagle_topk=1))
+
+
+@pytest.fixture
+def default(monkeypatch):
+    """Sets the server's default policy (a ``ServerDefaults``) the scheduler hook reads."""
+    from treespec_sglang.plugin.config import ServerDefaults
+
+    def set_default(policy=None, **config):
+        monkeypatch.setattr(server_hooks, "server_defaults", lambda: ServerDefaults(policy, config))
+    set_default()
+    return set_default
+
+
+def test_a_marked_item_is_aborted_with_the_tokenizers_message(default):
+    """The tokenizer's message wins (the item's policy itself would pass here); nothing is parsed again."""
+    req = Req({"treespec": {"policy": "talon", "budget": 8}, ERROR_KEY: "custom_params['treespec']: marked"})
+    assert server_hooks._create_generation_req(req, TREE_SERVER) is req
+    assert req.aborted == ("custom_params['treespec']: marked", None, "BadRequestError")
+
+
+@pytest.mark.parametrize("custom_params, server, want", [
+    ({"treespec": {"policy": "talon"}}, CHAIN_SERVER, "talon needs a draft tree"),
+    ({"treespec": {"policy": "talon"}}, TREE_SERVER, None),
+    ({"treespec": {"policy": "chain", "length": 2}}, CHAIN_SERVER, None),
+    ({"treespec": {"policy": "talon", "budget": 0}}, TREE_SERVER, "custom_params['treespec']: talon.budget must be"),
+    (None, CHAIN_SERVER, None),  # native
+])
+def test_the_scheduler_aborts_what_this_server_cannot_draft(default, custom_params, server, want):
+    req = Req(custom_params)
+    server_hooks._create_generation_req(req, server)
+    if want is None:
+        assert req.aborted is None
+    else:
+        msg, status, kind = req.aborted
+        assert msg.startswith(want) and (status, kind) == (None, "BadRequestError")
+
+
+def test_a_request_without_params_takes_the_servers_default(default):
+    default("talon")  # a tree default (a chain server refuses it at start; here it shows which default is read)
+    req = Req()
+    server_hooks._create_generation_req(req, CHAIN_SERVER)
+    assert req.aborted[0].startswith("talon needs a draft tree")
+    default("chain", length=2)
+    fine = Req()
+    server_hooks._create_generation_req(fine, CHAIN_SERVER)
+    assert fine.aborted is None and fine._treespec_params is not None

@@ -353,8 +353,7 @@ SIGNATURES: Dict[str, List[str]] = {h.target: h.params for h in HOOKS_IN_ORDER}
 
 def hooks_table() -> str:
     """The module docstring's table: one row per hook, in the order they run."""
-    short = [h.target.replace("sglang.srt.", "").split(".") for h in HOOKS_IN_ORDER]
-    rows = [f"| ``{'.'.join(t[-2:])}`` | {h.kind} | {h.does} |" for t, h in zip(short, HOOKS_IN_ORDER)]
+    rows = [f"| ``{'.'.join(h.target.split('.')[-2:])}`` | {h.kind} | {h.does} |" for h in HOOKS_IN_ORDER]
     return "\n".join(["| target | type | what it does |", "|---|---|---|"] + rows)
 
 
