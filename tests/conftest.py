@@ -26,6 +26,22 @@ def _live_settings():
     os.environ.update(before)
 
 
+@pytest.fixture(autouse=True)
+def fresh_tuner():
+    """The process's ragged verify tuner (``plugin.ragged_tuner``; under ``auto`` on the CPU every verify asks it)
+    dropped before and after each test: the next verify makes a new one, so no test inherits another's samples and
+    decisions. The module is not imported for a test that never imported it."""
+    import sys
+
+    def drop():
+        mod = sys.modules.get("treespec_sglang.plugin.ragged_tuner")
+        if mod is not None:
+            mod._TUNER[0] = None
+    drop()
+    yield
+    drop()
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:

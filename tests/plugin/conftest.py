@@ -73,13 +73,3 @@ def custom(fresh_registry):
     yield importlib.import_module("tests.e2e.custom_policy")
     sys.modules.pop("tests.e2e.custom_policy", None)
 
-
-@pytest.fixture
-def fresh_tuner():
-    """The process's ragged verify tuner made anew for the test (by the first verify that asks for one), and
-    dropped after it."""
-    from treespec_sglang.plugin import ragged_tuner
-
-    ragged_tuner._TUNER[0] = None
-    yield
-    ragged_tuner._TUNER[0] = None

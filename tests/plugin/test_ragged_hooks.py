@@ -185,7 +185,7 @@ def test_spec_and_logits_without_the_optional_attributes(monkeypatch):
 
 # ---------------------------------------------------------------- the tuner (TREESPEC_RAGGED_VERIFY=tuned / auto)
 @pytest.mark.parametrize("setting", ["tuned", "auto", None])
-def test_the_verify_hook_runs_each_batch_the_tuned_way(monkeypatch, fresh_tuner, setting):
+def test_the_verify_hook_runs_each_batch_the_tuned_way(monkeypatch, setting):
     """``tuned`` on SGLang's CPU backend, and ``auto`` (or unset) there too: the tuner's warm-up alternates the
     plain forward (every node) and the compacted one; the tree sizes recorded follow the path taken."""
     monkeypatch.delenv(ENV_RAGGED, raising=False) if setting is None else monkeypatch.setenv(ENV_RAGGED, setting)
@@ -208,7 +208,7 @@ def test_the_verify_hook_runs_each_batch_the_tuned_way(monkeypatch, fresh_tuner,
     ("1", IntelAMXAttnBackend, True), ("1", FlashInferAttnBackend, True),  # every compactable verify ragged
     ("0", IntelAMXAttnBackend, False), ("auto", FlashInferAttnBackend, False),  # padded, SGLang's own
 ])
-def test_other_settings_never_make_a_tuner(monkeypatch, fresh_tuner, setting, backend, ragged_run):
+def test_other_settings_never_make_a_tuner(monkeypatch, setting, backend, ragged_run):
     monkeypatch.setenv(ENV_RAGGED, setting)
     for _ in range(3):
         runner, fb = verify_batch(backend(), KEEP)
@@ -235,7 +235,7 @@ def test_a_ragged_verify_reads_the_host_once(monkeypatch, keep, reads, want):
     assert sizes == want and c.reads == reads
 
 
-def test_a_chosen_ragged_verify_with_nothing_to_compact_is_no_sample(monkeypatch, fresh_tuner):
+def test_a_chosen_ragged_verify_with_nothing_to_compact_is_no_sample(monkeypatch):
     monkeypatch.setenv(ENV_RAGGED, "tuned")
     monkeypatch.setenv(ENV_TUNING, "warmup=2")
     monkeypatch.setattr(ragged, "verify_group", lambda: None)

@@ -113,7 +113,7 @@ def test_the_host_clock_reports_milliseconds(monkeypatch):
     assert c.finished() == [((3, 1), 500.0)]
 
 
-def test_the_process_tuner_is_made_once_and_honest_unless_asked(monkeypatch, fresh_tuner):
+def test_the_process_tuner_is_made_once_and_honest_unless_asked(monkeypatch):
     monkeypatch.setenv(ENV_TUNING, "warmup=3")
     t = ragged_tuner.tuner()
     assert t.contrary is False and t.options.warmup == 3 and ragged_tuner.tuner(contrary=True) is t
