@@ -60,3 +60,51 @@ def test_the_docstring_table_has_one_row_per_hook_in_the_order_they_run():
         cls_or_module, name = h.target.split(".")[-2:]
         assert line == f"| ``{cls_or_module}.{name}`` | {h.kind} | {h.does} |"
     assert table in hooks.__doc__ and "{table}" not in hooks.__doc__
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """A stand-in for SGLang's ``HookRegistry`` module: the registrations in order, ``(target, body, kind)``; the
+    graph log's labels are put back after the test."""
+    import sys
+    import types
+
+    from treespec_sglang.plugin import graph_log
+
+    got = []
+    fake = types.ModuleType("sglang.srt.plugins.hook_registry")
+    fake.HookType = types.SimpleNamespace(BEFORE="BEFORE", AFTER="AFTER", AROUND="AROUND")
+    fake.HookRegistry = types.SimpleNamespace(register=lambda target, body, kind: got.append((target, body, kind)))
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", fake)
+    monkeypatch.setattr(graph_log, "_LABEL", dict(graph_log._LABEL))
+    for var in ("TREESPEC_GRAPH_LOG", "TREESPEC_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    return got
+
+
+@pytest.mark.parametrize("graph_log, profile, tail", [
+    (False, False, ""), (True, False, " and CUDA-graph counting"), (False, True, ", each timed (TREESPEC_PROFILE)"),
+    (True, True, " and CUDA-graph counting, each timed (TREESPEC_PROFILE)")])
+def test_register_hooks_registers_the_table_then_the_graph_counters_and_says_so(registry, monkeypatch, tmp_path,
+                                                                                caplog, graph_log, profile, tail):
+    from treespec_sglang.plugin import graph_log as G
+
+    timed = []
+    monkeypatch.setattr(hooks, "profiled", lambda *a: timed.append(a) or ("timed", a[3]))
+    if graph_log:
+        monkeypatch.setenv("TREESPEC_GRAPH_LOG", str(tmp_path / "graphs"))
+    if profile:
+        monkeypatch.setenv("TREESPEC_PROFILE", str(tmp_path / "profile"))
+    with caplog.at_level(logging.INFO, logger="treespec_sglang.plugin"):
+        hooks.register_hooks()
+    table = [(h.target, ("timed", h.body) if profile else h.body, h.kind) for h in hooks.HOOKS_IN_ORDER]
+    counters = [(t, body, "AFTER") for t, body in G.RUNNERS.items()] if graph_log else []
+    assert registry == table + counters
+    if profile:  # each body timed as its target and kind, labelled by the round's treespec test
+        assert [a[1:] for a in timed] == [(h.target, h.kind, h.body, hooks._treespec_round)
+                                          for h in hooks.HOOKS_IN_ORDER]
+    assert [r.getMessage() for r in caplog.records] == [f"treespec-sglang: registered {len(hooks.HOOKS)} hooks{tail}"]
+    if graph_log:  # the counters label a round by the plugin's own tests
+        assert G._LABEL["treespec_round"] is hooks._treespec_round and G._LABEL["in_round"]() is False
+        with opened([]):
+            assert G._LABEL["in_round"]() is True
