@@ -108,3 +108,9 @@ def test_register_hooks_registers_the_table_then_the_graph_counters_and_says_so(
         assert G._LABEL["treespec_round"] is hooks._treespec_round and G._LABEL["in_round"]() is False
         with opened([]):
             assert G._LABEL["in_round"]() is True
+
+
+def test_a_draft_loop_of_a_worker_without_topk_runs_sglangs_loop_alone():
+    seen = []
+    hooks._draft_loop(lambda self, fb, *a, **k: seen.append((self, fb, a, k)), "worker", "fb", 1, x=2)
+    assert seen == [("worker", "fb", (1,), {"x": 2})]

@@ -180,3 +180,86 @@ def test_a_request_without_params_takes_the_servers_default(default):
     fine = Req()
     server_hooks._create_generation_req(fine, CHAIN_SERVER)
     assert fine.aborted is None and fine._treespec_params is not None
+
+
+@pytest.fixture
+def start_checks(monkeypatch):
+    """The draft worker's start-time checks, each recording what it was handed: ``[(name, args), ...]``."""
+    calls = []
+
+    def record(name, result=None):
+        return lambda *a, **k: calls.append((name, a, k)) or result
+    for name in ("check_ragged_parallelism", "check_ragged_model", "check_settings_agree", "check_selection"):
+        monkeypatch.setattr(server_hooks, name, record(name))
+    monkeypatch.setattr(server_hooks, "verify_group", lambda: "the verify group")
+    monkeypatch.setattr(server_hooks, "shard_hot_head", lambda original, self, *a, **k: ("head", original, a, k))
+    monkeypatch.setitem(server_hooks._DRAFT_TOPK, "topk", "unset")
+    return calls
+
+
+def draft_worker(runner=True, topk=4, **more):
+    runner = SimpleNamespace(model=SimpleNamespace(), device="cuda:3") if runner is True else runner
+    return SimpleNamespace(draft_runner=runner, topk=topk, speculative_num_steps="3", speculative_num_draft_tokens="8",
+                           server_args="the server args", target_worker=SimpleNamespace(model_runner="the target"),
+                           **more)
+
+
+def original(self, *args, **kwargs):
+    return "built"
+
+
+def test_the_draft_head_hook_runs_each_start_check_on_what_it_is_for(start_checks):
+    out = server_hooks._draft_head(original, draft_worker(), "arg", key="value")
+    assert out == ("head", original, ("arg",), {"key": "value"})  # the head is built by the TP-sharding wrapper
+    assert start_checks == [("check_ragged_parallelism", ("the server args",), {}),
+                            ("check_ragged_model", ("the target",), {}),
+                            ("check_settings_agree", ("the verify group",), {}),
+                            ("check_selection", ("cuda:3", 4, 3, 8), {})]
+    assert server_hooks._DRAFT_TOPK["topk"] == 4
+
+
+@pytest.mark.parametrize("worker, selection, topk", [
+    (draft_worker(runner=SimpleNamespace(model=SimpleNamespace()), topk=1), ("cpu", 1, 3, 8), 1),  # no device: CPU
+    (draft_worker(runner=None, speculative_algorithm="an algorithm never asked"), None, 4),  # no draft runner yet
+    (draft_worker(topk=None), None, "unset"),
+])
+def test_the_draft_head_hook_without_a_runner_device_or_topk(start_checks, worker, selection, topk):
+    server_hooks._draft_head(original, worker)
+    assert [a for name, a, _ in start_checks if name == "check_selection"] == ([selection] if selection else [])
+    assert server_hooks._DRAFT_TOPK["topk"] == topk
+
+
+def test_per_request_info_keys_are_the_plugins_and_sglangs_own():
+    seen = []
+
+    def sglang_own(self, key, *args, **kwargs):
+        seen.append((self, key, args, kwargs))
+        return key == "sglang_key"
+    assert server_hooks._request_level_key(sglang_own, "streamer", "treespec_tree_sizes") is True and seen == []
+    assert server_hooks._request_level_key(sglang_own, "streamer", "sglang_key", 1, flag=2) is True
+    assert server_hooks._request_level_key(sglang_own, "streamer", "other") is False
+    assert seen[0] == ("streamer", "sglang_key", (1,), {"flag": 2})
+
+
+@pytest.fixture
+def eagle_utils(monkeypatch):
+    """SGLang's ``eagle_utils`` module as the CPU sees it: one sampling op missing, one None, one present."""
+    import sys
+    import types
+
+    mod = types.ModuleType("sglang.srt.speculative.eagle_utils")
+    mod.top_k_renorm_prob, mod.top_p_renorm_prob = None, "sglang's own"
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.eagle_utils", mod)
+    return mod
+
+
+def test_the_cpu_verify_samples_with_the_plugins_ops_where_sglang_has_none(eagle_utils):
+    from treespec_sglang.plugin.cpu import sampling
+
+    def verify(*args, **kwargs):
+        return args, kwargs
+    assert server_hooks._verify_uses_greedy(verify, "a", is_cpu=True, t=1) == (("a",), {"is_cpu": False, "t": 1})
+    assert eagle_utils.tree_speculative_sampling_target_only is sampling.tree_speculative_sampling_target_only
+    assert eagle_utils.top_k_renorm_prob is sampling.top_k_renorm_prob and eagle_utils.top_p_renorm_prob == "sglang's own"
+    for kwargs in ({"is_cpu": False}, {"is_cpu": True, "use_rejection_sampling": True}):
+        assert server_hooks._verify_uses_greedy(verify, "a", **kwargs) == (("a",), kwargs)  # as SGLang has it
