@@ -114,3 +114,150 @@ def test_a_draft_loop_of_a_worker_without_topk_runs_sglangs_loop_alone():
     seen = []
     hooks._draft_loop(lambda self, fb, *a, **k: seen.append((self, fb, a, k)), "worker", "fb", 1, x=2)
     assert seen == [("worker", "fb", (1,), {"x": 2})]
+
+
+# ---------------------------------------------------------------------------- a round's hooks hand SGLang its arguments
+def native_req():
+    return SimpleNamespace(sampling_params=SimpleNamespace(custom_params=None))
+
+
+class Original:
+    """SGLang's wrapped method: records each call's arguments and the round open during it."""
+
+    def __init__(self, out="out"):
+        self.calls, self.out = [], out
+
+    def __call__(self, *args, **kwargs):
+        from treespec_sglang.plugin.round import current
+
+        self.calls.append((args, kwargs, current()))
+        return self.out
+
+
+def test_a_round_opens_for_sglangs_round_on_its_requests_and_closes_after():
+    from treespec_sglang.plugin.round import current
+
+    batch, sglang = SimpleNamespace(reqs=[native_req()]), Original()
+    assert hooks._eagle_round(sglang, "worker", batch, 1, flag=2) == "out"
+    ((args, kwargs, r),) = sglang.calls
+    assert (args, kwargs) == (("worker", batch, 1), {"flag": 2}) and r.reqs is batch.reqs and current() is None
+
+
+@pytest.mark.parametrize("batch", [SimpleNamespace(reqs=[native_req(), native_req()]), SimpleNamespace()],
+                         ids=["native requests", "no requests"])
+def test_a_native_draft_outside_a_round_is_sglangs_in_a_round_of_its_own(monkeypatch, batch):
+    from treespec_sglang.plugin.config import ServerDefaults
+
+    monkeypatch.setattr(hooks, "server_defaults", ServerDefaults)  # no server default: native
+    sglang = Original()
+    assert hooks._draft(sglang, "worker", batch, 1, flag=2) == "out"
+    ((args, kwargs, r),) = sglang.calls
+    assert (args, kwargs) == (("worker", batch, 1), {"flag": 2})
+    assert r is not None and r.reqs is getattr(batch, "reqs", None) and r.step is None
+
+
+def test_a_chain_draft_loop_that_records_hands_sglang_its_arguments(monkeypatch):
+    from treespec_sglang.plugin.chain_stop import recording_loop
+
+    monkeypatch.setattr(hooks, "capturing", lambda *a: True)  # SGLang captures the loop's graph, recording
+    monkeypatch.setattr(hooks, "chain_graph_enabled", lambda: True)
+    seen = []
+    worker = SimpleNamespace(topk=1, speculative_num_steps=3)
+    hooks._draft_loop(lambda *a, **k: seen.append((a, k, recording_loop().steps)), worker, "fb", 1, flag=2)
+    assert seen == [((worker, "fb", 1), {"flag": 2}, 3)]
+
+
+def test_sglangs_selection_is_stashed_only_in_a_treespec_draft_or_a_capture(monkeypatch):
+    stashed = []
+    monkeypatch.setattr(hooks, "stash_pool", lambda *a: stashed.append(a))
+    monkeypatch.setattr(hooks, "capturing", lambda t=None: t == "captured scores")
+    sglang = Original(out=("parents", "top", "tokens"))
+    assert hooks._organize(sglang, ["scores", "s1"], "tokens", "parents", 8, 1, flag=2) == sglang.out
+    assert sglang.calls[0][:2] == ((["scores", "s1"], "tokens", "parents", 8, 1), {"flag": 2}) and stashed == []
+    hooks._organize(sglang, ["captured scores", "s1"], "tokens", "parents", 8)
+    assert stashed == [(["captured scores", "s1"], "tokens", "parents", "top")]
+
+
+def test_a_native_verify_input_is_sglangs_and_a_policy_step_replaces_its_selection(monkeypatch):
+    from treespec_sglang.plugin.round import DraftStep, opened as open_round
+
+    sglang = Original(out=SimpleNamespace(retrieve_next_token=None))
+    assert hooks._build_verify_input(sglang, "batch", flag=2) is sglang.out
+    assert sglang.calls[0][:2] == (("batch",), {"flag": 2})
+    picked = []
+    monkeypatch.setattr(hooks, "select_after_draft", lambda *a: picked.append(a) or ("TOP", "TOKENS", "PARENTS"))
+    names = hooks.SIGNATURES[hooks._BUILD]
+    args = [f"<{n}>" for n in names]
+    with open_round([]) as r:
+        r.step, r.drafting = DraftStep([None], 4, runner=SimpleNamespace(bs=8)), True
+        hooks._build_verify_input(sglang, *args[:3], **dict(zip(names[3:], args[3:])))
+    got = sglang.calls[1][1]
+    assert sglang.calls[1][0] == () and got == {**dict(zip(names, args)), "top_scores_index": "TOP",
+                                                "draft_tokens": "TOKENS", "parent_list": "PARENTS"}
+    assert picked == [(r.step, 8, "<top_scores_index>", "<draft_tokens>", "<num_draft_tokens>", "<num_steps>",
+                       "<parent_list>")]
+
+
+def verify_batch_mode(target_verify: bool):
+    return SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: target_verify))
+
+
+def test_a_target_forward_outside_a_treespec_round_is_sglangs():
+    sglang = Original()
+    fb = verify_batch_mode(True)
+    assert hooks._runner_forward(sglang, "runner", fb, 1, flag=2) == "out"  # no round open
+    assert sglang.calls[0][:2] == (("runner", fb, 1), {"flag": 2})
+
+
+def test_a_treespec_verify_forward_runs_ragged_and_records_its_tokens(monkeypatch):
+    import torch
+
+    from treespec_sglang.plugin.round import DraftStep, opened as open_round
+
+    ran, recorded = [], []
+    monkeypatch.setattr(hooks, "ragged_verify_forward", lambda *a, **k: ran.append((a, k)) or ("out", [3, 4]))
+    monkeypatch.setattr(hooks, "record_rounds", lambda *a: recorded.append(a))
+    reqs = [SimpleNamespace(_treespec_drafted="talon"), SimpleNamespace(_treespec_drafted=None)]
+    fb = verify_batch_mode(True)
+    with open_round(reqs) as r:
+        r.step = DraftStep([None, None], 4)
+        r.step.keep = torch.ones(2, 4, dtype=torch.bool)
+        assert hooks._runner_forward("sglang", "runner", fb, 1, flag=2) == "out"
+    assert ran == [(("sglang", "runner", fb, r.step.keep, 1), {"flag": 2})]
+    assert recorded == [(reqs, ["talon", None], "treespec_verify_tokens", [3, 4])]
+
+
+def test_a_recording_chain_loop_records_every_step_but_the_last(monkeypatch):
+    import torch
+
+    recorded = []
+    loop = SimpleNamespace(i=0, steps=3)
+    monkeypatch.setattr(hooks, "recording_loop", lambda: loop)
+    monkeypatch.setattr(hooks, "record_step", lambda logits, i, steps: recorded.append((logits, i, steps)))
+    logits = torch.zeros(1, 5)
+    out = SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits))
+    for _ in range(4):
+        hooks._runner_forward(lambda *a, **k: out, "runner", verify_batch_mode(False))
+    assert recorded == [(logits, 0, 3), (logits, 1, 3)] and loop.i == 2
+    loop.i = 0
+    hooks._runner_forward(lambda *a, **k: SimpleNamespace(), "runner", None)  # an output without logits
+    assert loop.i == 0 and len(recorded) == 2
+
+
+def test_accepts_without_sglangs_host_counts_record_nothing():
+    assert hooks._record_accepts("result", None, SimpleNamespace(), None) == "result"
+
+
+def test_only_a_retracted_unfinished_request_has_its_round_cut(monkeypatch):
+    cut, recorded = [], []
+    monkeypatch.setattr(hooks, "uncommitted", cut.append)
+    monkeypatch.setattr(hooks, "record_rounds", lambda *a: recorded.append(a))
+
+    def req(retracted, finished):
+        return SimpleNamespace(_treespec_drafted="talon", is_retracted=retracted,
+                               finished_reason="stop" if finished else None, finished=lambda: finished)
+    reqs = [req(False, True), req(False, False), req(True, False), req(True, True)]
+    hooks._record_accepts("result", None, SimpleNamespace(num_correct_drafts_per_req_cpu=[1, 2, 3, 4]),
+                          SimpleNamespace(reqs=reqs))
+    assert cut == [reqs[2]]
+    assert recorded == [(reqs, [None, "talon", None, None], "treespec_accept_lengths", [1, 2, 3, 4])]
