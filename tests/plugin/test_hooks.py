@@ -261,3 +261,26 @@ def test_only_a_retracted_unfinished_request_has_its_round_cut(monkeypatch):
                           SimpleNamespace(reqs=reqs))
     assert cut == [reqs[2]]
     assert recorded == [(reqs, [None, "talon", None, None], "treespec_accept_lengths", [1, 2, 3, 4])]
+
+
+@pytest.mark.parametrize("reads_steps, runner, group, rows", [(True, SimpleNamespace(bs=8), "the group", 8),
+                                                              (False, None, None, None)])
+def test_a_chain_verify_input_is_cut_per_row_then_unlinked(monkeypatch, reads_steps, runner, group, rows):
+    """A cut read off the draft's steps takes rank 0's (the verify group); one from the rows' lengths needs none;
+    a replay cuts its padded batch."""
+    import torch
+
+    from treespec_sglang.plugin.round import DraftStep, opened as open_round
+
+    cut, unlinked = [], []
+    keep = torch.ones(2, 5, dtype=torch.bool)
+    monkeypatch.setattr(hooks, "verify_group", lambda: "the group")
+    monkeypatch.setattr(hooks, "chain_keep", lambda *a: cut.append(a) or (keep,))
+    monkeypatch.setattr(hooks, "unlink", lambda *a: unlinked.append(a))
+    result = SimpleNamespace(retrieve_next_token=torch.zeros(2, 5), retrieve_next_sibling="siblings")
+    chain = SimpleNamespace(reads_steps=reads_steps)
+    with open_round([]) as r:
+        r.step, r.drafting = DraftStep([None, None], 1, chain=chain, runner=runner), True
+        assert hooks._verify_input(result) is result
+    assert cut == [(chain, rows, 5, group)] and r.step.keep is keep
+    assert unlinked == [(result.retrieve_next_token, "siblings", keep)]

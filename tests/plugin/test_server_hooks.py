@@ -263,3 +263,106 @@ def test_the_cpu_verify_samples_with_the_plugins_ops_where_sglang_has_none(eagle
     assert eagle_utils.top_k_renorm_prob is sampling.top_k_renorm_prob and eagle_utils.top_p_renorm_prob == "sglang's own"
     for kwargs in ({"is_cpu": False}, {"is_cpu": True, "use_rejection_sampling": True}):
         assert server_hooks._verify_uses_greedy(verify, "a", **kwargs) == (("a",), kwargs)  # as SGLang has it
+
+
+# ---------------------------------------------------------------------------- the --treespec-* flags
+def treespec_parser():
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="launch_server", add_help=False,
+                                     formatter_class=lambda prog: argparse.HelpFormatter(prog, width=116))
+    assert server_hooks._add_cli_args("out", parser) == "out"
+    return parser
+
+
+def test_the_flags_parse_to_their_types_and_repeat_where_they_may(tmp_path):
+    parser = treespec_parser()
+    assert vars(parser.parse_args([])) == dict(treespec_policy=None, treespec_config=None, treespec_token_cap=None,
+                                               treespec_classifier=None)
+    args = parser.parse_args(["--treespec-policy", "talon", "--treespec-config", '{"budget": 8}',
+                              "--treespec-token-cap", "16", "--treespec-classifier", "a=/x",
+                              "--treespec-classifier", "b=/y"])
+    assert (args.treespec_policy, args.treespec_config, args.treespec_token_cap) == ("talon", '{"budget": 8}', 16)
+    assert args.treespec_classifier == ["a=/x", "b=/y"]
+
+
+def test_the_flags_help_is_what_the_docs_show():
+    """docs/plugin.md shows the ``treespec`` group of ``--help`` (wrapped at 116 columns) as a ``text`` block."""
+    import os
+    import re
+
+    text = treespec_parser().format_help()
+    docs = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "plugin.md")).read()
+    (block,) = re.findall(r"```text\n(treespec:\n.*?)\n```", docs, flags=re.S)
+    assert text[text.index("treespec:"):].rstrip() == block
+
+
+def test_the_flags_help_names_every_tree_policy_and_a_valid_example():
+    import json
+
+    from treespec_sglang.policies.registry import REGISTRY
+    from treespec_sglang.plugin.request import parse_spec, request_shares, validate_custom_params
+
+    helps = {a.dest: a.help for a in treespec_parser()._actions}
+    listed = helps["treespec_policy"].split("(")[1].split(")")[0].split(", ")
+    assert sorted(listed) == sorted(n for n in REGISTRY if n != "none")  # the built-in tree policies
+    example = json.loads(helps["treespec_config"].split("e.g. '")[1].rstrip("'"))
+    parse_spec({"policy": "talon", **example})  # the example is a valid talon config
+    opt_out = json.loads(helps["treespec_token_cap"].split("opts out with ")[1].split(" in ")[0])
+    sp = SimpleNamespace(custom_params={"treespec": {"policy": "talon", **opt_out}})
+    validate_custom_params(sp.custom_params)
+    assert request_shares(sp) is False  # the opt-out the help shows is one
+
+
+@pytest.fixture
+def configured(monkeypatch):
+    """What ``configure`` was called with from the flags: ``[(policy, config, token_cap, classifiers)]``."""
+    from treespec_sglang.plugin.config import ServerDefaults
+
+    calls = []
+    monkeypatch.setattr(server_hooks, "configure", lambda *a: calls.append(a) or ServerDefaults())
+    return calls
+
+
+def flags(**given):
+    names = ("policy", "config", "token_cap", "classifier")
+    return SimpleNamespace(**{f"treespec_{n}": given.get(n) for n in names},
+                           **{k: v for k, v in given.items() if k not in names})
+
+
+def test_no_flag_configures_nothing_even_without_the_flags_attributes(configured):
+    for args in (flags(), SimpleNamespace()):  # a parser that never added them
+        assert server_hooks._from_cli_args("server args", None, args) == "server args"
+    assert configured == []
+
+
+def test_a_classifier_flag_alone_configures_the_classifiers(configured, tmp_path):
+    path = tmp_path / "c2t.pt"
+    path.write_bytes(b"")
+    server_hooks._from_cli_args(None, None, flags(classifier=[f"mine={path}"]))
+    assert configured == [(None, {}, None, {"mine": str(path)})]
+
+
+@pytest.mark.parametrize("config, env, source", [("{bad", None, "--treespec-config"),
+                                                 (None, "{bad", "TREESPEC_CONFIG")])
+def test_a_bad_config_names_where_it_came_from(configured, monkeypatch, config, env, source):
+    if env is not None:
+        monkeypatch.setenv("TREESPEC_CONFIG", env)
+    with pytest.raises(ValueError, match=rf"^{source} must be a JSON object: "):
+        server_hooks._from_cli_args(None, None, flags(policy="talon", config=config))
+
+
+RELAXED = ("treespec: --speculative-accept-threshold-single/acc != 1 relaxes verification; sampling is then not "
+           "lossless (greedy is unaffected)")
+
+
+@pytest.mark.parametrize("thresholds, warned", [
+    ({}, False), ({"speculative_accept_threshold_single": None, "speculative_accept_threshold_acc": None}, False),
+    ({"speculative_accept_threshold_single": 1.0, "speculative_accept_threshold_acc": 1.0}, False),
+    ({"speculative_accept_threshold_acc": 0.9}, True), ({"speculative_accept_threshold_single": 2.0}, True)])
+def test_relaxed_accept_thresholds_are_warned_about_in_so_many_words(configured, caplog, thresholds, warned):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="treespec_sglang.plugin"):
+        server_hooks._from_cli_args(None, None, flags(**thresholds))
+    assert [r.getMessage() for r in caplog.records] == ([RELAXED] if warned else [])
