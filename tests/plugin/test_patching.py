@@ -137,3 +137,9 @@ def test_no_sglang_package_found_is_none(monkeypatch, spec):
     found = None if spec is None else importlib.machinery.ModuleSpec("sglang", None)  # no search locations
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: found)
     assert patching._package_parent() is None
+
+
+def test_a_site_without_sglangs_dist_info_is_named(tmp_path):
+    (tmp_path / "sglang").mkdir()
+    with pytest.raises(PatchError, match=f"^no sglang-\\*\\.dist-info under {tmp_path}$"):
+        find_sglang(str(tmp_path))
