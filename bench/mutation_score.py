@@ -246,7 +246,8 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
         subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=work,
                        env=env)
     elif retest:
-        for d in ("tests", "bench"):  # the current tests, in the work dir and in mutmut's copy of it
+        for d in ("tests", "bench", "docs"):  # the current tests (and the docs they check), in the work dir and
+            # in mutmut's copy of it
             for dst in (os.path.join(work, d), os.path.join(work, "mutants", d)):
                 shutil.copytree(os.path.join(ROOT, d), dst, dirs_exist_ok=True,
                                 ignore=shutil.ignore_patterns("__pycache__", "measured", "data"))

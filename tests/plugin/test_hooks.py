@@ -122,15 +122,17 @@ def native_req():
 
 
 class Original:
-    """SGLang's wrapped method: records each call's arguments and the round open during it."""
+    """SGLang's wrapped method: records each call's arguments and the round open during it (``calls``), and the
+    draft step drafting then (``steps``)."""
 
     def __init__(self, out="out"):
-        self.calls, self.out = [], out
+        self.calls, self.steps, self.out = [], [], out
 
     def __call__(self, *args, **kwargs):
-        from treespec_sglang.plugin.round import current
+        from treespec_sglang.plugin.round import current, drafting_step
 
         self.calls.append((args, kwargs, current()))
+        self.steps.append(drafting_step())
         return self.out
 
 
@@ -284,3 +286,83 @@ def test_a_chain_verify_input_is_cut_per_row_then_unlinked(monkeypatch, reads_st
         assert hooks._verify_input(result) is result
     assert cut == [(chain, rows, 5, group)] and r.step.keep is keep
     assert unlinked == [(result.retrieve_next_token, "siblings", keep)]
+
+
+def test_a_round_of_a_batch_without_requests_has_none():
+    sglang = Original()
+    hooks._eagle_round(sglang, "worker", SimpleNamespace())
+    assert sglang.calls[0][2].reqs is None
+
+
+# ---------------------------------------------------------------------------- the draft hook's three ways
+class Columns:
+    """A batch's policy columns as the draft hook reads them (:func:`.columns.batch_columns`)."""
+
+    def __init__(self, chain_active=False, params=("talon params",)):
+        self.any_policy, self.reqs, self.shares = True, ("req",), (True,)
+        self.params, self.defaults = ("row params",), SimpleNamespace(token_cap=12)
+        self.chain_active, self.tree_params, self.asked = chain_active, params, []
+
+    def chain_stopper(self, steps, device):
+        self.asked.append(("chain", steps, device))
+        return SimpleNamespace(active=self.chain_active)
+
+    def selection(self, n, steps):
+        self.asked.append(("selection", n, steps))
+        return self.tree_params, "tokens"
+
+    def drafted(self):
+        return ("talon",)
+
+
+@pytest.fixture
+def draft_round(monkeypatch):
+    """The draft hook with these columns, its pending sizes, stats and series recorded: ``(columns, seen)``."""
+    from treespec_sglang.plugin.config import ServerDefaults
+
+    cols, seen = Columns(), {"pushed": [], "recorded": [], "series": []}
+    monkeypatch.setattr(hooks, "batch_columns", lambda reqs, defaults: cols)
+    monkeypatch.setattr(hooks, "server_defaults", ServerDefaults)
+    monkeypatch.setattr(hooks, "_PENDING", SimpleNamespace(flush=lambda: None,
+                                                           push=lambda *a: seen["pushed"].append(a)))
+    monkeypatch.setattr(hooks, "record_rounds", lambda *a: seen["recorded"].append(a))
+    monkeypatch.setattr(hooks, "scheduler_series",
+                        lambda: SimpleNamespace(verify_forward=lambda ragged: seen["series"].append(ragged)))
+    return cols, seen
+
+
+def test_a_chain_draft_without_a_stop_is_sglangs(draft_round):
+    cols, _ = draft_round
+    sglang, worker = Original(), SimpleNamespace(topk=1, speculative_num_steps=4)
+    with opened(["req"]) as r:
+        assert hooks._draft(sglang, worker, "batch", 1, flag=2) == "out"
+    assert sglang.calls[0][:2] == ((worker, "batch", 1), {"flag": 2}) and sglang.steps == [None]
+    assert cols.asked == [("chain", 4, "cpu")] and r.reqs is cols.reqs  # no device attribute: the CPU's
+
+
+def test_a_tree_draft_of_sglangs_own_trees_records_the_policies_stats_as_padded(draft_round):
+    cols, seen = draft_round
+    cols.tree_params = None
+    sglang, worker = Original(), SimpleNamespace(topk=4, speculative_num_steps=3, speculative_num_draft_tokens=8)
+    with opened(["req"]):
+        hooks._draft(sglang, worker, "batch", 1, flag=2)
+    assert sglang.calls[0][:2] == ((worker, "batch", 1), {"flag": 2}) and sglang.steps == [None]
+    assert cols.asked == [("selection", 8, 3)] and seen["pushed"] == [(("req",), ("talon",), "tokens")]
+    assert seen["recorded"] == [(("req",), ("talon",), "treespec_verify_tokens", "tokens")]
+    assert seen["series"] == [False]
+
+
+@pytest.mark.parametrize("topk, chain_active", [(4, False), (1, True)])
+def test_a_policy_draft_runs_sglangs_inside_its_step(draft_round, topk, chain_active):
+    cols, seen = draft_round
+    cols.chain_active = chain_active
+    sglang = Original()
+    worker = SimpleNamespace(topk=topk, speculative_num_steps=3, speculative_num_draft_tokens=8, device="cuda:1")
+    with opened(["req"]) as r:
+        hooks._draft(sglang, worker, "batch", 1, flag=2)
+    (step,) = sglang.steps
+    assert sglang.calls[0][:2] == ((worker, "batch", 1), {"flag": 2})
+    assert (step.params, step.topk, step.shares, step.token_cap) == (
+        ("talon params",) if topk > 1 else cols.params, topk, (True,), 12)
+    assert (step.chain is not None) == (topk == 1) and r.drafting is False and r.step is step
+    assert cols.asked[0][-1] == ("cuda:1" if topk == 1 else 3) and seen["pushed"] == []  # nothing selected yet

@@ -143,3 +143,77 @@ def test_a_site_without_sglangs_dist_info_is_named(tmp_path):
     (tmp_path / "sglang").mkdir()
     with pytest.raises(PatchError, match=f"^no sglang-\\*\\.dist-info under {tmp_path}$"):
         find_sglang(str(tmp_path))
+
+
+GIT_DIFF = """From: someone
+Subject: two files
+
+diff --git a/pkg/one.py b/pkg/one.py
+index 1111111..2222222 100644
+--- a/pkg/one.py
++++ b/pkg/one.py
+@@ -1,2 +1,2 @@
+ keep
+-old
++new
+@@ -9 +9,2 @@ def f():
+ nine
++ten
+diff --git a/pkg/two.py b/pkg/two.py
+--- a/pkg/two.py\t2026-01-01
++++ b/pkg/two.py\t2026-01-02
+@@ -4 +4 @@
+-last
+\\ No newline at end of file
++last!
+\\ No newline at end of file
+"""
+
+
+def test_a_git_patch_parses_into_its_files_and_hunks_line_by_line():
+    """git's extra lines between files are skipped; a hunk's ``\\ No newline`` markers are read past; every hunk
+    keeps its context, removed and added lines in order."""
+    from treespec_sglang.plugin.patching import Hunk
+
+    p = parse_patch("two.patch", GIT_DIFF)
+    assert p.name == "two.patch" and p.header == "From: someone\nSubject: two files\n\ndiff --git a/pkg/one.py b/pkg/one.py\nindex 1111111..2222222 100644"
+    assert [f.path for f in p.files] == ["pkg/one.py", "pkg/two.py"]
+    assert p.files[0].hunks == [Hunk(1, ["keep", "old"], ["keep", "new"]), Hunk(9, ["nine"], ["nine", "ten"])]
+    assert p.files[1].hunks == [Hunk(4, ["last"], ["last!"])]
+
+
+def test_a_patch_without_file_diffs_or_a_target_is_refused():
+    with pytest.raises(PatchError, match="^x.patch: no file diffs found$"):
+        parse_patch("x.patch", "just a note\n")
+    with pytest.raises(PatchError, match=r"^x.patch: '\+\+\+' expected after '---' at line 2$"):
+        parse_patch("x.patch", "note\n--- a/f\nnot a target\n")
+
+
+def test_sglang_not_installed_says_how_to_install_it(monkeypatch):
+    from importlib import metadata
+
+    from treespec_sglang.plugin import patching
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(metadata, "distribution", missing)
+    with pytest.raises(PatchError, match=r"^sglang is not installed: pip install 'treespec-sglang\[sglang\]' "
+                                         r"\(sglang==0\.5\.23\)$"):
+        patching.find_sglang()
+
+
+def test_an_installed_sglang_is_found_in_its_own_site(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    from treespec_sglang.plugin import patching
+
+    (tmp_path / "sglang").mkdir()
+
+    class Dist:
+        version = "0.5.23"
+
+        def locate_file(self, rel):
+            return tmp_path / rel if rel == "" else tmp_path / "elsewhere"
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist() if name == "sglang" else None)
+    monkeypatch.setattr(patching, "_package_parent", lambda: "not this one")
+    assert patching.find_sglang() == (str(tmp_path), "0.5.23")

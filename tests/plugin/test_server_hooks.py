@@ -366,3 +366,17 @@ def test_relaxed_accept_thresholds_are_warned_about_in_so_many_words(configured,
     with caplog.at_level(logging.WARNING, logger="treespec_sglang.plugin"):
         server_hooks._from_cli_args(None, None, flags(**thresholds))
     assert [r.getMessage() for r in caplog.records] == ([RELAXED] if warned else [])
+
+
+def test_a_bad_request_is_counted_as_refused_and_fails_with_its_message(refused):
+    bad = SimpleNamespace(custom_params={"treespec": {"policy": "talon", "budget": 0}})
+    with pytest.raises(ValueError, match=r"talon.budget must be in \[1, 1024\], got 0") as e:
+        server_hooks._verify_sampling_params(None, bad, 1000)
+    assert refused == [str(e.value)]
+    assert server_hooks._verify_sampling_params("ok", SimpleNamespace(), 1000) == "ok" and len(refused) == 1
+
+
+def test_a_request_whose_sampling_params_carry_no_custom_params_is_native(default):
+    req = Req()
+    del req.sampling_params.custom_params
+    assert server_hooks._create_generation_req(req, CHAIN_SERVER) is req and req.aborted is None
