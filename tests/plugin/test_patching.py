@@ -217,3 +217,103 @@ def test_an_installed_sglang_is_found_in_its_own_site(tmp_path, monkeypatch):
     monkeypatch.setattr(metadata, "distribution", lambda name: Dist() if name == "sglang" else None)
     monkeypatch.setattr(patching, "_package_parent", lambda: "not this one")
     assert patching.find_sglang() == (str(tmp_path), "0.5.23")
+
+
+# ---------------------------------------------------------------------------- the patch tool on synthetic files
+def hunk(start, old, new):
+    from treespec_sglang.plugin.patching import Hunk
+
+    return Hunk(start, list(old), list(new))
+
+
+@pytest.mark.parametrize("lines, start, want", [
+    (["x", "a", "b"], 2, ["x", "A", "b"]),  # at the hunk's own line
+    (["a", "b", "x"], 2, ["A", "b", "x"]),  # the file's first line (one line early)
+    (["x", "x", "a", "b"], 2, ["x", "x", "A", "b"]),  # the file's last lines (one line late)
+    (["a", "b", "x", "a", "b"], 2, ["A", "b", "x", "a", "b"]),  # one early and two late: the nearer
+    (["a", "b", "x", "a", "b"], 3, ["a", "b", "x", "A", "b"]),  # two early and one late: the nearer
+    (["x", "x", "a", "b", "a", "b"], 4, ["x", "x", "A", "b", "a", "b"]),  # one early and one late: the earlier
+])
+def test_a_hunk_applies_at_the_nearest_offset(lines, start, want):
+    assert apply_hunks("\n".join(lines), [hunk(start, ["a", "b"], ["A", "b"])]).split("\n") == want
+
+
+def test_a_hunk_is_found_up_to_max_offset_lines_away():
+    text = "\n".join(["x"] * 50 + ["a"])
+    assert apply_hunks(text, [hunk(1, ["a"], ["A"])]).endswith("\nA")  # 50 lines late
+    with pytest.raises(PatchError, match="^hunk at line 1 does not match$"):
+        apply_hunks("x\n" + text, [hunk(1, ["a"], ["A"])])  # 51
+    with pytest.raises(PatchError):
+        apply_hunks("x\na", [hunk(1, ["a"], ["A"])], max_offset=0)
+
+
+def test_later_hunks_move_by_what_earlier_ones_added_and_where_they_were_found():
+    """Hunk 1 (written for line 1) sits one line late and adds two lines: hunk 2 (written for line 3) is then
+    exactly three lines late, which max_offset=1 only allows if that shift is carried."""
+    text = "\n".join(["x", "a", "y", "b", "z"])
+    hunks = [hunk(1, ["a"], ["a", "1", "2"]), hunk(3, ["b"], ["B"])]
+    got = apply_hunks(text, hunks, max_offset=1)
+    assert got.split("\n") == ["x", "a", "1", "2", "y", "B", "z"]
+    assert apply_hunks(got, hunks, reverse=True) == text
+
+
+PATCH_A = """why: A
+--- a/pkg/a.py
++++ b/pkg/a.py
+@@ -2 +2 @@
+-old a
++new a
+--- a/pkg/b.py
++++ b/pkg/b.py
+@@ -1 +1 @@
+-old b
++new b
+"""
+PATCH_B = """why: B
+--- a/pkg/c.py
++++ b/pkg/c.py
+@@ -2 +2 @@
+-old c
++new c
+"""
+
+
+@pytest.fixture
+def two_patches(tmp_path):
+    """A patch directory (two patches and a note) and a site holding their files unpatched."""
+    d = tmp_path / "patches"
+    d.mkdir()
+    (d / "0002-b.patch").write_text(PATCH_B)
+    (d / "0001-a.patch").write_text(PATCH_A)
+    (d / "README.md").write_text("not a patch")
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    for name, text in (("a.py", "x\nold a\n"), ("b.py", "old b\ny"), ("c.py", "x\nold c\n")):
+        (site / "pkg" / name).write_text(text)
+    return load_patches(str(d)), str(site)
+
+
+def test_patches_load_in_name_order_and_move_in_order_then_back_in_reverse(two_patches):
+    patches, site = two_patches
+    assert [p.name for p in patches] == ["0001-a.patch", "0002-b.patch"] and patches[1].header == "why: B"
+    assert apply_patches(patches, site) == [("0001-a.patch", "applied"), ("0002-b.patch", "applied")]
+    assert open(os.path.join(site, "pkg", "b.py")).read() == "new b\ny"
+    assert apply_patches(patches, site) == [("0001-a.patch", "already applied"), ("0002-b.patch", "already applied")]
+    assert revert_patches(patches, site) == [("0002-b.patch", "reverted"), ("0001-a.patch", "reverted")]
+    assert open(os.path.join(site, "pkg", "a.py")).read() == "x\nold a\n"
+    assert revert_patches(patches, site) == [("0002-b.patch", "not applied"), ("0001-a.patch", "not applied")]
+
+
+def test_a_patch_half_applied_or_edited_by_hand_is_a_conflict_and_never_written(two_patches):
+    patches, site = two_patches
+    a = os.path.join(site, "pkg", "a.py")
+    open(a, "w").write("x\nnew a\n")  # one of patch A's two files applied
+    assert patch_status(patches[0], site) == "conflict" and patch_status(patches[1], site) == "not applied"
+    with pytest.raises(PatchError, match=f"^0001-a.patch: does not apply to {site} \\(files changed by hand"):
+        apply_patches(patches, site)
+    assert open(os.path.join(site, "pkg", "b.py")).read() == "old b\ny"  # nothing written
+    open(a, "w").write("x\nedited\n")
+    apply_patches(patches[1:], site)
+    assert patch_status(patches[0], site) == "conflict"
+    with pytest.raises(PatchError, match=f"^0001-a.patch: cannot be reverted cleanly in {site}$"):
+        revert_patches(patches, site)
