@@ -250,10 +250,10 @@ def test_a_hunk_is_found_up_to_max_offset_lines_away():
 def test_later_hunks_move_by_what_earlier_ones_added_and_where_they_were_found():
     """Hunk 1 (written for line 1) sits one line late and adds two lines: hunk 2 (written for line 3) is then
     exactly three lines late, which max_offset=1 only allows if that shift is carried."""
-    text = "\n".join(["x", "a", "y", "b", "z"])
-    hunks = [hunk(1, ["a"], ["a", "1", "2"]), hunk(3, ["b"], ["B"])]
+    text = "\n".join(["x", "a", "y", "b", "z", "c"])
+    hunks = [hunk(1, ["a"], ["a", "1", "2"]), hunk(3, ["b"], ["B"]), hunk(5, ["c"], ["C"])]  # hunk 3: still 3 late
     got = apply_hunks(text, hunks, max_offset=1)
-    assert got.split("\n") == ["x", "a", "1", "2", "y", "B", "z"]
+    assert got.split("\n") == ["x", "a", "1", "2", "y", "B", "z", "C"]
     assert apply_hunks(got, hunks, reverse=True) == text
 
 
@@ -312,8 +312,17 @@ def test_a_patch_half_applied_or_edited_by_hand_is_a_conflict_and_never_written(
     with pytest.raises(PatchError, match=f"^0001-a.patch: does not apply to {site} \\(files changed by hand"):
         apply_patches(patches, site)
     assert open(os.path.join(site, "pkg", "b.py")).read() == "old b\ny"  # nothing written
+    open(os.path.join(site, "pkg", "c.py"), "w").write("x\nedited\n")
+    assert patch_status(patches[1], site) == "conflict"  # its one file matches neither way
+    open(os.path.join(site, "pkg", "c.py"), "w").write("x\nold c\n")
     open(a, "w").write("x\nedited\n")
     apply_patches(patches[1:], site)
     assert patch_status(patches[0], site) == "conflict"
     with pytest.raises(PatchError, match=f"^0001-a.patch: cannot be reverted cleanly in {site}$"):
         revert_patches(patches, site)
+
+
+def test_target_paths_keep_spaces_and_lose_only_a_b_prefix():
+    p = parse_patch("x", "--- a/my file.py\t2026-01-01\n+++ b/my file.py\t2026-01-02\n@@ -1 +1 @@\n-a\n+b\n"
+                         "--- pkg/plain.py\n+++ pkg/plain.py\n@@ -1 +1 @@\n-a\n+b\n")
+    assert [f.path for f in p.files] == ["my file.py", "pkg/plain.py"]
