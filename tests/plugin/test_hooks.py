@@ -1,6 +1,9 @@
-"""``plugin/hooks.py`` beyond a round's bodies (``test_sglang_rounds.py``, ``test_chain_stop.py``): the selection and
-chain-cut graphs captured after SGLang's draft graphs at start, the label a round gives the CUDA-graph counter, and
-the module docstring's table of hooks."""
+"""``plugin/hooks.py`` on stand-ins (with SGLang's objects: ``test_sglang_rounds.py``, ``test_chain_stop.py``): the
+selection and chain-cut graphs captured after SGLang's draft graphs at start, the label a round gives the CUDA-graph
+counter, the module docstring's table, ``register_hooks``, and each round hook handing SGLang its arguments unchanged
+and doing its part: the draft hook's three ways (SGLang's own chain, SGLang's own trees with the policies' stats, a
+policy step), the stash, the verify input (a policy's selection, a chain's cut), the target forward (ragged, the
+chain loop's step statistics) and the accepted tokens."""
 
 import logging
 from types import SimpleNamespace

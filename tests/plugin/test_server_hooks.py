@@ -1,8 +1,10 @@
 """The server-side hook bodies (``plugin/server_hooks.py``) as SGLang calls them, on stand-in objects: the metrics
 hooks enable the plugin's series with SGLang's labels only where SGLang collects metrics, ``/server_info`` gains its
 ``treespec`` section, a batch's malformed items are counted as refused and its cached per-item objects follow the
-marked copies, and DP attention's draft-graph vote. (With SGLang's own objects: ``test_sglang_real.py``,
-``test_ranks.py``.)"""
+marked copies, DP attention's draft-graph vote, the scheduler's abort of what a server cannot draft, the draft
+worker's start checks (each handed what it checks), SGLang's per-request info keys, the CPU's sampling verify, and
+the ``--treespec-*`` flags (their help kept equal to docs/plugin.md's). (With SGLang's own objects:
+``test_sglang_real.py``, ``test_ranks.py``.)"""
 
 from types import SimpleNamespace
 
