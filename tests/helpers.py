@@ -274,3 +274,13 @@ def planned(plan):
     with opened() as r:
         r.plan = plan
         yield r
+
+
+def cli_flags(**given):
+    """What SGLang's parser hands ``ServerArgs.from_cli_args`` for the ``--treespec-*`` flags: ``policy``, ``config``,
+    ``token_cap``, ``classifier`` (None unless given), plus any other attribute given (e.g. the accept thresholds)."""
+    from types import SimpleNamespace
+
+    names = ("policy", "config", "token_cap", "classifier")
+    return SimpleNamespace(**{f"treespec_{n}": given.get(n) for n in names},
+                           **{k: v for k, v in given.items() if k not in names})

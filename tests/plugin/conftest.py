@@ -73,3 +73,24 @@ def custom(fresh_registry):
     yield importlib.import_module("tests.e2e.custom_policy")
     sys.modules.pop("tests.e2e.custom_policy", None)
 
+
+
+@pytest.fixture
+def hook_registry(monkeypatch):
+    """A stand-in for SGLang's ``hook_registry`` module that ``register_hooks`` imports: yields the registrations in
+    order, ``(target, body, kind)``. The graph log's labels are put back after the test, and ``TREESPEC_GRAPH_LOG`` /
+    ``TREESPEC_PROFILE`` start unset."""
+    import sys
+    import types
+
+    from treespec_sglang.plugin import graph_log
+
+    got = []
+    fake = types.ModuleType("sglang.srt.plugins.hook_registry")
+    fake.HookType = types.SimpleNamespace(BEFORE="BEFORE", AFTER="AFTER", AROUND="AROUND")
+    fake.HookRegistry = types.SimpleNamespace(register=lambda target, body, kind: got.append((target, body, kind)))
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", fake)
+    monkeypatch.setattr(graph_log, "_LABEL", dict(graph_log._LABEL))
+    for var in ("TREESPEC_GRAPH_LOG", "TREESPEC_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    return got

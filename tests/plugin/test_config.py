@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from tests.helpers import cli_flags
 from treespec_sglang.plugin import config as C, settings
 from treespec_sglang.plugin.config import ServerDefaults, configure, import_policy_modules, server_defaults
 
@@ -85,13 +86,6 @@ def test_a_bad_switch_stops_the_server_at_start_on_one_rank_too(monkeypatch, var
         hooks._draft_head(lambda self: None, SimpleNamespace())
 
 
-def _flags(policy=None, config=None, token_cap=None, classifier=None):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(treespec_policy=policy, treespec_config=config, treespec_token_cap=token_cap,
-                           treespec_classifier=classifier)
-
-
 def test_a_flag_sets_its_own_setting_and_the_environment_keeps_the_others(monkeypatch):
     """``--treespec-policy`` beside ``TREESPEC_TOKEN_CAP`` (and the other way round): each flag replaces its own
     variable only; before, any flag cleared every variable it did not name."""
@@ -102,14 +96,14 @@ def test_a_flag_sets_its_own_setting_and_the_environment_keeps_the_others(monkey
     for var in (C.ENV_POLICY, C.ENV_CONFIG, C.ENV_TOKEN_CAP):  # configure exports: restored (unset) at teardown
         monkeypatch.setenv(var, "")
     monkeypatch.setenv(C.ENV_TOKEN_CAP, "8")
-    _from_cli_args(None, None, _flags(policy="talon"))
+    _from_cli_args(None, None, cli_flags(policy="talon"))
     assert (os.environ[C.ENV_POLICY], os.environ[C.ENV_TOKEN_CAP]) == ("talon", "8")
     monkeypatch.setenv(C.ENV_POLICY, "salf")
     monkeypatch.setenv(C.ENV_CONFIG, '{"th": 0.3}')
-    _from_cli_args(None, None, _flags(token_cap=16))
+    _from_cli_args(None, None, cli_flags(token_cap=16))
     d = C.server_defaults()
     assert (d.policy, d.config, d.token_cap) == ("salf", {"th": 0.3}, 16)
-    _from_cli_args(None, None, _flags(config='{"th": 0.5}'))  # the environment's policy, the flag's parameters
+    _from_cli_args(None, None, cli_flags(config='{"th": 0.5}'))  # the environment's policy, the flag's parameters
     assert C.server_defaults().config == {"th": 0.5} and C.server_defaults().policy == "salf"
 
 
@@ -129,7 +123,7 @@ def test_a_flag_or_variable_config_that_is_not_an_object_is_refused_by_name(monk
     for var in (C.ENV_POLICY, C.ENV_CONFIG, C.ENV_TOKEN_CAP):  # restored at teardown, should configure export
         monkeypatch.setenv(var, "")
     with pytest.raises(ValueError, match="--treespec-config must be a JSON object of the policy's parameters"):
-        _from_cli_args(None, None, _flags(policy="talon", config=raw))
+        _from_cli_args(None, None, cli_flags(policy="talon", config=raw))
     monkeypatch.setenv(C.ENV_POLICY, "talon")
     monkeypatch.setenv(C.ENV_CONFIG, raw)
     with pytest.raises(ValueError, match="TREESPEC_POLICY/TREESPEC_CONFIG/TREESPEC_TOKEN_CAP: must be a JSON object"):
@@ -159,12 +153,10 @@ def test_defaults_set_in_the_environment_are_checked_at_start_on_one_rank(monkey
 def test_relaxed_accept_thresholds_are_warned_about_without_treespec_flags_too(caplog):
     """Requests can carry policies on a server started without any ``--treespec-*`` flag."""
     import logging
-    from types import SimpleNamespace
 
     from treespec_sglang.plugin.server_hooks import _from_cli_args
 
-    args = SimpleNamespace(**_flags().__dict__, speculative_accept_threshold_single=0.5,
-                           speculative_accept_threshold_acc=1.0)
+    args = cli_flags(speculative_accept_threshold_single=0.5, speculative_accept_threshold_acc=1.0)
     with caplog.at_level(logging.WARNING, logger="treespec_sglang.plugin"):
         _from_cli_args(None, None, args)
     assert "relaxes verification" in caplog.text

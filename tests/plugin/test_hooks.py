@@ -9,9 +9,10 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from treespec_sglang.plugin import hooks
-from treespec_sglang.plugin.round import opened
+from treespec_sglang.plugin.round import DraftStep, current, drafting_step, opened
 
 
 @pytest.fixture
@@ -65,30 +66,10 @@ def test_the_docstring_table_has_one_row_per_hook_in_the_order_they_run():
     assert table in hooks.__doc__ and "{table}" not in hooks.__doc__
 
 
-@pytest.fixture
-def registry(monkeypatch):
-    """A stand-in for SGLang's ``HookRegistry`` module: the registrations in order, ``(target, body, kind)``; the
-    graph log's labels are put back after the test."""
-    import sys
-    import types
-
-    from treespec_sglang.plugin import graph_log
-
-    got = []
-    fake = types.ModuleType("sglang.srt.plugins.hook_registry")
-    fake.HookType = types.SimpleNamespace(BEFORE="BEFORE", AFTER="AFTER", AROUND="AROUND")
-    fake.HookRegistry = types.SimpleNamespace(register=lambda target, body, kind: got.append((target, body, kind)))
-    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", fake)
-    monkeypatch.setattr(graph_log, "_LABEL", dict(graph_log._LABEL))
-    for var in ("TREESPEC_GRAPH_LOG", "TREESPEC_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    return got
-
-
 @pytest.mark.parametrize("graph_log, profile, tail", [
     (False, False, ""), (True, False, " and CUDA-graph counting"), (False, True, ", each timed (TREESPEC_PROFILE)"),
     (True, True, " and CUDA-graph counting, each timed (TREESPEC_PROFILE)")])
-def test_register_hooks_registers_the_table_then_the_graph_counters_and_says_so(registry, monkeypatch, tmp_path,
+def test_register_hooks_registers_the_table_then_the_graph_counters_and_says_so(hook_registry, monkeypatch, tmp_path,
                                                                                 caplog, graph_log, profile, tail):
     from treespec_sglang.plugin import graph_log as G
 
@@ -102,7 +83,7 @@ def test_register_hooks_registers_the_table_then_the_graph_counters_and_says_so(
         hooks.register_hooks()
     table = [(h.target, ("timed", h.body) if profile else h.body, h.kind) for h in hooks.HOOKS_IN_ORDER]
     counters = [(t, body, "AFTER") for t, body in G.RUNNERS.items()] if graph_log else []
-    assert registry == table + counters
+    assert hook_registry == table + counters
     if profile:  # each body timed as its target and kind, labelled by the round's treespec test
         assert [a[1:] for a in timed] == [(h.target, h.kind, h.body, hooks._treespec_round)
                                           for h in hooks.HOOKS_IN_ORDER]
@@ -132,16 +113,12 @@ class Original:
         self.calls, self.steps, self.out = [], [], out
 
     def __call__(self, *args, **kwargs):
-        from treespec_sglang.plugin.round import current, drafting_step
-
         self.calls.append((args, kwargs, current()))
         self.steps.append(drafting_step())
         return self.out
 
 
 def test_a_round_opens_for_sglangs_round_on_its_requests_and_closes_after():
-    from treespec_sglang.plugin.round import current
-
     batch, sglang = SimpleNamespace(reqs=[native_req()]), Original()
     assert hooks._eagle_round(sglang, "worker", batch, 1, flag=2) == "out"
     ((args, kwargs, r),) = sglang.calls
@@ -184,8 +161,6 @@ def test_sglangs_selection_is_stashed_only_in_a_treespec_draft_or_a_capture(monk
 
 
 def test_a_native_verify_input_is_sglangs_and_a_policy_step_replaces_its_selection(monkeypatch):
-    from treespec_sglang.plugin.round import DraftStep, opened as open_round
-
     sglang = Original(out=SimpleNamespace(retrieve_next_token=None))
     assert hooks._build_verify_input(sglang, "batch", flag=2) is sglang.out
     assert sglang.calls[0][:2] == (("batch",), {"flag": 2})
@@ -193,7 +168,7 @@ def test_a_native_verify_input_is_sglangs_and_a_policy_step_replaces_its_selecti
     monkeypatch.setattr(hooks, "select_after_draft", lambda *a: picked.append(a) or ("TOP", "TOKENS", "PARENTS"))
     names = hooks.SIGNATURES[hooks._BUILD]
     args = [f"<{n}>" for n in names]
-    with open_round([]) as r:
+    with opened([]) as r:
         r.step, r.drafting = DraftStep([None], 4, runner=SimpleNamespace(bs=8)), True
         hooks._build_verify_input(sglang, *args[:3], **dict(zip(names[3:], args[3:])))
     got = sglang.calls[1][1]
@@ -215,16 +190,12 @@ def test_a_target_forward_outside_a_treespec_round_is_sglangs():
 
 
 def test_a_treespec_verify_forward_runs_ragged_and_records_its_tokens(monkeypatch):
-    import torch
-
-    from treespec_sglang.plugin.round import DraftStep, opened as open_round
-
     ran, recorded = [], []
     monkeypatch.setattr(hooks, "ragged_verify_forward", lambda *a, **k: ran.append((a, k)) or ("out", [3, 4]))
     monkeypatch.setattr(hooks, "record_rounds", lambda *a: recorded.append(a))
     reqs = [SimpleNamespace(_treespec_drafted="talon"), SimpleNamespace(_treespec_drafted=None)]
     fb = verify_batch_mode(True)
-    with open_round(reqs) as r:
+    with opened(reqs) as r:
         r.step = DraftStep([None, None], 4)
         r.step.keep = torch.ones(2, 4, dtype=torch.bool)
         assert hooks._runner_forward("sglang", "runner", fb, 1, flag=2) == "out"
@@ -233,8 +204,6 @@ def test_a_treespec_verify_forward_runs_ragged_and_records_its_tokens(monkeypatc
 
 
 def test_a_recording_chain_loop_records_every_step_but_the_last(monkeypatch):
-    import torch
-
     recorded = []
     loop = SimpleNamespace(i=0, steps=3)
     monkeypatch.setattr(hooks, "recording_loop", lambda: loop)
@@ -273,10 +242,6 @@ def test_only_a_retracted_unfinished_request_has_its_round_cut(monkeypatch):
 def test_a_chain_verify_input_is_cut_per_row_then_unlinked(monkeypatch, reads_steps, runner, group, rows):
     """A cut read off the draft's steps takes rank 0's (the verify group); one from the rows' lengths needs none;
     a replay cuts its padded batch."""
-    import torch
-
-    from treespec_sglang.plugin.round import DraftStep, opened as open_round
-
     cut, unlinked = [], []
     keep = torch.ones(2, 5, dtype=torch.bool)
     monkeypatch.setattr(hooks, "verify_group", lambda: "the group")
@@ -284,7 +249,7 @@ def test_a_chain_verify_input_is_cut_per_row_then_unlinked(monkeypatch, reads_st
     monkeypatch.setattr(hooks, "unlink", lambda *a: unlinked.append(a))
     result = SimpleNamespace(retrieve_next_token=torch.zeros(2, 5), retrieve_next_sibling="siblings")
     chain = SimpleNamespace(reads_steps=reads_steps)
-    with open_round([]) as r:
+    with opened([]) as r:
         r.step, r.drafting = DraftStep([None, None], 1, chain=chain, runner=runner), True
         assert hooks._verify_input(result) is result
     assert cut == [(chain, rows, 5, group)] and r.step.keep is keep

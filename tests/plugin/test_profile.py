@@ -153,22 +153,12 @@ def test_profile_from_env(monkeypatch, tmp_path, env, expect):
 
 
 @pytest.mark.parametrize("profiling", [False, True])
-def test_register_hooks_times_every_body_only_when_asked(monkeypatch, tmp_path, profiling):
-    import sys
-    import types
-
+def test_register_hooks_times_every_body_only_when_asked(hook_registry, monkeypatch, tmp_path, profiling):
     from treespec_sglang.plugin import hooks
 
-    got = []
-    fake = types.ModuleType("sglang.srt.plugins.hook_registry")
-    fake.HookType = types.SimpleNamespace(BEFORE="BEFORE", AFTER="AFTER", AROUND="AROUND")
-    fake.HookRegistry = types.SimpleNamespace(register=lambda target, body, kind: got.append((target, body, kind)))
-    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", fake)
-    monkeypatch.delenv("TREESPEC_GRAPH_LOG", raising=False)
+    got = hook_registry
     if profiling:
         monkeypatch.setenv(P.ENV_PROFILE, str(tmp_path))
-    else:
-        monkeypatch.delenv(P.ENV_PROFILE, raising=False)
     hooks.register_hooks()
     assert [(t, k) for t, _, k in got] == [(h.target, h.kind) for h in hooks.HOOKS_IN_ORDER]
     for (_, body, _), h in zip(got, hooks.HOOKS_IN_ORDER):

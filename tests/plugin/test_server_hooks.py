@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.helpers import cli_flags
 from treespec_sglang.plugin import server_hooks
 from treespec_sglang.plugin.request import ERROR_KEY
 
@@ -189,8 +190,8 @@ def start_checks(monkeypatch):
     """The draft worker's start-time checks, each recording what it was handed: ``[(name, args), ...]``."""
     calls = []
 
-    def record(name, result=None):
-        return lambda *a, **k: calls.append((name, a, k)) or result
+    def record(name):
+        return lambda *a, **k: calls.append((name, a, k))
     for name in ("check_ragged_parallelism", "check_ragged_model", "check_settings_agree", "check_selection"):
         monkeypatch.setattr(server_hooks, name, record(name))
     monkeypatch.setattr(server_hooks, "verify_group", lambda: "the verify group")
@@ -326,14 +327,8 @@ def configured(monkeypatch):
     return calls
 
 
-def flags(**given):
-    names = ("policy", "config", "token_cap", "classifier")
-    return SimpleNamespace(**{f"treespec_{n}": given.get(n) for n in names},
-                           **{k: v for k, v in given.items() if k not in names})
-
-
 def test_no_flag_configures_nothing_even_without_the_flags_attributes(configured):
-    for args in (flags(), SimpleNamespace()):  # a parser that never added them
+    for args in (cli_flags(), SimpleNamespace()):  # a parser that never added them
         assert server_hooks._from_cli_args("server args", None, args) == "server args"
     assert configured == []
 
@@ -341,7 +336,7 @@ def test_no_flag_configures_nothing_even_without_the_flags_attributes(configured
 def test_a_classifier_flag_alone_configures_the_classifiers(configured, tmp_path):
     path = tmp_path / "c2t.pt"
     path.write_bytes(b"")
-    server_hooks._from_cli_args(None, None, flags(classifier=[f"mine={path}"]))
+    server_hooks._from_cli_args(None, None, cli_flags(classifier=[f"mine={path}"]))
     assert configured == [(None, {}, None, {"mine": str(path)})]
 
 
@@ -351,7 +346,7 @@ def test_a_bad_config_names_where_it_came_from(configured, monkeypatch, config, 
     if env is not None:
         monkeypatch.setenv("TREESPEC_CONFIG", env)
     with pytest.raises(ValueError, match=rf"^{source} must be a JSON object: "):
-        server_hooks._from_cli_args(None, None, flags(policy="talon", config=config))
+        server_hooks._from_cli_args(None, None, cli_flags(policy="talon", config=config))
 
 
 RELAXED = ("treespec: --speculative-accept-threshold-single/acc != 1 relaxes verification; sampling is then not "
@@ -366,7 +361,7 @@ def test_relaxed_accept_thresholds_are_warned_about_in_so_many_words(configured,
     import logging
 
     with caplog.at_level(logging.WARNING, logger="treespec_sglang.plugin"):
-        server_hooks._from_cli_args(None, None, flags(**thresholds))
+        server_hooks._from_cli_args(None, None, cli_flags(**thresholds))
     assert [r.getMessage() for r in caplog.records] == ([RELAXED] if warned else [])
 
 
