@@ -50,8 +50,9 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                 "tests/plugin/test_ragged_flashinfer.py"]),
     # the multi-rank agreements (every per-round decision identical on every rank): gloo groups on the CPU
     "ranks": (["treespec_sglang/plugin/ranks.py"],
-              ["tests/plugin/test_ranks.py", "tests/plugin/test_draft_select.py", "tests/plugin/test_chain_graph.py",
-               "tests/plugin/test_ragged_tuner.py", "tests/plugin/test_ragged_tuner_options.py"]),
+              ["tests/plugin/test_ranks.py", "tests/plugin/test_ranks_hot_head.py", "tests/plugin/test_draft_select.py",
+               "tests/plugin/test_chain_graph.py", "tests/plugin/test_ragged_tuner.py",
+               "tests/plugin/test_ragged_tuner_options.py"]),
     # a batch's columns, parameter rows and stats (the host work of every round)
     "rounds": (["treespec_sglang/plugin/columns.py", "treespec_sglang/plugin/rows.py",
                 "treespec_sglang/plugin/stats.py", "treespec_sglang/plugin/round.py"],
@@ -114,7 +115,8 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
 # a test to the functions it calls in its own process only, so a function only such a rank calls would be left
 # with no test (or with only its single-process tests); after the first run every function of the group is mapped
 # to these tests too and the mutants that survived run again (:func:`spawned_tests`).
-SPAWNED = {"ranks": ["tests/plugin/test_ranks.py"], "selection": ["tests/plugin/test_chain_stop.py"]}
+SPAWNED = {"ranks": ["tests/plugin/test_ranks.py", "tests/plugin/test_ranks_hot_head.py"],
+           "selection": ["tests/plugin/test_chain_stop.py"]}
 # (``standins``' Triton-oracle test runs its code in a child too, but at ~1 min a mutant under mutmut: its survivors
 # were run against the oracle in one process instead, see docs/testing.md)
 # the tests' marker expression per group: SGLang's group helpers (``verify_group``) and a round's hooks on SGLang's
