@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ import time
 # the repository's root: bench.round_pairs, bench.random_target
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.profile_rows import delta, differences, pooled, summary  # noqa: E402
 from bench.random_target import RANDOM_PREFIX, random_prompt_ids, random_target  # noqa: E402,F401 (the CLI's)
 
 
@@ -56,42 +56,6 @@ def policy_sets(topk: int, steps: int, n: int) -> dict:
     sets["mix"] = [None] + list(one.values())  # request i takes mix[i % 6]
     sets["native_again"] = [None]  # native once more after the policies: the run-to-run spread beside the gaps
     return sets
-
-
-def differences(outputs: list, plain: list) -> list:
-    """``[(request, position, token, plain's token)]``: each request whose greedy output is not plain's, at its
-    first differing token (a length difference counts at the shorter one's end, with token -1 there)."""
-    out = []
-    for i, (a, b) in enumerate(zip(outputs, plain)):
-        if a == b:
-            continue
-        p = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        out.append((i, p, a[p] if p < len(a) else -1, b[p] if p < len(b) else -1))
-    return out
-
-
-def delta(after: dict, before: dict) -> dict:
-    """Per round kind, ``after - before`` of two :func:`read_profile` results."""
-    out = {}
-    for kind, tot in after.items():
-        b = before.get(kind, {"rounds": 0, "round_s": 0.0, "parts": {}, "ops": {}})
-        if tot["rounds"] == b["rounds"]:
-            continue
-        out[kind] = {"rounds": tot["rounds"] - b["rounds"], "round_s": tot["round_s"] - b["round_s"]}
-        for key in ("parts", "ops"):  # the entries that changed (an op count with no host read included)
-            out[kind][key] = {name: [v[0] - b[key].get(name, [0, 0])[0], v[1] - b[key].get(name, [0, 0])[1]]
-                              for name, v in tot[key].items() if list(v) != list(b[key].get(name, [0, 0]))}
-    return out
-
-
-def per_round(prof: dict) -> dict:
-    """ms per round: total, SGLang's, the plugin's, and every part; ops and host reads per round per hook."""
-    n = prof["rounds"]
-    parts = {name: 1e3 * s / n for name, (s, _) in prof["parts"].items()}
-    return {"rounds": n, "ms": 1e3 * prof["round_s"] / n,
-            "sglang_ms": sum(v for k, v in parts.items() if k.startswith("sglang:")),
-            "plugin_ms": sum(v for k, v in parts.items() if k.startswith("hook:")), "parts": parts,
-            "ops": {name: [o / n, r / n] for name, (o, r) in prof.get("ops", {}).items()}}
 
 
 def start(a, env: dict, speculative: bool = True):
@@ -145,49 +109,6 @@ def generated(generate, prompt_ids, sp, bs: int) -> tuple:
     for i in range(0, len(prompt_ids), bs):
         outs += generate(prompt_ids[i:i + bs], sp[i:i + bs])
     return time.time() - t, outs
-
-
-def summary(seconds: float, outs: list, n: int = 0) -> dict:
-    """:func:`serve`'s figures of ``outs`` (SGLang's outputs) served in ``seconds``."""
-    meta = [o["meta_info"] for o in outs]
-    rounds = sum(m.get("spec_verify_ct", 0) for m in meta)
-    verified = [v for m in meta for v in (m.get("treespec_verify_tokens") or [])]
-    return {"seconds": seconds, "tok_s": sum(m["completion_tokens"] for m in meta) / seconds,
-            "tau": 1 + sum(m.get("spec_num_correct_drafts", 0) for m in meta) / rounds if rounds else None,
-            "verified": sum(verified) / len(verified) if verified else None,
-            "padded": sum(v == n for v in verified) / len(verified) if verified and n else None,
-            "outputs": [list(o["output_ids"]) for o in outs]}
-
-
-def pooled(passes: list, n: int = 0) -> dict:
-    """One set's passes ``[(prompt indices, seconds, outputs, profile delta)]`` as one row: per round kind
-    :func:`per_round` over all its rounds, where ``ms`` is the median of the passes' own means when there are
-    several (``ms_passes``: each; a slow pass, such as one that compiled, moves a median least), and
-    :func:`summary` over every request, the outputs back in prompt order."""
-    order, outs, seconds, prof = [], [], 0.0, {}
-    for idx, sec, got, p in passes:
-        order, outs, seconds, prof = order + list(idx), outs + list(got), seconds + sec, added(prof, p)
-    row = {kind: per_round(p) for kind, p in prof.items()}
-    if len(passes) > 1:
-        for kind, r in row.items():
-            r["ms_passes"] = [per_round(p[kind])["ms"] for *_, p in passes if kind in p]
-            r["ms"] = statistics.median(r["ms_passes"])
-    row.update(summary(seconds, [o for _, o in sorted(zip(order, outs), key=lambda t: t[0])], n))
-    return row
-
-
-def added(a: dict, b: dict) -> dict:
-    """Two :func:`delta` results summed, per round kind."""
-    out = {kind: {"rounds": p["rounds"], "round_s": p["round_s"], "parts": dict(p["parts"]),
-                  "ops": dict(p.get("ops", {}))} for kind, p in a.items()}
-    for kind, p in b.items():
-        o = out.setdefault(kind, {"rounds": 0, "round_s": 0.0, "parts": {}, "ops": {}})
-        o["rounds"], o["round_s"] = o["rounds"] + p["rounds"], o["round_s"] + p["round_s"]
-        for key in ("parts", "ops"):
-            for name, v in p.get(key, {}).items():
-                w = o[key].get(name, [0, 0])
-                o[key][name] = [w[0] + v[0], w[1] + v[1]]
-    return out
 
 
 def warm(generate, prompt_ids, bs: int, specs=(None,)) -> None:

@@ -89,7 +89,8 @@ def run_paired(a, prompt_ids, label: str, env: dict) -> Dict[int, Dict[str, dict
     ABBA blocks per set of ``a.sets`` (comma list), :func:`share` j in block j."""
     import tempfile
 
-    from bench.plugin_round_profile import delta, generated, params_for, policy_sets, profile_env, start, warm
+    from bench.plugin_round_profile import generated, params_for, policy_sets, profile_env, start, warm
+    from bench.profile_rows import delta
     from treespec_sglang.plugin.profile import read_profile
 
     every = policy_sets(a.topk, a.steps, a.num_draft_tokens)

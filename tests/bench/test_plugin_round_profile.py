@@ -1,6 +1,7 @@
 """``bench/plugin_round_profile.py``'s comparison with plain greedy (the GPU benchmark's losslessness column)."""
 
-from bench.plugin_round_profile import differences, policy_sets
+from bench.plugin_round_profile import policy_sets
+from bench.profile_rows import differences
 
 
 def test_differences_name_each_request_at_its_first_differing_token():
@@ -92,7 +93,7 @@ def test_passes_pool_into_one_row_with_the_median_pass_and_outputs_in_prompt_ord
     """``--passes``: each set's passes (prompt shares 0, 2 and 1, 3) pooled: ms per round is the median of the passes'
     own means (a pass that compiled moves it least), SGLang's and the hooks' parts are means over every round,
     tok/s and tau over every request, and the outputs come back in prompt order for the comparison with plain."""
-    from bench.plugin_round_profile import pooled
+    from bench.profile_rows import pooled
 
     def prof(rounds, seconds, hook_s):
         return {"ts": {"rounds": rounds, "round_s": seconds, "parts": {"hook:_draft": [hook_s, rounds]},
