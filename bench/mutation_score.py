@@ -90,8 +90,9 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     # the fused kernels' host side (the Triton source, pool_kernels_triton.py, is loaded by path and not mutated:
     # mutmut's trampolines would replace what @triton.jit parses); their tests run the kernels in Triton's interpreter
     "kernels": (["treespec_sglang/plugin/pool_kernels.py", "treespec_sglang/plugin/unlink_kernel.py"],
-                ["tests/plugin/test_pool_kernels.py", "tests/plugin/test_unlink_kernel.py",
-                 "tests/plugin/test_kernel_compile.py"]),
+                ["tests/plugin/test_pool_kernels.py", "tests/plugin/test_pool_kernels_host.py",
+                 "tests/plugin/test_unlink_kernel.py", "tests/plugin/test_kernel_compile.py",
+                 "tests/plugin/test_select_graph.py"]),
     # where SGLang calls in: the hooks of a round, the server-side hooks (flags, requests, metrics, the draft
     # graph's vote) and the source patches where no hook reaches
     "serving": (["treespec_sglang/plugin/hooks.py", "treespec_sglang/plugin/server_hooks.py",

@@ -49,11 +49,10 @@ SPECS = [None, {"policy": "eagle2", "budget": 32}, {"policy": "talon", "budget":
 def sglang_pool(bs, k, S, device, seed=0):
     """A draft pool of SGLang's shape (the stash's tensors): scores [bs, P], tokens [bs, P], parent_list [bs, W]."""
     g = torch.Generator().manual_seed(seed)
-    P, W = k + (S - 1) * k * k, 1 + (S - 1) * k
+    P = k + (S - 1) * k * k
     scores = torch.rand(bs, P, generator=g).sort(-1, descending=True).values
-    parents = [-1] + list(range(k)) + [k + (i - 1) * k * k + j * k for i in range(1, S - 1) for j in range(k)]
     return (scores.to(device), torch.randint(0, 32000, (bs, P), generator=g).to(device),
-            torch.tensor([parents[:W]] * bs, device=device))
+            torch.tensor([pool.first_child_parents(k, S)] * bs, device=device))
 
 
 def pool_lists(scores, tokens, parents, k):
@@ -69,8 +68,9 @@ def measure(mode, bs, a, cached):
     k, S, N = a.topk, a.steps, a.N
     params = [None if s is None else parse_spec(s) for s in (SPECS[i % len(SPECS)] for i in range(bs))]
     scores, tokens, parents = sglang_pool(bs, k, S, a.device)
-    draft_select.stash_pool(*pool_lists(scores, tokens, parents, k))
     native = pool.select_on_pool(pool.PoolView.from_flat(scores, tokens, parents, k), N, [None] * bs)
+    # SGLang's own selection stashed beside the pool, as organize_draft_results' hook does (a graph reads it there)
+    draft_select.stash_pool(*pool_lists(scores, tokens, parents, k), native[1])
     rows = bs if mode == "graph" else None  # graph: the draft replayed (a stash of its shape); else eager
     env = {draft_select.ENV_SELECT: "triton" if mode == "triton" else mode}
     patches = [mock.patch.dict(os.environ, env)]

@@ -73,7 +73,7 @@ def ptxas(ptx: str) -> dict:
 def main(shapes):
     driver.set_active(NoDeviceDriver())
     from treespec_sglang.plugin import pool_kernels as pk, unlink_kernel
-    from treespec_sglang.plugin.pool import BatchPlan, PoolView
+    from treespec_sglang.plugin.pool import BatchPlan, PoolView, first_child_parents
     from treespec_sglang.plugin.rows import policy_rows
     from treespec_sglang.policies import parse_spec
 
@@ -86,9 +86,8 @@ def main(shapes):
 
     for k, S, N in shapes:
         bs, P = 2, k + (S - 1) * k * k
-        parents = [-1] + list(range(k)) + [k + (i - 1) * k * k + j * k for i in range(1, S - 1) for j in range(k)]
         pool = PoolView.from_flat(torch.rand(bs, P) + 0.1, torch.zeros(bs, P, dtype=torch.int64),
-                                  torch.tensor([parents] * bs), k)
+                                  torch.tensor([first_child_parents(k, S)] * bs), k)
         params = [parse_spec({"policy": "salf", "budget": N, "th": 0.1}), parse_spec({"policy": "c2t", "budget": N})]
         plan = BatchPlan.of(params, N, S)
         out = (torch.empty(bs, N - 1, dtype=torch.int64), torch.empty(bs, N - 1, dtype=torch.int64),

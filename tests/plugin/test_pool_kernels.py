@@ -224,7 +224,8 @@ def test_without_triton_the_module_imports_and_the_call_names_what_is_missing(mo
     src = importlib.import_module("treespec_sglang.plugin.pool_kernels_triton")
     assert src.IMPORT_ERROR is not None and callable(src.pool_select_kernel)
     pool = make_pool(2, 3, 1, seed=0)
-    with pytest.raises(RuntimeError, match="needs the 'triton' package"):
+    with pytest.raises(RuntimeError, match=r"needs the 'triton' package, which cannot be imported here "
+                                           r"\(ModuleNotFoundError: import of triton halted"):
         mod.select_on_pool_fused(pool, 6, [None])
 
 
@@ -252,63 +253,3 @@ def test_start_compiles_every_classifier_width_the_server_registered(tmp_path, m
     widths.clear()
     pool_kernels.warm_up("cpu", 2, 3, 6)
     assert sorted(widths) == [64, 128, 256]
-
-
-class RecordingKernels:
-    """:func:`kernels`' module with the selection kernel recording, instead of running, what picks its compiled
-    variant: each tensor argument's dtype, the constexprs and the warps (the runtime ints are not specialised on:
-    ``do_not_specialize``)."""
-
-    def __init__(self, real):
-        self.N_WORK, self.N_WORKF, self.variants = real.N_WORK, real.N_WORKF, []
-        variants = self.variants
-
-        class Kernel:
-            def __getitem__(self, grid):
-                def call(*args, **kw):
-                    variants.append((tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor)),
-                                     tuple(sorted(kw.items()))))
-                return call
-        self.pool_select_kernel = Kernel()
-
-
-@pytest.mark.parametrize("wide_default", [False, True], ids=["builtin-default", "wide-default"])
-@pytest.mark.parametrize("k,S,N", [(2, 3, 6), (4, 3, 8), (8, 4, 32)])
-def test_start_compiles_every_variant_a_round_at_the_servers_geometry_launches(k, S, N, wide_default, tmp_path,
-                                                                            monkeypatch):
-    """Every kernel variant a round at the server's (topk, steps, N) launches, eagerly or replayed in a selection
-    graph, for any mix of stages and registered classifiers, is one ``warm_up`` launched at server start: no
-    round compiles (a compile stalls every request of its batch). The registry holds a wide classifier beside the
-    built-in default, or as the default itself (then no registered classifier has the narrow width a batch
-    scoring nothing launches with)."""
-    import json
-
-    from treespec_sglang.plugin import classifiers, pool_kernels
-    from treespec_sglang.plugin.rows import _clf_id
-    from treespec_sglang.plugin.select_graph import SelectionGraph
-    from treespec_sglang.policies.classifier import C2TClassifier
-
-    C2TClassifier(hidden=100).save(str(tmp_path / "wide.pt"))
-    name = "default" if wide_default else "wide"
-    monkeypatch.setenv(classifiers.ENV_CLASSIFIERS, json.dumps({name: str(tmp_path / "wide.pt")}))
-    rec = RecordingKernels(kernels(True))
-    monkeypatch.setattr(pool_kernels, "kernels", lambda interpret: rec)
-    pool_kernels.warm_up("cpu", k, S, N)
-    warm = set(rec.variants)
-    rec.variants.clear()
-    clfs = classifiers.registered()
-    pool = make_pool(k, S, 2 * len(STAGES), seed=k)
-    rng = random.Random(N)
-    for named in ([], ["default"], [name], ["default", name]):
-        specs = [random_spec(STAGES[i % len(STAGES)], rng, k, S, N) for i in range(2 * len(STAGES))]
-        for i, spec in enumerate(specs):
-            if spec is not None and spec.get("beta") is not None:  # c2t, an early-stopping chain
-                if named:
-                    spec["classifier"] = clfs[named[i % len(named)]]
-                else:  # a batch that scores nothing
-                    specs[i] = {"policy": "eagle2", "budget": N}
-        params = [None if s is None else parse_spec(s) for s in specs]
-        select_on_pool_fused(pool, N, params, native_of(pool, N))
-    ids = sorted(_clf_id(c) for c in clfs.values())
-    SelectionGraph((pool.scores, pool.tokens, pool.parent_list), k, N, ids, capture=False)
-    assert rec.variants and set(rec.variants) <= warm, set(rec.variants) - warm

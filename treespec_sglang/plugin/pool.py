@@ -42,7 +42,8 @@ from .rows import (_C, _CLF_SPECS, COLUMNS, _row_values, _rule_row, by_id, class
                    policy_rows, request_row)
 
 __all__ = ["PoolView", "select_from_pool", "select_on_pool", "share_token_cap", "unlink_filler", "request_row",
-           "policy_rows", "kind_id", "COLUMNS", "BatchPlan", "classifier_ids", "per_batch", "keeps_native_tree"]
+           "policy_rows", "kind_id", "COLUMNS", "BatchPlan", "classifier_ids", "per_batch", "keeps_native_tree",
+           "first_child_parents"]
 
 _LEVEL_STAGES = ("talon", "c2t", "chain")  # pool_rules.level_policies_keep's rules
 
@@ -138,6 +139,14 @@ def _levels(k: int, P: int, dev) -> torch.Tensor:
 def _group_index(k: int, P: int, dev) -> torch.Tensor:
     """``[1, P]`` the parent-table column of each flat index, ``f // k``."""
     return static(("group", k, P), dev, lambda: (torch.arange(P) // k)[None, :])
+
+
+def first_child_parents(k: int, steps: int) -> list:
+    """A parent table of SGLang's layout (:attr:`PoolView.parent_list`, one row: ``1 + (steps - 1) k`` entries) for a
+    draft of ``steps`` steps at top-k ``k`` whose beam expanded, at every step after the first, each expanded node's
+    first child: a valid pool for any scores, where a pool of the server's shape is needed without a draft (the
+    kernel's warm-up at server start, benchmarks). k = 2, steps = 3: ``[-1, 0, 1, 2, 4]``."""
+    return [-1] + list(range(k)) + [k + (i - 1) * k * k + j * k for i in range(1, steps - 1) for j in range(k)]
 
 
 def keeps_native_tree(p: PolicyParams, N: int, S: int) -> bool:

@@ -46,7 +46,7 @@ from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY
 from ..utils.bounded import Bounded
 from ..utils.syncs import to_device
-from .pool import BatchPlan, PoolView, _Classifiers
+from .pool import BatchPlan, PoolView, _Classifiers, first_child_parents
 from .rows import _clf_id, policy_rows
 from .pool_rules import salf_pops, static
 
@@ -127,9 +127,8 @@ def warm_up(device, topk: int, steps: int, num_draft_tokens: int) -> None:
     k, S, N = topk, steps, num_draft_tokens
     P, g = k + (S - 1) * k * k, torch.Generator().manual_seed(0)
     scores = torch.rand(2, P, generator=g) * 0.5 + 0.25
-    parents = [-1] + list(range(k)) + [k + (i - 1) * k * k + j * k for i in range(1, S - 1) for j in range(k)]
     pool = PoolView.from_flat(scores.to(device), torch.zeros(2, P, dtype=torch.int64, device=device),
-                              torch.tensor([parents] * 2, device=device), k)
+                              torch.tensor([first_child_parents(k, S)] * 2, device=device), k)
     widths = set()
     for name, clf in sorted(registered().items()):  # ``default`` among them: what a request naming none takes
         hb = classifier_table([_clf_id(clf)], device)[2]
@@ -280,7 +279,8 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
     Raises
     ------
     RuntimeError
-        Without triton. ValueError: ``N - 1`` exceeds the pool, or a classifier is no C2TClassifier.
+        Without triton. ValueError: ``N - 1`` exceeds the pool, ``params`` or ``rows`` do not have one entry per
+        pool row, or a classifier is no C2TClassifier.
     """
     N = num_draft_token
     bs, P = pool.scores.shape
@@ -290,6 +290,9 @@ def select_on_pool_fused(pool: PoolView, num_draft_token: int, params: Sequence[
     mod = kernels(interpreted(dev))
     if rows is None:
         rows = policy_rows(params, dev)
+    if rows.shape[0] != bs or len(params) != bs:  # the kernel reads row b of each for the pool's row b
+        raise ValueError(f"select_on_pool_fused: {len(params)} params and {rows.shape[0]} rows for a pool of {bs} "
+                         f"rows (one of each per request row)")
     args = _launch_plan(params, N, S, P)
     plan, flags = args["plan"], args["flags"]
     custom = plan.custom_keep(pool, rows, N)  # as select_on_pool
