@@ -112,12 +112,15 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                   "tests/plugin/cpu/test_kernels.py", "tests/plugin/cpu/test_sampling.py",
                   "tests/plugin/cpu/test_attention.py"]),
 }
-# groups whose tests run the group's code in spawned processes (gloo ranks: ``tests.helpers.run_ranks``). mutmut maps
-# a test to the functions it calls in its own process only, so a function only such a rank calls would be left
-# with no test (or with only its single-process tests); after the first run every function of the group is mapped
-# to these tests too and the mutants that survived run again (:func:`spawned_tests`).
+# groups whose tests run the group's code in spawned processes (gloo ranks: ``tests.helpers.run_ranks``; a fresh
+# interpreter). mutmut maps a test to the functions it calls in its own process only, so a function only such a
+# process calls would be left with no test (or with only its single-process tests); after the first run (and after a
+# retest's rerun) every function of the group is mapped to these tests too and the survivors run again
+# (:func:`spawned_tests`; the child inherits the mutant's name from the environment).
 SPAWNED = {"ranks": ["tests/plugin/test_ranks.py", "tests/plugin/test_ranks_hot_head.py"],
-           "selection": ["tests/plugin/test_chain_stop.py"]}
+           "selection": ["tests/plugin/test_chain_stop.py"],
+           # a process that imported triton interpreted (the loader's other branch, and a warm-up there)
+           "kernels": ["tests/plugin/test_pool_kernels_host.py::test_a_process_that_imported_triton_interpreted"]}
 # (``standins``' Triton-oracle test runs its code in a child too, but at ~1 min a mutant under mutmut: its survivors
 # were run against the oracle in one process instead, see docs/testing.md)
 # the tests' marker expression per group: SGLang's group helpers (``verify_group``) and a round's hooks on SGLang's
@@ -259,7 +262,7 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
         if again:
             subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
                            cwd=work, env=env)
-    if not reuse and group in SPAWNED:
+    if (not reuse or retest) and group in SPAWNED:  # (a retest's new tests were mapped afresh: map these again)
         again = spawned_tests(work, SPAWNED[group], env)
         if again:
             subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+from tests.helpers import ROOT, checkout_env
 from tests.plugin.kernel_cases import STAGES, compiled_triton, make_pool, native_of, random_spec
 from treespec_sglang.plugin import pool_kernels
 from treespec_sglang.plugin.pool import COLUMNS, PoolView, first_child_parents, kind_id, select_on_pool
@@ -24,7 +25,6 @@ from treespec_sglang.policies.registry import REGISTRY
 triton = pytest.importorskip("triton")
 from treespec_sglang.plugin.pool_kernels import kernels, select_on_pool_fused  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the kernel's pointer arguments in order, with the dtype each takes (the launch's docstring, the kernel's)
 SIGNATURE = [("scores", "float32"), ("val", "float32"), ("parent", "int64"), ("tokens", "int64"), ("rows", "float32"),
              ("stages", "int32"), ("clf_ids", "float32"), ("clf_w", "float32"), ("native", "int64"), ("extra", "bool"),
@@ -40,7 +40,8 @@ def pow2_at_least(n):
 class RecordingKernels:
     """:func:`kernels`' module with the selection kernel recording each launch (its arguments) instead of running.
     ``variant(call)``: what picks a compiled variant, each argument's dtype (or type), the constexprs and the warps
-    (the runtime ints are ``do_not_specialize``)."""
+    (the runtime ints are ``do_not_specialize``); ``check(call, k, S, N)``: the launch against the kernel's
+    signature."""
 
     def __init__(self, real):
         self.N_WORK, self.N_WORKF, self.calls = real.N_WORK, real.N_WORKF, []
@@ -56,6 +57,33 @@ class RecordingKernels:
         _, args, kw = call
         return (tuple(str(a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args),
                 tuple(sorted(kw.items())))
+
+    def check(self, call, k, S, N):
+        """Each pointer argument a contiguous tensor of the dtype and shape the kernel indexes (an absent input a
+        one-element stand-in of that dtype, never None), the runtime ints Python ints, each block the smallest
+        power of two that holds its extent, the scratch as wide as the kernel indexes it, :func:`warps`' warps."""
+        (bs,), args, kw = call
+        P, F = k + (S - 1) * k * k, len(COLUMNS)
+        t = dict(zip([name for name, _ in SIGNATURE], args))
+        ints = args[len(SIGNATURE):]
+        assert [str(a.dtype) if isinstance(a, torch.Tensor) else None for a in args[:len(SIGNATURE)]] == [
+            f"torch.{d}" for _, d in SIGNATURE]
+        assert all(a.is_contiguous() for a in t.values()) and len(ints) == RUNTIME_INTS
+        assert all(type(i) is int for i in ints), ints
+        assert (kw["F"], kw["K"], kw["S"], kw["P"], kw["N"]) == (F, k, S, P, N)
+        blocks = dict(BLOCK_P=pow2_at_least(P), BLOCK_W=pow2_at_least(k * k), BLOCK_K=pow2_at_least(k),
+                      BLOCK_N=pow2_at_least(N))
+        assert {b: kw[b] for b in blocks} == blocks
+        assert kw["CHUNK"] == min(blocks["BLOCK_P"], 32) and type(kw["num_warps"]) is int
+        assert kw["num_warps"] == min(8, max(1, blocks["BLOCK_P"] // 32))
+        shapes = {"scores": (bs, P), "val": (bs, P), "parent": (bs, P), "tokens": (bs, P), "rows": (bs, F),
+                  "stages": (1 + len(REGISTRY),), "top": (bs, N - 1), "tokens_out": (bs, N - 1), "keep": (bs, N),
+                  "work": (bs, self.N_WORK * blocks["BLOCK_P"]), "workf": (bs, self.N_WORKF * blocks["BLOCK_P"])}
+        assert {name: tuple(t[name].shape) for name in shapes} == shapes
+        assert tuple(t["native"].shape) in ((bs, N - 1), (1,)) and tuple(t["extra"].shape) in ((bs, P), (1,))
+        assert tuple(t["conf"].shape) == (bs, P) if kw["WRITE_CONF"] else t["conf"] is t["workf"]
+        n_clf = t["clf_ids"].numel()
+        assert tuple(t["clf_w"].shape) == (n_clf, 6, kw["HB"]) or t["clf_w"].numel() == n_clf == 1
 
 
 @pytest.fixture
@@ -102,6 +130,23 @@ def test_on_a_triton_without_knobs_the_source_loads_per_mode_through_the_environ
     assert kernels(True) is mod
 
 
+def test_on_a_triton_with_knobs_the_load_overrides_a_mode_other_code_set_there(monkeypatch):
+    """A mode set in triton's knobs from Python (no longer read from the environment) decides nothing: each mode
+    loads its own source, and the knob is put back."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    monkeypatch.setattr(pool_kernels, "_KERNELS", {})
+    with triton.knobs.runtime.scope():
+        triton.knobs.runtime.interpret = False
+        assert isinstance(kernels(True).pool_select_kernel, InterpretedFunction)
+        assert triton.knobs.runtime.interpret is False
+        if compiled_triton():
+            triton.knobs.runtime.interpret = True
+            assert type(kernels(False).pool_select_kernel) is JITFunction
+            assert triton.knobs.runtime.interpret is True
+
+
 def test_a_triton_lacking_what_the_kernels_use_is_named(monkeypatch):
     import triton.language.standard as standard
 
@@ -121,7 +166,7 @@ def test_a_process_that_imported_triton_interpreted_runs_the_interpreter_and_ref
             "pk.warm_up('cpu', 2, 3, 6)\n"
             "try:\n    pk.kernels(False)\nexcept RuntimeError as e:\n    print('refused:', e)\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": ROOT})
+                         env=checkout_env())
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == (
         "refused: select_on_pool_fused: triton was imported with TRITON_INTERPRET=1, so this process cannot compile "
@@ -196,12 +241,15 @@ def _batches(k, S, N, clf):
     return out
 
 
-@pytest.mark.parametrize("k,S,N", [(2, 3, 6), (3, 4, 20), (4, 3, 8), (8, 4, 32)])
+# pools of 4 / 5 candidates (a power of two and one more: chain mode's topk 1), a single step, N - 1 a power of two
+LAUNCH_SHAPES = [(1, 4, 5), (1, 5, 6), (4, 1, 5), (2, 3, 9), (3, 4, 20), (4, 3, 8), (8, 4, 32)]
+
+
+@pytest.mark.parametrize("k,S,N", LAUNCH_SHAPES)
 def test_every_launch_hands_the_kernel_its_signature_and_blocks_that_fit_the_pool(k, S, N, recording):
-    """Per launch: each pointer argument a contiguous tensor of the dtype the kernel takes (an absent input a
-    stand-in of that dtype, never None), the runtime ints Python ints, each block the smallest power of two that
-    holds its extent, the scratch as wide as the kernel indexes it, the warps :func:`warps` gives; so every batch
-    of one shape and classifier width is one compiled variant."""
+    """Every launch of every kind of batch passes :meth:`RecordingKernels.check` (SGLang's selection given as int32
+    and the extra keep as uint8 too: the kernel takes int64 and bool), so every batch of one shape and classifier
+    width is one compiled variant."""
     clf = C2TClassifier(hidden=8)
     P = k + (S - 1) * k * k
     for specs, extras in _batches(k, S, N, clf):
@@ -210,28 +258,14 @@ def test_every_launch_hands_the_kernel_its_signature_and_blocks_that_fit_the_poo
         pool = make_pool(k, S, bs, seed=N)
         kw = {}
         if extras:
-            kw = dict(native=native_of(pool, N), extra_keep=torch.rand(bs, P) < 0.1,
+            nat = native_of(pool, N)
+            kw = dict(native=(nat[0], nat[1].int(), nat[2]), extra_keep=(torch.rand(bs, P) < 0.1).to(torch.uint8),
                       conf_out=torch.zeros(bs, P))
         select_on_pool_fused(pool, N, params, **kw)
     variants = {}
     for call in recording.calls:
-        grid, args, kw = call
-        tensors, ints = args[:len(SIGNATURE)], args[len(SIGNATURE):]
-        assert [str(t.dtype) if isinstance(t, torch.Tensor) else None for t in tensors] == [
-            f"torch.{d}" for _, d in SIGNATURE]
-        assert all(t.is_contiguous() for t in tensors) and len(ints) == RUNTIME_INTS
-        assert all(type(i) is int for i in ints), ints
-        bs = grid[0]
-        assert tensors[0].shape == (bs, P) and tensors[4].shape == (bs, len(COLUMNS))
-        assert (kw["F"], kw["K"], kw["S"], kw["P"], kw["N"]) == (len(COLUMNS), k, S, P, N)
-        assert kw["BLOCK_P"] == pow2_at_least(P) and kw["BLOCK_W"] == pow2_at_least(k * k)
-        assert kw["BLOCK_K"] == pow2_at_least(k) and kw["BLOCK_N"] == pow2_at_least(N)
-        assert kw["CHUNK"] == min(kw["BLOCK_P"], 32) and type(kw["num_warps"]) is int
-        assert kw["num_warps"] == min(8, max(1, kw["BLOCK_P"] // 32))
-        work, workf = tensors[14], tensors[15]
-        assert work.shape == (bs, recording.N_WORK * kw["BLOCK_P"])
-        assert workf.shape == (bs, recording.N_WORKF * kw["BLOCK_P"])
-        variants.setdefault((kw["HB"], kw["WRITE_CONF"]), set()).add(RecordingKernels.variant(call))
+        recording.check(call, k, S, N)
+        variants.setdefault((call[2]["HB"], call[2]["WRITE_CONF"]), set()).add(RecordingKernels.variant(call))
     assert len(recording.calls) == len(STAGES)  # the mixed batch, then every stage alone but c2t
     assert all(len(v) == 1 for v in variants.values()), variants
 
@@ -253,6 +287,8 @@ def test_start_compiles_every_variant_a_round_at_the_servers_geometry_launches(k
     name = "default" if wide_default else "wide"
     monkeypatch.setenv(classifiers.ENV_CLASSIFIERS, json.dumps({name: str(tmp_path / "wide.pt")}))
     pool_kernels.warm_up("cpu", k, S, N)
+    for call in recording.calls:
+        recording.check(call, k, S, N)
     warm = {RecordingKernels.variant(c) for c in recording.calls}
     recording.calls.clear()
     clfs = classifiers.registered()
