@@ -20,6 +20,15 @@ CONF_TOL = 1e-5  # |kernel - torch| confidence bound; decisions closer than this
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 SHAPES = [(2, 3, 6), (4, 3, 8), (4, 5, 16), (8, 4, 32)]  # (topk k, steps S, N)
+# the selection kernel's arguments in order (``pool_kernels_triton.pool_select_kernel``): each pointer with the dtype
+# it takes, then the runtime ints (``do_not_specialize``)
+KERNEL_POINTERS = [("scores_ptr", torch.float32), ("val_ptr", torch.float32), ("parent_ptr", torch.int64),
+                   ("tokens_ptr", torch.int64), ("rows_ptr", torch.float32), ("stage_ptr", torch.int32),
+                   ("clf_ids_ptr", torch.float32), ("clf_w_ptr", torch.float32), ("native_ptr", torch.int64),
+                   ("extra_ptr", torch.bool), ("top_ptr", torch.int64), ("tok_ptr", torch.int64),
+                   ("keep_ptr", torch.bool), ("conf_ptr", torch.float32), ("work_ptr", torch.int32),
+                   ("workf_ptr", torch.float32)]
+KERNEL_INTS = ("n_kinds", "n_clf", "flags", "pops", "b_max", "kth")
 
 
 def _classifier(hidden, seed):

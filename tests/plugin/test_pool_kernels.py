@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from tests.plugin.kernel_cases import (CONF_TOL, DEVICES, OTHER, SHAPES, STAGES, THIRD, compiled_triton, make_pool,
-                                       native_of, random_spec, run_both, torch_conf)
+from tests.plugin.kernel_cases import (CONF_TOL, DEVICES, KERNEL_INTS, KERNEL_POINTERS, OTHER, SHAPES, STAGES, THIRD,
+                                       compiled_triton, make_pool, native_of, random_spec, run_both, torch_conf)
 from treespec_sglang.plugin.pool import COLUMNS, PoolView, policy_rows
 from treespec_sglang.policies import parse_spec, registry
 
@@ -199,12 +199,8 @@ def test_the_kernel_compiles_for_an_h100():
     pytest.importorskip("triton.backends.nvidia")
     if not compiled_triton():
         pytest.skip("triton was imported with TRITON_INTERPRET=1: nothing compiles in this process")
-    sig = {n: t for n, t in zip(
-        ("scores_ptr", "val_ptr", "parent_ptr", "tokens_ptr", "rows_ptr", "stage_ptr", "clf_ids_ptr", "clf_w_ptr",
-         "native_ptr", "extra_ptr", "top_ptr", "tok_ptr", "keep_ptr", "conf_ptr", "work_ptr", "workf_ptr",
-         "n_kinds", "n_clf", "flags", "pops", "b_max", "kth"),
-        ("*fp32", "*fp32", "*i64", "*i64", "*fp32", "*i32", "*fp32", "*fp32", "*i64", "*i1", "*i64", "*i64", "*i1",
-         "*fp32", "*i32", "*fp32") + ("i32",) * 6)}
+    ptr = {torch.float32: "*fp32", torch.int64: "*i64", torch.int32: "*i32", torch.bool: "*i1"}
+    sig = {name: ptr[dtype] for name, dtype in KERNEL_POINTERS} | {name: "i32" for name in KERNEL_INTS}
     const = dict(F=len(COLUMNS), K=8, S=4, P=200, N=32, BLOCK_P=256, BLOCK_W=64, BLOCK_K=8, BLOCK_N=32, HB=64,
                  CHUNK=32, WRITE_CONF=False)
     sig.update({c: "constexpr" for c in const})

@@ -15,22 +15,16 @@ import pytest
 import torch
 
 from tests.helpers import ROOT, checkout_env
-from tests.plugin.kernel_cases import STAGES, compiled_triton, make_pool, native_of, random_spec
+from tests.plugin.kernel_cases import (KERNEL_INTS, KERNEL_POINTERS, STAGES, compiled_triton, make_pool, native_of,
+                                       random_spec)
 from treespec_sglang.plugin import pool_kernels
-from treespec_sglang.plugin.pool import COLUMNS, PoolView, first_child_parents, kind_id, select_on_pool
+from treespec_sglang.plugin.pool import COLUMNS, PoolView, first_child_parents, kind_id, policy_rows, select_on_pool
 from treespec_sglang.policies import parse_spec
 from treespec_sglang.policies.classifier import C2TClassifier
 from treespec_sglang.policies.registry import REGISTRY
 
 triton = pytest.importorskip("triton")
 from treespec_sglang.plugin.pool_kernels import kernels, select_on_pool_fused  # noqa: E402
-
-# the kernel's pointer arguments in order, with the dtype each takes (the launch's docstring, the kernel's)
-SIGNATURE = [("scores", "float32"), ("val", "float32"), ("parent", "int64"), ("tokens", "int64"), ("rows", "float32"),
-             ("stages", "int32"), ("clf_ids", "float32"), ("clf_w", "float32"), ("native", "int64"), ("extra", "bool"),
-             ("top", "int64"), ("tokens_out", "int64"), ("keep", "bool"), ("conf", "float32"), ("work", "int32"),
-             ("workf", "float32")]
-RUNTIME_INTS = 6  # n_kinds, n_clf, flags, pops, b_max, kth
 
 
 def pow2_at_least(n):
@@ -64,11 +58,11 @@ class RecordingKernels:
         power of two that holds its extent, the scratch as wide as the kernel indexes it, :func:`warps`' warps."""
         (bs,), args, kw = call
         P, F = k + (S - 1) * k * k, len(COLUMNS)
-        t = dict(zip([name for name, _ in SIGNATURE], args))
-        ints = args[len(SIGNATURE):]
-        assert [str(a.dtype) if isinstance(a, torch.Tensor) else None for a in args[:len(SIGNATURE)]] == [
-            f"torch.{d}" for _, d in SIGNATURE]
-        assert all(a.is_contiguous() for a in t.values()) and len(ints) == RUNTIME_INTS
+        t = dict(zip([name for name, _ in KERNEL_POINTERS], args))
+        ints = args[len(KERNEL_POINTERS):]
+        assert [a.dtype if isinstance(a, torch.Tensor) else None for a in args[:len(KERNEL_POINTERS)]] == [
+            dtype for _, dtype in KERNEL_POINTERS]
+        assert all(a.is_contiguous() for a in t.values()) and len(ints) == len(KERNEL_INTS)
         assert all(type(i) is int for i in ints), ints
         assert (kw["F"], kw["K"], kw["S"], kw["P"], kw["N"]) == (F, k, S, P, N)
         blocks = dict(BLOCK_P=pow2_at_least(P), BLOCK_W=pow2_at_least(k * k), BLOCK_K=pow2_at_least(k),
@@ -76,14 +70,15 @@ class RecordingKernels:
         assert {b: kw[b] for b in blocks} == blocks
         assert kw["CHUNK"] == min(blocks["BLOCK_P"], 32) and type(kw["num_warps"]) is int
         assert kw["num_warps"] == min(8, max(1, blocks["BLOCK_P"] // 32))
-        shapes = {"scores": (bs, P), "val": (bs, P), "parent": (bs, P), "tokens": (bs, P), "rows": (bs, F),
-                  "stages": (1 + len(REGISTRY),), "top": (bs, N - 1), "tokens_out": (bs, N - 1), "keep": (bs, N),
-                  "work": (bs, self.N_WORK * blocks["BLOCK_P"]), "workf": (bs, self.N_WORKF * blocks["BLOCK_P"])}
+        shapes = {"scores_ptr": (bs, P), "val_ptr": (bs, P), "parent_ptr": (bs, P), "tokens_ptr": (bs, P),
+                  "rows_ptr": (bs, F), "stage_ptr": (1 + len(REGISTRY),), "top_ptr": (bs, N - 1),
+                  "tok_ptr": (bs, N - 1), "keep_ptr": (bs, N), "work_ptr": (bs, self.N_WORK * blocks["BLOCK_P"]),
+                  "workf_ptr": (bs, self.N_WORKF * blocks["BLOCK_P"])}
         assert {name: tuple(t[name].shape) for name in shapes} == shapes
-        assert tuple(t["native"].shape) in ((bs, N - 1), (1,)) and tuple(t["extra"].shape) in ((bs, P), (1,))
-        assert tuple(t["conf"].shape) == (bs, P) if kw["WRITE_CONF"] else t["conf"] is t["workf"]
-        n_clf = t["clf_ids"].numel()
-        assert tuple(t["clf_w"].shape) == (n_clf, 6, kw["HB"]) or t["clf_w"].numel() == n_clf == 1
+        assert tuple(t["native_ptr"].shape) in ((bs, N - 1), (1,)) and tuple(t["extra_ptr"].shape) in ((bs, P), (1,))
+        assert tuple(t["conf_ptr"].shape) == (bs, P) if kw["WRITE_CONF"] else t["conf_ptr"] is t["workf_ptr"]
+        n_clf = t["clf_ids_ptr"].numel()
+        assert tuple(t["clf_w_ptr"].shape) == (n_clf, 6, kw["HB"]) or t["clf_w_ptr"].numel() == n_clf == 1
 
 
 @pytest.fixture
@@ -374,7 +369,5 @@ def test_params_and_rows_must_have_one_entry_per_pool_row():
     one = parse_spec({"policy": "eagle2", "budget": 4})
     with pytest.raises(ValueError, match=r"3 params and 3 rows for a pool of 2 rows"):
         select_on_pool_fused(pool, 6, [one] * 3)
-    from treespec_sglang.plugin.pool import policy_rows
-
     with pytest.raises(ValueError, match=r"2 params and 1 rows for a pool of 2 rows"):
         select_on_pool_fused(pool, 6, [one] * 2, rows=policy_rows([one], "cpu"))
