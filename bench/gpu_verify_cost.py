@@ -93,7 +93,7 @@ def main():
             rows_out.append(dict(bs=bs, width=w, tokens=bs * w, padded_ms=t_pad, ragged_ms=t_rag))
             print(f"| {bs} | {w} | {bs * w} | {t_pad:.2f} | {'-' if t_rag is None else f'{t_rag:.2f}'} | "
                   f"{t_pad / (bs * w):.3f} |", flush=True)
-        del cache
+        cache = None  # the closures above read this cell: dropped, the cache is freed
         torch.cuda.empty_cache()
     if a.out:
         with open(a.out, "w") as f:

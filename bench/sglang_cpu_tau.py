@@ -67,7 +67,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "tau.json"), "w") as f:
         json.dump({"engine": kw, "start_seconds": host.start_seconds, "rows": rows}, f, indent=2)
-    print(f"\n| policy | tau HumanEval | tau MT-bench | mean tree size | s (HE+MT) |\n|---|---|---|---|---|")
+    print("\n| policy | tau HumanEval | tau MT-bench | mean tree size | s (HE+MT) |\n|---|---|---|---|---|")
     for name in policies(a.topk, a.steps, a.num_draft_tokens):
         r = {x["dataset"]: x for x in rows if x["policy"] == name}
         print(f"| {name} | {r['humaneval']['tau']:.3f} | {r['mtbench']['tau']:.3f} | "

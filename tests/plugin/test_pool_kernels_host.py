@@ -336,14 +336,16 @@ def test_n_minus_1_may_equal_the_pool_and_no_more():
 
 @pytest.mark.parametrize("bs", [0, 1, 2])
 def test_small_batches_equal_the_torch_selection(bs):
-    """Down to one request; an empty batch (its row table given: an idle rank's) launches nothing and returns
-    outputs of no rows."""
+    """Down to one request; an empty batch (an idle rank's, its row table given or not) launches nothing and
+    returns outputs of no rows."""
     two = make_pool(4, 3, 2, seed=bs)
     pool = PoolView.from_flat(two.scores[:bs], two.tokens[:bs], two.parent_list[:bs], 4)
     params = [parse_spec({"policy": "talon", "budget": 6}), None][:bs]
     if bs == 0:
-        got = select_on_pool_fused(pool, 8, params, rows=torch.zeros(0, len(COLUMNS)))
-        assert [t.shape for t in got[1:]] == [(0, 7), (0, 7), (0, 8)]
+        for rows in (torch.zeros(0, len(COLUMNS)), None):
+            got = select_on_pool_fused(pool, 8, params, rows=rows)
+            assert [t.shape for t in got[1:]] == [(0, 7), (0, 7), (0, 8)]
+        assert [t.shape for t in select_on_pool(pool, 8, params)[1:]] == [(0, 7), (0, 7), (0, 8)]
         return
     got, ref = select_on_pool_fused(pool, 8, params), select_on_pool(pool, 8, params)
     assert all(torch.equal(a, b) for a, b in zip(got[1:], ref[1:]))

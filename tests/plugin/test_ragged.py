@@ -92,7 +92,6 @@ def test_ragged_verify_attention_equals_the_padded_one_on_real_nodes(rng, seed):
 def padded_paged_args(g, prefix, n, with_tail=True):
     """SGLang's padded verify arguments: KV slots (prefix then N nodes) per request and a FULL_MASK
     ``[N, P_b + N]`` block per request (prefix columns True, a random tree block with a true diagonal)."""
-    bs = len(prefix)
     kv_len = [p + n for p in prefix]
     kv_indptr = torch.tensor([0] + list(torch.cumsum(torch.tensor(kv_len), 0)), dtype=torch.int32)
     kv_indices = torch.randperm(1000, generator=g)[: int(kv_indptr[-1])].int()

@@ -5,6 +5,7 @@ batch costs the host neither the walk nor the op), each checked for the answer i
 import math
 import os
 
+import pytest
 import torch
 
 from treespec_sglang.plugin import rows as rows_module
@@ -66,6 +67,14 @@ def test_policy_rows_carry_each_requests_shares_flag():
     assert rows[:, COLUMNS.index("shares")].tolist() == [1.0, 0.0, 0.0]
     assert policy_rows([p, None], "cpu")[:, COLUMNS.index("shares")].tolist() == [0.0, 0.0]
     assert request_row(None, "cpu")[0, -1] == request_row(p, "cpu")[0, -1] == 0.0  # no flag: no share
+
+
+@pytest.mark.parametrize("empty", [[], ()])
+def test_an_empty_batch_gets_a_table_of_no_rows(empty):
+    """An idle rank's batch: ``[0, F]`` float32 on the device asked for, the shape a batch's rows concatenate to."""
+    rows = policy_rows(empty, "cpu")
+    assert rows.shape == (0, len(COLUMNS)) and rows.dtype == torch.float32 and rows.device.type == "cpu"
+    assert policy_rows(empty, "cpu", shares=[]).shape == (0, len(COLUMNS))
 
 
 def test_row_tables_and_plans_are_kept_per_batch_composition():

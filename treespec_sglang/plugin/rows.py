@@ -135,13 +135,15 @@ def per_batch(what: str, params: Sequence, extra: tuple, build):
 
 
 def policy_rows(params: Sequence[Optional[PolicyParams]], device, shares: Optional[Sequence[bool]] = None):
-    """``[bs, F]`` row table for a batch: the cached rows concatenated (one op, no host->device copy), kept
+    """``[bs, F]`` row table for a batch (``[0, F]`` for none): the cached rows concatenated (one op, no host->device copy), kept
     per batch composition (:func:`per_batch`: a steady batch pays neither the op nor the walk). Read-only."""
     shares = tuple(shares) if shares is not None else (False,) * len(params)
     where = str(torch.device(device))
 
     def build():
         ids, of = by_id(params)
+        if not ids:  # an empty batch (an idle rank's): a table of no rows, as torch.cat cannot make one
+            return torch.empty(0, len(COLUMNS), dtype=torch.float32, device=device)
         rows = {(i, s): _request_row(of[i], bool(s), where, device) for i, s in dict.fromkeys(zip(ids, shares))}
         return torch.cat(list(map(rows.__getitem__, zip(ids, shares))))
 
