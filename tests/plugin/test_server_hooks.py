@@ -12,6 +12,7 @@ import pytest
 
 from tests.helpers import cli_flags
 from treespec_sglang.plugin import server_hooks
+from treespec_sglang.plugin.columns import batch_columns
 from treespec_sglang.plugin.request import ERROR_KEY
 
 
@@ -172,6 +173,22 @@ def test_the_scheduler_aborts_what_this_server_cannot_draft(default, custom_para
     else:
         msg, status, kind = req.aborted
         assert msg.startswith(want) and (status, kind) == (None, "BadRequestError")
+
+
+@pytest.mark.parametrize("custom_params, server", [
+    ({"treespec": {"policy": "nope"}, ERROR_KEY: "custom_params['treespec']: policy must be"}, TREE_SERVER),
+    ({"treespec": {"policy": "talon", "budget": 0}}, TREE_SERVER),  # skipped the tokenizer's validation
+    ({"treespec": {"policy": "talon"}}, CHAIN_SERVER),  # valid, but not on this server
+])
+def test_an_aborted_request_is_native_to_the_rounds_it_may_still_sit_in(default, custom_params, server):
+    """SGLang prefills an aborted request and the overlap scheduler merges it into the next decode batch before
+    the prefill's result finishes it: the round's hooks read it as SGLang's own (parsing it there raised out of
+    the draft, taking down the scheduler with every request)."""
+    req = Req(custom_params)
+    server_hooks._create_generation_req(req, server)
+    assert req.aborted is not None
+    assert server_hooks._req_params(req, server_hooks.server_defaults()) is None
+    assert batch_columns([req], server_hooks.server_defaults()).params == (None,)
 
 
 def test_a_request_without_params_takes_the_servers_default(default):

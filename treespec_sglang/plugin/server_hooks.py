@@ -210,6 +210,11 @@ def _create_generation_req(req, self, *args, **kwargs):
         # finish this request alone, before any compute; no status code, so the batch's gather
         # returns it as an output (finish_reason abort + message) instead of raising for everyone
         req.set_finish_with_abort(msg, status_code=None, err_type="BadRequestError")
+        try:  # it may still sit in one decode batch (the overlap scheduler merges a prefill's requests before
+            # its result finishes them): there it is SGLang's own request, its parameters never read again
+            req._treespec_params = None
+        except AttributeError:  # a slotted request type: nothing to keep it on
+            pass
     return req
 
 
