@@ -103,7 +103,7 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                  "tests/plugin/test_ranks.py", "tests/plugin/test_draft_select.py",
                  "tests/plugin/test_draft_select_edges.py", "tests/plugin/test_metrics.py",
                  "tests/plugin/test_profile.py", "tests/plugin/test_columns.py", "tests/plugin/test_hooks.py",
-                 "tests/plugin/test_server_hooks.py"]),
+                 "tests/plugin/test_server_hooks.py", "tests/plugin/test_register.py"]),
     # the sgl_kernel stand-ins SGLang runs on in the CPU test bed: each computes what the kernel it replaces computes
     # and refuses what that kernel refuses (contiguity, dtype, shape, device)
     "standins": (["treespec_sglang/plugin/cpu/matcher.py", "treespec_sglang/plugin/cpu/kernels.py",

@@ -13,13 +13,14 @@ from .chain_stop import chain_graph_enabled
 from .config import (ENV_CONFIG, ENV_POLICY, ENV_TOKEN_CAP, ServerDefaults, configure, draft_algorithm_mismatch,
                      load_config, parse_token_cap, server_defaults)
 from .draft_select import check_selection
-from .classifiers import parse_classifier_flags
+from .classifiers import parse_classifier_flags, registered
 from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .ragged_support import check_ragged_model, check_ragged_parallelism, ragged_setting
 from .ragged_tuner import tuning
 from .ranks import check_settings_agree, shard_hot_head, verify_group
 from .settings import env, freeze
+from .stats import max_rounds
 from .request import (ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason,
                       validate_custom_params)
 
@@ -85,10 +86,14 @@ def check_environment() -> None:
     """Every operator switch parsed once at server start (each raises ValueError naming its variable and the
     allowed values), so a bad value stops the start, not a round: ``TREESPEC_CHAIN_STOP_GRAPH`` and
     ``TREESPEC_RAGGED_VERIFY`` / ``_TUNING`` here, ``TREESPEC_SELECT`` in :func:`.draft_select.check_selection`,
-    ``TREESPEC_PROFILE_OPS`` / ``_SYNC`` where the hooks are registered."""
+    ``TREESPEC_PROFILE_OPS`` / ``_SYNC`` where the hooks are registered; ``TREESPEC_STATS_MAX_ROUNDS`` and
+    ``TREESPEC_CLASSIFIERS`` there too and again here, for a process whose settings changed since (``configure``
+    before ``sgl.Engine``): a single rank compares no settings digest, and its rounds read both."""
     chain_graph_enabled()
     ragged_setting()
     tuning()
+    max_rounds()
+    registered()
 
 
 def _draft_head(original, self, *args, **kwargs):
