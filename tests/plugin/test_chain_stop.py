@@ -105,6 +105,49 @@ def test_chain_mode_hooks_cut_each_row(monkeypatch, device):
     assert hooks._runner_forward(model_forward, None, 0).logits_output.next_token_logits is logits[0]
 
 
+def test_a_chains_stats_stay_one_per_round_whether_or_not_the_batch_cuts(monkeypatch):
+    """A chain request that never cuts (length >= S) beside one that does for a round, then alone: every round it
+    was in records its tree size, verify tokens and accept length (a round without a cut recorded only the accept
+    length, so its lists drifted apart; alone from the start it had no stats at all)."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import hooks
+    from treespec_sglang.tree import DraftTree, sglang_retrive
+
+    monkeypatch.delenv("TREESPEC_POLICY", raising=False)
+    steps, N = 3, 4
+
+    def req(spec):
+        return SimpleNamespace(sampling_params=SimpleNamespace(custom_params={"treespec": spec}), customized_info=None,
+                               is_retracted=False, finished_reason=None, stream=False, finished=lambda: False)
+
+    def body(self, batch):  # SGLang's draft: whole chains of N nodes
+        r = sglang_retrive(DraftTree.from_lists([list(range(N))] * len(batch.reqs),
+                                                [[-1] + list(range(N - 1))] * len(batch.reqs)))
+        return hooks._verify_input(SimpleNamespace(retrieve_next_token=r.retrive_next_token.clone(),
+                                                   retrieve_next_sibling=r.retrive_next_sibling.clone()))
+
+    def round_(reqs, accepts):
+        worker = SimpleNamespace(topk=1, speculative_num_steps=steps, speculative_num_draft_tokens=N, device="cpu")
+        batch = SimpleNamespace(reqs=list(reqs))
+        hooks._eagle_round(lambda self, b: hooks._draft(body, self, b), worker, batch)
+        hooks._record_accepts(None, None, SimpleNamespace(num_correct_drafts_per_req_cpu=accepts), batch)
+
+    whole, cut = req({"policy": "chain"}), req({"policy": "chain", "length": 1})  # default length 5 >= S
+    round_([whole, cut], [2, 1])
+    round_([whole], [3])
+    round_([whole], [1])
+    alone = req({"policy": "chain"})
+    round_([alone], [3])
+    hooks._PENDING.flush()
+    info = whole.customized_info
+    assert info["treespec_tree_sizes"] == [N] * 3 and info["treespec_accept_lengths"] == [2, 3, 1]
+    assert info["treespec_verify_tokens"] == [N, N]  # the cut round's: the target's verify forward (not run here)
+    assert cut.customized_info["treespec_tree_sizes"] == [2]
+    assert alone.customized_info["treespec_tree_sizes"] == [N] and alone.customized_info["treespec_accept_lengths"] \
+        == [3] and alone.customized_info["treespec_verify_tokens"] == [N]
+
+
 def test_a_replays_padded_stash_decides_as_an_eager_one():
     """What the draft loop records eagerly, or a replayed graph for a padded batch of 6, gives the same lengths."""
     params = [parse_spec(p) if p else None for p in PARAMS]

@@ -282,6 +282,10 @@ class Columns:
     def drafted(self):
         return ("talon",)
 
+    def whole_trees(self, n):
+        self.asked.append(("whole", n))
+        return "whole tokens"
+
 
 @pytest.fixture
 def draft_round(monkeypatch):
@@ -299,13 +303,16 @@ def draft_round(monkeypatch):
     return cols, seen
 
 
-def test_a_chain_draft_without_a_stop_is_sglangs(draft_round):
-    cols, _ = draft_round
-    sglang, worker = Original(), SimpleNamespace(topk=1, speculative_num_steps=4)
+def test_a_chain_draft_without_a_stop_is_sglangs_and_records_the_policies_stats(draft_round):
+    cols, seen = draft_round
+    sglang, worker = Original(), SimpleNamespace(topk=1, speculative_num_steps=4, speculative_num_draft_tokens=5)
     with opened(["req"]) as r:
         assert hooks._draft(sglang, worker, "batch", 1, flag=2) == "out"
     assert sglang.calls[0][:2] == ((worker, "batch", 1), {"flag": 2}) and sglang.steps == [None]
-    assert cols.asked == [("chain", 4, "cpu")] and r.reqs is cols.reqs  # no device attribute: the CPU's
+    assert cols.asked == [("chain", 4, "cpu"), ("whole", 5)] and r.reqs is cols.reqs  # no device attribute: the CPU's
+    assert seen["pushed"] == [(("req",), ("talon",), "whole tokens")]
+    assert seen["recorded"] == [(("req",), ("talon",), "treespec_verify_tokens", "whole tokens")]
+    assert seen["series"] == [False]
 
 
 def test_a_tree_draft_of_sglangs_own_trees_records_the_policies_stats_as_padded(draft_round):

@@ -41,6 +41,14 @@ class BatchColumns:
     names: Optional[tuple] = None
     stopper: Optional[ChainStopper] = None
     _selection: Optional[tuple] = None  # ((N, S), params for the selection or None, [bs] tree sizes or None)
+    _whole: Optional[tuple] = None  # (N, [N] * bs): every tree SGLang's own
+
+    def whole_trees(self, num_draft_tokens: int) -> list:
+        """``[N] * bs``: each request's tree size and verify tokens in a round that is SGLang's own (the host list
+        :func:`.stats.record_rounds` takes), built once per N while the batch lives."""
+        if self._whole is None or self._whole[0] != num_draft_tokens:
+            self._whole = (num_draft_tokens, [num_draft_tokens] * len(self.params))
+        return self._whole[1]
 
     def chain_stopper(self, num_steps: int, device) -> ChainStopper:
         """The batch's :class:`ChainStopper` in chain mode (built the first time, and again when S changes:
@@ -65,7 +73,7 @@ class BatchColumns:
                       else of[i] for i, s in dict.fromkeys(zip(ids, self.shares))}
             params = tuple(map(served.__getitem__, zip(ids, self.shares)))
             native = not any(map(operator.is_not, params, _NONES))
-            self._selection = (key, None, [num_draft_tokens] * len(params)) if native else (key, params, None)
+            self._selection = (key, None, self.whole_trees(num_draft_tokens)) if native else (key, params, None)
         return self._selection[1:]
 
     def drafted(self) -> tuple:

@@ -92,19 +92,13 @@ def _draft(original, self, batch, *args, **kwargs):
     params, chain = cols.params, None
     if self.topk == 1:  # chain mode: only the C2T early stop applies (other policies need a tree)
         chain = cols.chain_stopper(self.speculative_num_steps, getattr(self, "device", "cpu"))
-        if not chain.active:
-            return original(self, batch, *args, **kwargs)
+        if not chain.active:  # no request cuts its chain: every chain is SGLang's whole one
+            return _sglangs_round(original, self, batch, cols, cols.whole_trees(self.speculative_num_draft_tokens),
+                                  *args, **kwargs)
     else:
         params, tokens = cols.selection(self.speculative_num_draft_tokens, self.speculative_num_steps)
-        if params is None:  # every tree is SGLang's own: a native round, the policies' stats recorded
-            out = original(self, batch, *args, **kwargs)
-            names = cols.drafted()
-            _PENDING.push(cols.reqs, names, tokens)
-            record_rounds(cols.reqs, names, "treespec_verify_tokens", tokens)
-            series = scheduler_series()
-            if series is not None:  # its verify runs N tokens a request: padded
-                series.verify_forward(False)
-            return out
+        if params is None:  # every tree is SGLang's own
+            return _sglangs_round(original, self, batch, cols, tokens, *args, **kwargs)
     step = DraftStep(params, self.topk, cols.shares, cols.defaults.token_cap, chain=chain)
     r = current()
     r.step, r.drafting = step, True
@@ -115,6 +109,20 @@ def _draft(original, self, batch, *args, **kwargs):
     sizes = step.sizes  # [bs]
     if sizes is not None:  # the batch's requests as drafted (a tuple: SGLang may rebind or edit batch.reqs)
         _PENDING.push(cols.reqs, cols.drafted(), sizes)
+    return out
+
+
+def _sglangs_round(original, self, batch, cols, tokens, *args, **kwargs):
+    """SGLang's own draft for a batch with policies whose trees (or chains) are all SGLang's: the policies' stats
+    recorded as any round's (``tokens``: each request's tree size and verify tokens, N), so a request's per-round
+    lists stay aligned whichever kind of round it was in."""
+    out = original(self, batch, *args, **kwargs)
+    names = cols.drafted()
+    _PENDING.push(cols.reqs, names, tokens)
+    record_rounds(cols.reqs, names, "treespec_verify_tokens", tokens)
+    series = scheduler_series()
+    if series is not None:  # its verify runs N tokens a request: padded
+        series.verify_forward(False)
     return out
 
 
