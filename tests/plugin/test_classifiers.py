@@ -73,6 +73,16 @@ def test_a_request_never_names_a_file(fast, monkeypatch, value):
     assert opened == []
 
 
+@pytest.mark.parametrize("policy, allowed", [("talon", ["budget", "topk", "mu"]), ("eagle2", ["budget", "topk", "depth"]),
+                                             ("salf", ["budget", "batch", "th", "max_depth"]), ("none", [])])
+@pytest.mark.parametrize("value", ["default", "/etc/hostname"])
+def test_a_classifier_on_a_policy_without_one_is_an_unknown_parameter(policy, allowed, value):
+    """Not a registered-names message (its advice, a registered name, would then fail as unknown): the same
+    message whatever the value."""
+    msg = diagnose({"treespec": {"policy": policy, "classifier": value}})
+    assert msg == (f"custom_params['treespec']: {policy}: unknown parameter(s) ['classifier']; allowed: {allowed}")
+
+
 def test_a_registered_name_resolves_to_the_loaded_module(fast, monkeypatch):
     path, _ = fast
     monkeypatch.setenv(C.ENV_CLASSIFIERS, json.dumps({"fast": path}))

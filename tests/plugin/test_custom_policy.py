@@ -2,6 +2,8 @@
 plugin's row table, stages, request validation and stats; a policy without a pool rule is refused on arrival,
 never a KeyError in the middle of a round."""
 
+import re
+
 import pytest
 import torch
 
@@ -50,6 +52,32 @@ def test_a_chain_server_refuses_a_registered_tree_policy_by_its_registration(cus
     msg = unsupported_reason(parse_spec({"policy": "root-children", "budget": 3}), chain_server)
     assert msg.startswith("root-children needs a draft tree")
     assert unsupported_reason(parse_spec({"policy": "none"}), chain_server) is None
+
+
+@pytest.mark.parametrize("row, message", [
+    (lambda p: {"width": 3}, "root-children: pool_rule.row gave unknown columns ['width']"),
+    (lambda p: {"top": p.missing}, "root-children: pool_rule.row failed for these parameters: AttributeError: "),
+])
+def test_a_pool_rule_whose_row_fails_fails_its_request_on_arrival(custom, row, message):
+    """Where the request comes in (the tokenizer's validation, the scheduler's parse), not in a round of its batch."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import server_hooks
+
+    reg = registry.REGISTRY["root-children"]
+    registry.REGISTRY["root-children"] = registry.Registration(
+        reg.name, reg.engine, registry.PoolRule(row=row, stage="custom", keep=custom.root_children_keep), reg.needs_tree)
+    try:
+        spec = {"policy": "root-children", "budget": 5}
+        with pytest.raises(ValueError, match=re.escape(f"custom_params['treespec']: {message}")):
+            validate_custom_params({"treespec": spec})
+        aborted = []
+        req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params={"treespec": spec}),
+                              set_finish_with_abort=lambda msg, **kw: aborted.append(msg))
+        server_hooks._create_generation_req(req, None)
+        assert len(aborted) == 1 and message in aborted[0]
+    finally:
+        registry.REGISTRY["root-children"] = reg
 
 
 def test_a_pool_rule_naming_an_unknown_column_fails_at_its_first_row(custom):

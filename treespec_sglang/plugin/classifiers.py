@@ -16,6 +16,7 @@ or not such a file exists, so a client cannot probe the server's file system.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -129,6 +130,8 @@ def resolve_request_classifier(spec, modules: Optional[Mapping[str, object]] = N
     policy = spec.get("policy")
     if not (isinstance(policy, str) and policy in REGISTRY):
         return spec  # an unknown policy: parse_spec refuses it by that name (a client's string never names a field)
+    if "classifier" not in {f.name for f in dataclasses.fields(REGISTRY[policy].Params)}:
+        return spec  # a policy without the field: parse_spec refuses it as an unknown parameter, listing the allowed
     modules = registered() if modules is None else modules
     name = spec["classifier"]
     if not isinstance(name, str) or name not in modules:

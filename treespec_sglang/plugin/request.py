@@ -22,6 +22,7 @@ from ..policies.token_cap import split_batch_option
 from ..utils.bounded import Bounded
 from .classifiers import resolve_request_classifier
 from .config import ServerDefaults
+from .rows import _rule_row
 
 __all__ = ["CUSTOM_KEY", "ERROR_KEY", "validate_custom_params", "request_params", "request_shares", "diagnose",
            "flag_invalid_items", "unsupported_reason"]
@@ -42,6 +43,13 @@ def _parse(raw) -> PolicyParams:
     when the plugin has no pool rule for it (registered for the engine only)."""
     p = parse_spec(resolve_request_classifier(split_batch_option(raw)[0]))
     pool_rule_of(p)  # a policy registered for the engine only: refused here, with the ones a server can draft
+    try:  # the rule's row for these parameters, built (and cached) here: a rule that fails fails this request alone
+        _rule_row(p)
+    except ValueError:
+        raise
+    except Exception as e:  # an operator's rule raising anything else would otherwise fail a whole round later
+        raise ValueError(f"{registration_of(p).name}: pool_rule.row failed for these parameters: "
+                         f"{type(e).__name__}: {e}") from e
     return p
 
 
