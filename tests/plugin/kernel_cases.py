@@ -90,8 +90,9 @@ def random_spec(stage, rng, k, S, N):
     b = rng.randint(1, N + 6)
     if stage == "none":
         return {"policy": "none"}
-    if stage == "eagle2":
-        return {"policy": "eagle2", "budget": b}
+    if stage == "eagle2":  # a depth below the pool's masks SGLang's ranking (topk 10: at least any pool's k)
+        depth = rng.randint(1, S + 1)
+        return {"policy": "eagle2", "budget": min(b, 11 + 100 * (depth - 1)), "depth": depth}
     if stage == "talon":
         return {"policy": "talon", "budget": b, "topk": rng.randint(1, k + 2), "mu": rng.choice([0, .01, .05, .2, 1])}
     if stage == "c2t":

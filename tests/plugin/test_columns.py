@@ -116,8 +116,9 @@ def test_a_chain_batch_builds_its_stopper_once(built, monkeypatch):
 # ---------------------------------------------------------------------------- requests whose tree is SGLang's own
 K, S, N = 4, 3, 8
 NATIVE_TREES = [{"policy": "eagle2", "budget": N}, {"policy": "eagle2", "budget": 60},
+                {"policy": "eagle2", "budget": N, "topk": K, "depth": S},
                 {"policy": "salf", "budget": 16, "th": 0.0}, {"policy": "salf", "budget": N, "th": 0.0, "max_depth": S}]
-OWN_TREES = [{"policy": "eagle2", "budget": N - 1}, {"policy": "salf", "budget": 16, "th": 0.0, "max_depth": S - 1},
+OWN_TREES = [{"policy": "eagle2", "budget": N - 1}, {"policy": "eagle2", "budget": N, "depth": S - 1}, {"policy": "salf", "budget": 16, "th": 0.0, "max_depth": S - 1},
              {"policy": "salf", "budget": 16, "th": 0.1}, {"policy": "talon", "budget": N}, {"policy": "none"},
              {"policy": "c2t", "budget": N}, {"policy": "chain", "length": S}]
 

@@ -34,7 +34,9 @@ def test_native_rows_equal_organize_draft_results():
                                   {"policy": "salf", "budget": 10, "batch": 3, "th": 0.0},
                                   {"policy": "chain", "length": 3},
                                   {"policy": "c2t", "budget": 10, "topk": 4, "beta": 0.2},
-                                  {"policy": "eagle2", "budget": 6, "topk": 4, "depth": 4}])
+                                  {"policy": "eagle2", "budget": 6, "topk": 4, "depth": 4},
+                                  {"policy": "eagle2", "budget": 9, "topk": 4, "depth": 2},
+                                  {"policy": "eagle2", "budget": 6, "topk": 6, "depth": 1}])
 def test_policy_rows_select_the_policy_tree_on_the_beam(spec):
     draft, sl, tl, pl, paths = pool(seed=3)
     roots = [3, 5, 7]
@@ -63,9 +65,11 @@ def test_policy_rows_select_the_policy_tree_on_the_beam(spec):
                     break
                 p = p + (int(lp.argmax()),)
                 expect.add(p)
-        else:  # eagle2 budget 6 < N: SGLang's 5 best
-            scores = torch.cat(sl, 1).flatten(1)[b]
-            expect = {(roots[b],)} | {paths[b][f] for f in scores.topk(5).indices.tolist()}
+        else:  # eagle2 budget < N: SGLang's budget - 1 best of the levels down to its depth (level 1: f < k)
+            scores = torch.cat(sl, 1).flatten(1)[b].tolist()
+            level = [1 if f < k else 2 + (f - k) // (k * k) for f in range(len(scores))]
+            ranked = sorted((f for f in range(len(scores)) if level[f] <= spec["depth"]), key=lambda f: (-scores[f], f))
+            expect = {(roots[b],)} | {paths[b][f] for f in ranked[:spec["budget"] - 1]}
         assert got == expect, spec
         # the filler is unlinked: verification can only walk the policy's tree
         tree = DraftTree.from_lists([[roots[b]] + toks[b].tolist()],

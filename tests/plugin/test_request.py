@@ -32,6 +32,21 @@ def test_a_chain_server_drafts_chains_and_none(spec):
     assert unsupported_reason(parse_spec(spec), args(topk=1)) is None
 
 
+@pytest.mark.parametrize("topk, server, fine", [(2, 4, False), (3, 4, False), (4, 4, True), (8, 4, True),
+                                                (10, 16, False), (16, 16, True)])
+def test_eagle2_with_a_topk_below_the_servers_is_refused_naming_the_bound(topk, server, fine):
+    """SGLang's beam at the server's k is not EAGLE-2's at a smaller one (the k' best children of the k' kept at each
+    level): refused, never the server's tree under another name; a larger topk is capped (the pool's limit)."""
+    msg = unsupported_reason(parse_spec({"policy": "eagle2", "budget": 4, "topk": topk}), args(topk=server))
+    if fine:
+        assert msg is None
+    else:
+        assert msg.startswith(f"eagle2.topk must be >= this server's --speculative-eagle-topk {server} (a larger one "
+                              f"is capped at {server}), got {topk}")
+    talon = parse_spec({"policy": "talon", "budget": 4, "topk": topk})  # TALON reads its topk over the pool
+    assert unsupported_reason(talon, args(topk=server)) is None
+
+
 @pytest.mark.parametrize("topk", [1, 4])
 @pytest.mark.parametrize("spec", TREE[:1] + CHAIN)
 def test_a_rejection_sampling_verify_refuses_every_policy(spec, topk):

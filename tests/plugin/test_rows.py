@@ -27,7 +27,7 @@ def test_request_rows_hold_every_column_of_each_policy():
         (None, False, [0, B, B, B, B, 0, 0, 1, B, -1, -1, 0]),
         (None, True, [0, B, B, B, B, 0, 0, 1, B, -1, -1, 1]),
         ({"policy": "none"}, False, [1, 1, 0, B, B, 0, 0, 1, B, -1, -1, 0]),
-        ({"policy": "eagle2", "budget": 5, "topk": 3, "depth": 3}, True, [2, 5, 4, B, B, 0, 0, 1, B, -1, -1, 1]),
+        ({"policy": "eagle2", "budget": 5, "topk": 3, "depth": 3}, True, [2, 5, 4, 3, B, 0, 0, 1, B, -1, -1, 1]),
         ({"policy": "talon", "budget": 9, "topk": 3, "mu": 0.05}, False,
          [3, 9, 0, B, 3, math.log(0.05), 0, 1, B, -1, -1, 0]),
         ({"policy": "talon", "budget": 9, "topk": 2, "mu": 0.0}, False, [3, 9, 0, B, 2, -inf, 0, 1, B, -1, -1, 0]),

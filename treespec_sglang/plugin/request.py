@@ -141,7 +141,10 @@ def unsupported_reason(p: Optional[PolicyParams], server_args) -> Optional[str]:
       ``top_scores_index`` (``EAGLEWorkerV2``'s ``draft(with_topology=True)``), not the policy's: the stages would
       verify different trees;
     * ``--speculative-eagle-topk 1`` drafts a chain: only ``chain`` (its length and C2T early stop) and
-      ``none`` apply; a tree policy has no tree to choose from.
+      ``none`` apply; a tree policy has no tree to choose from;
+    * EAGLE-2 with a ``topk`` below the server's: SGLang's beam keeps the server's k best nodes of each level, and
+      EAGLE-2's narrower beam (the k' best of each level's children of the k' kept) is not a subset of it.
+      A larger ``topk`` is capped at the server's (the pool holds nothing beyond it); ``depth`` is honoured.
 
     Examples
     --------
@@ -174,4 +177,10 @@ def unsupported_reason(p: Optional[PolicyParams], server_args) -> Optional[str]:
         return (f"{name} needs a draft tree: this server drafts a chain (--speculative-eagle-topk 1); use "
                 f"{{'policy': 'chain'}} (length, C2T early stop with beta) or {{'policy': 'none'}}, or a server "
                 f"with --speculative-eagle-topk > 1")
+    k = getattr(server_args, "speculative_eagle_topk", None)
+    if name == "eagle2" and isinstance(k, int) and p.topk < k:
+        return (f"eagle2.topk must be >= this server's --speculative-eagle-topk {k} (a larger one is capped at {k}), "
+                f"got {p.topk}: SGLang's draft beam keeps the {k} best nodes of each level, and EAGLE-2's narrower "
+                f"beam cannot be taken from it; send topk >= {k}, or use a server with --speculative-eagle-topk "
+                f"{p.topk}")
     return None

@@ -24,8 +24,10 @@ __all__ = ["Eagle2Policy"]
 class Eagle2Policy(TreePolicy):
     name = "eagle2"
     Params = Eagle2Params
-    # in SGLang's pool: the top budget - 1 nodes of SGLang's own ranking (what organize_draft_results keeps)
-    pool_rule = PoolRule(row=lambda p: {"top": p.max_nodes - 1}, stage="rank")
+    # in SGLang's pool: the top budget - 1 nodes of SGLang's own ranking (what organize_draft_results keeps) no
+    # deeper than the request's depth: SGLang's beam at the server's topk is EAGLE-2's at that topk step by step,
+    # so its first `depth` levels are this request's pool exactly (a topk below the server's is refused there)
+    pool_rule = PoolRule(row=lambda p: {"top": p.max_nodes - 1, "rank_depth": p.depth}, stage="rank")
 
     def __init__(self, params, device):
         super().__init__(params, device)
