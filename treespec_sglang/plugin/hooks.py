@@ -23,7 +23,8 @@ rank 0's greedy verify outcome (one int64 broadcast each), so what they draft an
 construction.
 
 With no server default and no request carrying ``custom_params["treespec"]`` every hook calls
-straight through, so SGLang behaves exactly as without the plugin.
+straight through, so SGLang behaves as without the plugin; the one exception, on purpose, is the greedy verify
+under TP (every rank takes rank 0's outcome, native rounds included: :func:`.ranks.agree_verify`).
 """
 
 from __future__ import annotations
