@@ -168,6 +168,35 @@ def test_sharing_the_token_cap_is_refused_only_by_an_explicit_false():
     assert request_shares(object()) is True  # sampling params without custom_params
 
 
+@pytest.mark.parametrize("value", [{"policy": "talon", "budget": [8]}, {"policy": "talon", "budget": 10 ** 30},
+                                   {"policy": "nope", "x": {"deep": [1, [2]]}}])
+def test_a_marked_item_carries_its_message_and_not_its_value(value):
+    """What travels to the scheduler is the message alone: the value may be one SGLang's msgpack transport
+    (``SGLANG_USE_PICKLE_IPC=0``) cannot carry, which failed the scheduler's receive for every request."""
+    item = {"max_new_tokens": 4, "custom_params": {"treespec": value, "other": 1}}
+    (out,) = flag_invalid_items([item])
+    cp = out["custom_params"]
+    assert cp["treespec"] is None and cp["other"] == 1 and cp[ERROR_KEY].startswith("custom_params['treespec']: ")
+    assert out["max_new_tokens"] == 4 and item["custom_params"]["treespec"] is value  # the caller's dict untouched
+
+
+@pytest.mark.sglang
+def test_a_marked_item_survives_sglangs_msgpack_transport():
+    """The tokenized request as SGLang 0.5.23 sends it to the scheduler, through its msgpack encoder and decoder."""
+    import array
+
+    io = pytest.importorskip("sglang.srt.managers.io_struct")
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    (out,) = flag_invalid_items([{"custom_params": {"treespec": {"policy": "talon", "budget": [8]}}}])
+    req = io.TokenizedGenerateReqInput(
+        rid="r0", input_text="hi", input_ids=array.array("q", [1, 2]), input_embeds=None, mm_inputs=None,
+        token_type_ids=None, sampling_params=SamplingParams(**out), return_logprob=False, logprob_start_len=-1,
+        top_logprobs_num=0, token_ids_logprob=None, stream=False)
+    back = io.msgpack_decode(io.msgpack_encode(req)).sampling_params.custom_params
+    assert back == {"treespec": None, ERROR_KEY: out["custom_params"][ERROR_KEY]}
+
+
 def test_a_batchs_items_that_are_not_dicts_pass_through_unflagged():
     bad = {"custom_params": {"treespec": {"policy": "nope"}}}
     out = flag_invalid_items([None, bad, "x"])

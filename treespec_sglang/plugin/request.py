@@ -81,8 +81,11 @@ def flag_invalid_items(sampling_params):
 
     A single dict shared by the whole batch is returned unchanged (every item is equally malformed,
     so the call fails as a whole).
+    The marked item's value itself is dropped (None): only the message travels on, so a value that SGLang's
+    transport cannot carry (a nested list, an integer past 64 bits, with ``SGLANG_USE_PICKLE_IPC=0``) fails
+    nothing on the way to the scheduler's abort.
     Example: [{"custom_params": {"treespec": {"policy": "nope"}}}, {}] ->
-    [{"custom_params": {"treespec": {...}, "treespec_error": "custom_params['treespec']: policy must be ..."}}, {}]
+    [{"custom_params": {"treespec": None, "treespec_error": "custom_params['treespec']: policy must be ..."}}, {}]
     """
     if not isinstance(sampling_params, list):
         return sampling_params
@@ -90,7 +93,7 @@ def flag_invalid_items(sampling_params):
     for sp in sampling_params:
         cp = sp.get("custom_params") if isinstance(sp, dict) else None
         msg = diagnose(cp)
-        out.append(sp if msg is None else {**sp, "custom_params": {**cp, ERROR_KEY: msg}})
+        out.append(sp if msg is None else {**sp, "custom_params": {**cp, CUSTOM_KEY: None, ERROR_KEY: msg}})
     return out
 
 
