@@ -1,14 +1,16 @@
 """The entry point ``treespec_sglang.plugin.register``: a setting the plugin cannot start with stops the process
 (SGLang's loader swallows any ``Exception``, and the server then ran without the plugin or failed its first
-round), before any hook is registered; the draft worker's start checks read the same settings again."""
+round), before any hook is registered; the draft worker's start checks read the same settings again, and the
+test-only rank faults."""
 
 import pytest
 
 import treespec_sglang.plugin as plugin
-from treespec_sglang.plugin import StartError, cpu, hooks
+from treespec_sglang.plugin import StartError, cpu, hooks, ranks
 from treespec_sglang.plugin.classifiers import ENV_CLASSIFIERS
 from treespec_sglang.plugin.config import ENV_POLICY_MODULES
 from treespec_sglang.plugin.profile import ENV_PROFILE, ENV_PROFILE_OPS
+from treespec_sglang.plugin.ranks import ENV_PERTURB, ENV_PERTURB_VERIFY
 from treespec_sglang.plugin.server_hooks import check_environment
 from treespec_sglang.plugin.stats import ENV_MAX_ROUNDS
 
@@ -61,6 +63,26 @@ def test_the_draft_workers_start_checks_read_the_stats_cap_and_classifiers_again
     _set(monkeypatch, tmp_path, variables)
     with pytest.raises((ValueError, OSError), match=names.replace("[", r"\[")):
         check_environment()
+
+
+@pytest.mark.parametrize("name", [ENV_PERTURB, ENV_PERTURB_VERIFY])
+@pytest.mark.parametrize("raw", ["one", "-1", "1.0", "\u0661"])  # the last: an Arabic-Indic one, isdigit() in Python
+def test_a_test_fault_naming_no_rank_stops_the_start_naming_it(monkeypatch, name, raw):
+    """Test-only switches, read every round of a TP server: a value that names no rank failed a round (an
+    unnamed int() error) where it now stops the start."""
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ValueError, match=rf"^{name} \(test-only\) must be a rank number >= 0, got "):
+        check_environment()
+
+
+@pytest.mark.parametrize("raw, faulty", [("", [False, False]), ("0", [True, False]), (" 1 ", [False, True])])
+def test_a_test_fault_makes_the_rank_it_names_faulty(monkeypatch, raw, faulty):
+    from types import SimpleNamespace
+
+    monkeypatch.setenv(ENV_PERTURB, raw)
+    check_environment()
+    assert [ranks._faulty(ENV_PERTURB, SimpleNamespace(rank_in_group=k)) for k in (0, 1)] == faulty
+    assert not ranks._faulty(ENV_PERTURB, None) and not ranks._faulty(ENV_PERTURB_VERIFY, SimpleNamespace(rank_in_group=0))
 
 
 @pytest.mark.sglang

@@ -354,7 +354,24 @@ def test_a_classifier_flag_alone_configures_the_classifiers(configured, tmp_path
     path = tmp_path / "c2t.pt"
     path.write_bytes(b"")
     server_hooks._from_cli_args(None, None, cli_flags(classifier=[f"mine={path}"]))
-    assert configured == [(None, {}, None, {"mine": str(path)})]
+    assert configured == [(None, None, None, {"mine": str(path)}), (None, {}, None)]  # the classifiers, then no policy
+
+
+@pytest.mark.parametrize("flags, env, message", [
+    (dict(policy="bogus"), {}, "--treespec-policy / TREESPEC_CONFIG: policy must be one of "),
+    (dict(policy=""), {}, "--treespec-policy / TREESPEC_CONFIG: policy must be one of "),
+    (dict(policy="talon", config='{"mu": 7}'), {}, "--treespec-policy / --treespec-config: talon.mu must be "),
+    (dict(config='{"mu": 7}'), {"TREESPEC_POLICY": "talon"}, "TREESPEC_POLICY / --treespec-config: talon.mu "),
+    (dict(policy="talon", config=""), {}, "--treespec-config must be a JSON object of the policy's parameters, got ''"),
+    (dict(policy="talon", config="  "), {}, "--treespec-config must be a JSON object of the policy's parameters"),
+])
+def test_a_bad_flag_names_the_flag_or_variable_it_came_from(monkeypatch, flags, env, message):
+    """An empty --treespec-config is refused, not read as no parameters; a policy's error names its source."""
+    for var in ("TREESPEC_POLICY", "TREESPEC_CONFIG", "TREESPEC_TOKEN_CAP"):  # restored at teardown
+        monkeypatch.setenv(var, env.get(var, ""))
+    with pytest.raises(ValueError) as e:
+        server_hooks._from_cli_args(None, None, cli_flags(**flags))
+    assert str(e.value).startswith(message), str(e.value)
 
 
 @pytest.mark.parametrize("config, env, source", [("{bad", None, "--treespec-config"),

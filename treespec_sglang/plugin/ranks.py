@@ -224,12 +224,22 @@ def digests_dir() -> str:
     return env(ENV_DIGESTS)
 
 
-_test_fault = derived(env)  # TREESPEC_TEST_PERTURB_*: which rank is faulty (read every round: parsed once)
+@derived
+def fault_ranks() -> dict:
+    """``TREESPEC_TEST_PERTURB_RANK`` / ``_VERIFY_RANK`` -> the rank each makes faulty (None: none); test-only, read
+    every round, parsed once per settings snapshot (and at start: :func:`.server_hooks.check_environment`)."""
+    out = {}
+    for name in (ENV_PERTURB, ENV_PERTURB_VERIFY):
+        raw = env(name).strip()
+        if raw and not (raw.isascii() and raw.isdigit()):
+            raise ValueError(f"{name} (test-only) must be a rank number >= 0, got {raw!r}")
+        out[name] = int(raw) if raw else None
+    return out
 
 
 def _faulty(name: str, group) -> bool:
-    want = _test_fault(name)
-    return bool(want) and group is not None and group.rank_in_group == int(want)
+    want = fault_ranks()[name]
+    return want is not None and group is not None and group.rank_in_group == want
 
 
 def agree_verify(original, *args, **kwargs):

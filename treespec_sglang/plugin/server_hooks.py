@@ -18,7 +18,7 @@ from .info import server_info
 from .metrics import count_refused, enable_scheduler, enable_tokenizer
 from .ragged_support import check_ragged_model, check_ragged_parallelism, ragged_setting
 from .ragged_tuner import tuning
-from .ranks import check_settings_agree, shard_hot_head, verify_group
+from .ranks import check_settings_agree, fault_ranks, shard_hot_head, verify_group
 from .settings import env, freeze
 from .stats import max_rounds
 from .request import (ERROR_KEY, flag_invalid_items, request_params, request_shares, unsupported_reason,
@@ -61,18 +61,26 @@ def _from_cli_args(result, cls, args, *a, **k):
     if policy is None and raw is None and token_cap is None and not classifiers:
         return result
     # a flag sets its own setting; the others keep what their TREESPEC_* variable says (configure exports all)
-    source = "--treespec-config"
+    source, policy_source = "--treespec-config", "--treespec-policy"
     if policy is None:
-        policy = env(ENV_POLICY) or None
+        policy, policy_source = env(ENV_POLICY) or None, ENV_POLICY
     if raw is None:
         raw, source = env(ENV_CONFIG) or None, ENV_CONFIG
+    elif not raw.strip():  # given, and empty: never read as "no parameters"
+        raise ValueError(f"{source} must be a JSON object of the policy's parameters, got {raw!r}")
     if token_cap is None:
         token_cap = parse_token_cap(env(ENV_TOKEN_CAP) or None)
     config = load_config(raw, source) if raw else {}
     if not isinstance(config, dict):
         raise ValueError(f"{source} must be a JSON object of the policy's parameters, got {raw!r}")
-    defaults = configure(policy, config, token_cap, classifiers or None)  # validates (ValueError naming field and
-    # range), exports to the env; a default this server cannot draft stops it here, not every request later
+    # the classifiers (a policy's parameters may name one) and the token cap (its errors name it) first; then the
+    # policy, its errors naming where it came from; each validated (field and range) and exported to the env
+    configure(None, None, token_cap, classifiers or None)
+    try:
+        defaults = configure(policy, config, token_cap)
+    except ValueError as e:
+        raise ValueError(f"{policy_source} / {source}: {e}") from None
+    # a default this server cannot draft stops it here, not every request later
     reason = unsupported_reason(request_params(None, defaults), result)
     if reason is not None:
         raise ValueError(f"--treespec-policy {reason}")
@@ -94,6 +102,7 @@ def check_environment() -> None:
     tuning()
     max_rounds()
     registered()
+    fault_ranks()
 
 
 def _draft_head(original, self, *args, **kwargs):
