@@ -291,7 +291,7 @@ def test_the_scheduler_refuses_a_value_that_skipped_validation():
 
 
 def test_a_chain_mode_treespec_batch_votes_for_an_eager_draft_before_dp_ranks_reduce(monkeypatch):
-    """In chain mode (topk 1) a decode batch with policies votes no (the C2T stop reads each draft step);
+    """In chain mode (topk 1) a decode batch with a stopping chain votes no (the C2T stop reads each draft step);
     on a tree server it keeps the graph (the selection runs on the replay's pool)."""
     from treespec_sglang.plugin import hooks, server_hooks
 
@@ -300,7 +300,7 @@ def test_a_chain_mode_treespec_batch_votes_for_an_eager_draft_before_dp_ranks_re
         req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom))
         return SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_decode=lambda: decode))
 
-    talon = {"treespec": {"policy": "talon", "budget": 8}}
+    talon = {"treespec": {"policy": "chain", "length": 3, "beta": 0.4}}  # a stopping chain
     assert hooks._draft_graph_vote(True, batch(talon)) is False
     assert hooks._draft_graph_vote(True, batch(None)) is True  # native: SGLang's own vote
     assert hooks._draft_graph_vote(False, batch(None)) is False

@@ -101,12 +101,19 @@ def test_an_embedding_request_passes_untouched(refused):
     assert server_hooks._handle_batch_request(None, obj) is None and vars(obj) == {"text": "x"} and refused == []
 
 
+STOPPING = {"policy": "chain", "length": 4, "beta": 0.5}  # its C2T stop reads the draft's steps
+
+
 @pytest.fixture
 def chain_server(monkeypatch):
-    """A chain-mode server (topk 1) whose requests carry a treespec policy unless ``{"native": True}``."""
+    """A chain-mode server (topk 1) whose requests are their ``spec`` (absent: native), the chain graph's
+    recording off."""
+    from treespec_sglang.policies import parse_spec
+
     monkeypatch.setitem(server_hooks._DRAFT_TOPK, "topk", 1)
+    monkeypatch.delenv("TREESPEC_CHAIN_STOP_GRAPH", raising=False)
     monkeypatch.setattr(server_hooks, "server_defaults", lambda: None)
-    monkeypatch.setattr(server_hooks, "_req_params", lambda r, defaults: None if r.get("native") else "talon")
+    monkeypatch.setattr(server_hooks, "_req_params", lambda r, defaults: parse_spec(r["spec"]) if r else None)
 
 
 def decode(reqs):
@@ -114,15 +121,26 @@ def decode(reqs):
 
 
 def test_the_draft_graph_vote_edges(chain_server, monkeypatch):
-    """Only a decode batch with treespec requests on a chain server votes for an eager draft; a batch without
-    requests (an idle DP rank's, with or without the attribute) keeps SGLang's vote."""
-    assert server_hooks._draft_graph_vote(True, decode([{}])) is False
-    assert server_hooks._draft_graph_vote(True, decode([{"native": True}])) is True
+    """Only a decode batch with a stopping chain on a chain server votes for an eager draft, and only while the
+    graph does not record the steps; a batch without requests (an idle DP rank's, with or without the
+    attribute) keeps SGLang's vote."""
+    assert server_hooks._draft_graph_vote(True, decode([{}, {"spec": STOPPING}])) is False
+    assert server_hooks._draft_graph_vote(True, decode([{}])) is True
     assert server_hooks._draft_graph_vote(True, SimpleNamespace()) is True  # no reqs attribute, no forward_mode
     assert server_hooks._draft_graph_vote(True, SimpleNamespace(reqs=[])) is True
-    assert server_hooks._draft_graph_vote(False, decode([{}])) is False
+    assert server_hooks._draft_graph_vote(False, decode([{"spec": STOPPING}])) is False
+    monkeypatch.setenv("TREESPEC_CHAIN_STOP_GRAPH", "1")  # the graph records the steps: it replays
+    assert server_hooks._draft_graph_vote(True, decode([{"spec": STOPPING}])) is True
+    monkeypatch.delenv("TREESPEC_CHAIN_STOP_GRAPH")
     monkeypatch.setitem(server_hooks._DRAFT_TOPK, "topk", 2)  # a tree server: the selection runs after the graph
-    assert server_hooks._draft_graph_vote(True, decode([{}])) is True
+    assert server_hooks._draft_graph_vote(True, decode([{"spec": STOPPING}])) is True
+
+
+@pytest.mark.parametrize("spec", [{"policy": "chain", "length": 2}, {"policy": "none"}, {"policy": "chain"}])
+def test_a_chain_batch_whose_cut_reads_no_step_keeps_the_graph_under_dp_attention(chain_server, spec):
+    """Its cut is the rows' lengths alone: the draft hook keeps the graph without DP attention, and the vote
+    keeps it with (it voted every treespec chain batch eager: a lost graph every round)."""
+    assert server_hooks._draft_graph_vote(True, decode([{"spec": spec}, {}])) is True
 
 
 class Req:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Dict
 
+from ..policies.params import ChainParams
 from .chain_stop import chain_graph_enabled
 from .config import (ENV_CONFIG, ENV_POLICY, ENV_TOKEN_CAP, ServerDefaults, configure, draft_algorithm_mismatch,
                      load_config, parse_token_cap, server_defaults)
@@ -237,14 +238,16 @@ def _create_generation_req(req, self, *args, **kwargs):
 
 def _draft_graph_vote(result, local_batch, *args, **kwargs):
     # DP attention: each rank votes on the draft CUDA graph before SGLang min-reduces the votes across
-    # ranks. Tree mode keeps the graph (the selection runs after it); in chain mode a batch carrying
-    # treespec policies votes no, so every rank agrees to draft eagerly for the C2T stop (after the vote,
-    # turning the graph off on one rank would desynchronise the collectives)
+    # ranks. Tree mode keeps the graph (the selection runs after it); in chain mode a batch whose C2T stop reads
+    # the draft's steps (a chain with a beta) that the graph does not record (TREESPEC_CHAIN_STOP_GRAPH off) votes
+    # no, so every rank agrees to draft eagerly: exactly where the draft hook turns the graph off without DP
+    # attention (after the vote, turning it off on one rank would desynchronise the collectives)
     if not result or local_batch is None or not getattr(local_batch, "reqs", None) \
-            or not local_batch.forward_mode.is_decode() or _DRAFT_TOPK.get("topk", 1) > 1:
+            or not local_batch.forward_mode.is_decode() or _DRAFT_TOPK.get("topk", 1) > 1 or chain_graph_enabled():
         return result
     defaults = server_defaults()
-    return not any(_req_params(r, defaults) is not None for r in local_batch.reqs)
+    return not any(isinstance(p, ChainParams) and p.beta is not None
+                   for p in (_req_params(r, defaults) for r in local_batch.reqs))
 
 
 def _request_level_key(original, self, key, *args, **kwargs):
