@@ -153,6 +153,22 @@ def test_concurrency_caps_requests_in_flight(url, concurrency):
     assert wall >= (6 / concurrency) * 4 * STEP * 0.9
 
 
+def test_an_interrupt_drops_the_queued_requests_instead_of_sending_them_first(url):
+    """Ctrl-C (here: ``on_done`` raising it after the first request) leaves at once: the queued requests are
+    never sent (leaving the executor's ``with`` waited for all of them, minutes with a real prompt set)."""
+    Fake.bodies.clear()
+
+    def interrupt(rec):
+        raise KeyboardInterrupt
+
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        run_requests(url, [[1]] * 10, {"max_new_tokens": 4}, concurrency=1, on_done=interrupt)
+    assert time.perf_counter() - t0 < 3 * 4 * STEP  # the first request and at most one more, not ten
+    time.sleep(4 * 4 * STEP)  # a request already in flight may still complete; nothing else is sent
+    assert len(Fake.bodies) <= 2
+
+
 def test_connection_refused_is_a_request_error():
     rec = stream_generate("http://127.0.0.1:9", 0, [1], {}, timeout=5)
     assert not rec.ok and "URLError" in rec.error

@@ -2,6 +2,7 @@
 retried on a fresh port instead of waiting out SGLang's warmup."""
 
 import sys
+import time
 
 import pytest
 
@@ -50,3 +51,34 @@ def test_a_server_that_never_gets_a_port_is_refused_after_the_tries(tmp_path):
         with server:
             pass
     assert len((tmp_path / "starts").read_text()) == BIND_TRIES and server.proc is None
+
+
+# a driver as bench-server runs one: the stand-in server started inside stopped_by_signals, its pid printed
+DRIVER = r"""
+import sys, time
+from treespec_sglang.serverbench.server import LaunchedServer, stopped_by_signals
+server = LaunchedServer(sys.argv[2:], sys.argv[1], device="cuda", startup_timeout=60)
+with stopped_by_signals(), server:
+    print(server.proc.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_signal_to_the_driver_stops_the_server_it_launched(tmp_path, sig):
+    """The server runs in a session of its own (a terminal's signals never reach it) and Python's default
+    SIGTERM does not unwind ``with``: ``timeout``, a cancelled CI job or a dropped ssh session left it running."""
+    import os
+    import signal
+    import subprocess
+
+    _, argv, _ = stand_in(tmp_path, 0)
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path / "driver.log"), *argv],
+                              stdout=subprocess.PIPE, text=True)
+    server_pid = int(driver.stdout.readline())
+    driver.send_signal(getattr(signal, sig))
+    assert driver.wait(timeout=90) == 128 + getattr(signal, sig)
+    with pytest.raises(ProcessLookupError):  # the server's process group is gone
+        for _ in range(100):
+            os.killpg(server_pid, 0)
+            time.sleep(0.1)

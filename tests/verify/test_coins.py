@@ -16,7 +16,7 @@ from treespec_sglang.tree import DraftTree
 from treespec_sglang.verify import sampling as sampling_mod
 from treespec_sglang.verify import chain as chain_mod
 from treespec_sglang.verify import first_sibling_mask, sample, verify_chain, verify_tree, walk_tree
-from treespec_sglang.verify.sampling import check_sampling, sample_probs, top_p_renorm
+from treespec_sglang.verify.sampling import check_sampling, sample_probs, target_probs, top_p_renorm
 
 
 def inverse_cdf(weights, u):
@@ -152,6 +152,33 @@ def test_top_p_keeps_a_token_only_while_the_mass_before_it_is_below_p():
     torch.testing.assert_close(got, want)
     flat = torch.full((1, 64), 1 / 64)  # 64 tied tokens (long enough for an unstable sort to reorder them)
     assert top_p_renorm(flat, torch.tensor([[0.25]])).tolist() == [[1 / 16] * 16 + [0.0] * 48]
+
+
+def test_a_row_of_top_p_one_keeps_every_token_as_the_scalar_does():
+    """A ``[bs]`` top_p tensor with a row at 1.0 is that row's top-p off, as a scalar 1 is: a float32 cumsum reaches
+    1.0 before a long tail ends (tokens with mass were dropped, 1.4k-2k of them at a 49k vocab)."""
+    x = torch.randn(3, 49152, generator=torch.Generator().manual_seed(0)) * 3
+    off = target_probs(x, 1.0)
+    mixed = target_probs(x, 1.0, top_p=torch.tensor([1.0, 0.9, 1.0]))
+    assert torch.equal(mixed[[0, 2]], off[[0, 2]]) and (off[[0, 2]] > 0).all()
+    assert torch.equal(mixed[1], target_probs(x, 1.0, top_p=0.9)[1])  # the other row's top-p unchanged
+
+
+@pytest.mark.parametrize("T", [1e-39, 1e-12, 9.99e-7])
+def test_a_temperature_below_the_greedy_bound_samples_greedily_as_in_sglang(T):
+    """1 / T overflowed to inf and softmax to NaN, and the least likely token came out; a row of such a
+    temperature beside sampled rows is greedy too, and a tree verify walks greedily."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1)) * 4
+    assert sample(logits, T).tolist() == logits.argmax(-1).tolist()
+    rows = target_probs(logits, torch.tensor([T, 1.0, T]))
+    assert torch.equal(rows[[0, 2]], torch.nn.functional.one_hot(logits[[0, 2]].argmax(-1), 50).float())
+    assert torch.equal(rows[1], target_probs(logits, 1.0)[1]) and not rows.isnan().any()
+    tree = DraftTree.from_lists([[1, int(logits[0].argmax())]], [[-1, 0]])
+    tl = logits[:1, None].expand(1, 2, 50)
+    got, want = verify_tree(tree, tl, temperature=T), verify_tree(tree, tl)
+    assert torch.equal(got.path, want.path) and torch.equal(got.bonus, want.bonus) and got.num_accepted.tolist() == [1]
+    near = torch.tensor([[0.0, 1e-7]])  # at the bound itself it samples: logits 0.1 apart after the division
+    torch.testing.assert_close(target_probs(near, 1e-6), torch.softmax(torch.tensor([[0.0, 0.1]]), -1))
 
 
 def test_sample_defaults_to_greedy_and_follows_the_generator():

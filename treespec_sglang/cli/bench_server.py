@@ -76,7 +76,8 @@ def run(a: argparse.Namespace) -> int:
 
     from ..serverbench import build_matrix, encode_prompts, load_prompts, parse_servers, run_matrix
     from ..serverbench.matrix import parse_list
-    from ..serverbench.server import LaunchedServer, free_port, get_json, launch_command, setting_of
+    from ..serverbench.server import (LaunchedServer, free_port, get_json, launch_command, setting_of,
+                                      stopped_by_signals)
 
     # bad input raises ValueError / OSError: cli.main prints it as one line with exit code 2
     extra = json.loads(a.policy_json) if a.policy_json else None
@@ -115,8 +116,9 @@ def run(a: argparse.Namespace) -> int:
     ids = encode_prompts(tokenizer, prompts, chat_template=not a.no_chat_template)
     print(f"{len(cells)} cells over {len(servers)} server setting(s), {len(ids)} prompts each")
     t0 = time.time()
-    rows = run_matrix(cells, ids, launcher, max_new_tokens=a.max_new_tokens, out=a.out,
-                      prompt_names=[p[0] for p in prompts], ignore_eos=a.ignore_eos)
+    with stopped_by_signals():  # SIGTERM / SIGHUP stop the launched servers too
+        rows = run_matrix(cells, ids, launcher, max_new_tokens=a.max_new_tokens, out=a.out,
+                          prompt_names=[p[0] for p in prompts], ignore_eos=a.ignore_eos)
     with open(os.path.join(a.out, "table.md")) as f:
         print("\n" + f.read())
     print(f"{time.time() - t0:.0f} s; wrote {a.out}/results.jsonl, requests.jsonl, table.md, "

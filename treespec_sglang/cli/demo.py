@@ -13,6 +13,7 @@ import os
 
 from ..engine.runs import (draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets,
                            plan_vs_measured, run_policy, verdict)
+from ..verify.sampling import is_greedy
 from .runs import PACK, add_dtype, set_threads
 
 __all__ = ["add_parser"]
@@ -68,7 +69,7 @@ def run(a: argparse.Namespace) -> int:
         for spec in specs:
             runs.append(run_policy(engine, ids, spec, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size,
                                    temperature=a.temperature, seed=a.seed, bar=bar))
-        if not a.no_peers and a.temperature == 0:
+        if not a.no_peers and is_greedy(a.temperature):
             from .peers import HFPeer
 
             hf = HFPeer(resolve_target(a.target), engine.dtype, sorted(engine.eos))

@@ -1,6 +1,8 @@
 """Lossless in bf16: where a speculative output differs from plain decoding, was it a near-tie?
 
-In float32 our speculative greedy output equals plain greedy token for token. In bf16 a tree
+In float32 our speculative greedy output equals plain greedy token for token (attention still rounds a
+query by the batch's shape, by some 1e-5 logits: a float32 near-tie inside that would show as a divergence, and
+the verdict stays strict there). In bf16 a tree
 forward (many query tokens) and a one-token forward round differently, so the target's argmax can
 flip where its top two logits are within bf16 rounding (measured on the demo target: max
 logit difference 0.875 between the two paths, disagreements at margins below 0.5). The check this

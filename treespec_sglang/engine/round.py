@@ -18,6 +18,7 @@ from ..policies import grow_tree
 from ..policies.calibration import DepthCalibration
 from ..tree import DraftTree, dense_mask, to_grid
 from ..verify import emitted_tokens, verify_tree, walk_greedy
+from ..verify.sampling import is_greedy
 from .calls import ModelCalls
 from .token_cap import AutoTokenCap, plan_round
 from .expander import EntropyRecorder, TreeExpander
@@ -110,7 +111,7 @@ def verify(m: ModelCalls, b: Batch, tree: DraftTree, rows: Optional[torch.Tensor
     lf = m.logits(flat)  # [T, vocab]
     hidden = to_grid(flat, rows, bs, n)  # padding rows zero
     temp = opts.sampling["temperature"]
-    if not isinstance(temp, torch.Tensor) and temp == 0:
+    if is_greedy(temp):
         # the greedy walk reads argmaxes only: no [bs, n, vocab] grid (padding rows: 0, never read)
         return hidden, walk_greedy(tree, to_grid(lf.argmax(-1), rows, bs, n))
     return hidden, verify_tree(tree, to_grid(lf, rows, bs, n), generator=opts.generator, validate=False,

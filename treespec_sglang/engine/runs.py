@@ -11,6 +11,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from ..verify.sampling import is_greedy
+
 __all__ = ["PRESETS", "parse_policies", "label", "PolicyRun", "run_policy", "verdict", "format_table", "failed_requests",
            "draft_dir_of", "plan_vs_measured", "pick_budgets"]
 
@@ -138,7 +140,7 @@ def verdict(engine, prompt_ids, base: "PolicyRun", run: "PolicyRun", temperature
         return f"FAILED {len(errors)}/{len(run.results)}: {errors[0]}"
     if run.spec is None:
         return "-"
-    if temperature > 0:
+    if not is_greedy(temperature):
         return "n/a (T>0)"
     ref, outs = [x.token_ids for x in base.results], [x.token_ids for x in run.results]
     if ref == outs:

@@ -94,13 +94,18 @@ def run_requests(url: str, prompts: Sequence[Sequence[int]], sampling_params: di
                  on_done: Optional[Callable[[RequestRecord], None]] = None, timeout: float = 600):
     """Send every prompt, at most ``concurrency`` in flight; returns (records in prompt order, wall seconds)."""
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    try:
         futures = [pool.submit(stream_generate, url, i, ids, sampling_params, timeout) for i, ids in enumerate(prompts)]
         records = []
         for f in as_completed(futures):
             records.append(f.result())
             if on_done is not None:
                 on_done(records[-1])
+    except BaseException:  # Ctrl-C, a signal, on_done raising: the queued requests are dropped, not sent first
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return sorted(records, key=lambda r: r.index), time.perf_counter() - t0
 
 

@@ -8,6 +8,7 @@ everything else is HTTP. On a CPU (``device="cpu"``) the launch uses SGLang's CP
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -162,6 +163,23 @@ class LaunchedServer:
                 continue
         self.log.close()
         self.proc = None
+
+
+@contextlib.contextmanager
+def stopped_by_signals(signals=(signal.SIGTERM, signal.SIGHUP)):
+    """Inside, SIGTERM / SIGHUP raise ``SystemExit(128 + signal)`` in the main thread, so every ``with
+    LaunchedServer`` unwinds and stops its server. A server runs in a session of its own (a terminal's signals
+    never reach it), and Python's default SIGTERM ends the process without unwinding: ``timeout``, a cancelled
+    CI job or a dropped ssh session left the server running (holding its GPU memory)."""
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    before = {sig: signal.signal(sig, _raise) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def setting_of(info: dict) -> ServerSetting:

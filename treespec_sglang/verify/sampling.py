@@ -14,9 +14,20 @@ from typing import Optional, Union
 import torch
 
 __all__ = ["target_probs", "sample_probs", "sample", "as_row_tensor", "uniform", "check_sampling", "check_scalar",
-           "SAMPLING_RANGES"]
+           "SAMPLING_RANGES", "GREEDY_BELOW", "is_greedy"]
 
 Num = Union[float, int, torch.Tensor]
+
+
+# a temperature below this samples greedily (SGLang's convention, its _SAMPLING_EPS): dividing the logits by a
+# smaller one overflows to inf and softmax gives NaN
+GREEDY_BELOW = 1e-6
+
+
+def is_greedy(temperature) -> bool:
+    """Whether a host-side ``temperature`` means greedy decoding (a tensor is never read: its rows decide on the
+    device, :func:`target_probs`)."""
+    return not isinstance(temperature, torch.Tensor) and temperature < GREEDY_BELOW
 
 
 # scalar sampling parameters: (low, high, integer); top_k <= 0 disables top-k, top_p = 1 disables top-p
@@ -59,7 +70,7 @@ def target_probs(logits: torch.Tensor, temperature: Num = 0.0, top_k: Num = -1, 
     logits : torch.Tensor
         ``[bs, ..., vocab]`` float.
     temperature : float or ``[bs]`` tensor
-        0 = greedy (one-hot argmax).
+        0 (below :data:`GREEDY_BELOW`, as in SGLang) = greedy (one-hot argmax).
     top_k : int or ``[bs]`` tensor
         Keep the k most likely tokens; <= 0 disables.
     top_p : float or ``[bs]`` tensor
@@ -85,9 +96,10 @@ def target_probs(logits: torch.Tensor, temperature: Num = 0.0, top_k: Num = -1, 
     x = logits.float()
     greedy = torch.nn.functional.one_hot(x.argmax(-1), V).float()
     # host-side shortcuts when a parameter is a plain number that disables a stage (no sync)
-    if not isinstance(temperature, torch.Tensor) and temperature == 0:
+    if is_greedy(temperature):
         return greedy
-    x = x / torch.where(T > 0, T, 1.0)
+    sampled = T >= GREEDY_BELOW  # the other rows are greedy
+    x = x / torch.where(sampled, T, 1.0)
     if isinstance(top_k, torch.Tensor) or top_k > 0:
         # top-k: drop everything below the k-th largest value (ties at the k-th value are kept)
         k_eff = torch.where(k > 0, k.clamp(max=V), V)
@@ -97,20 +109,22 @@ def target_probs(logits: torch.Tensor, temperature: Num = 0.0, top_k: Num = -1, 
     probs = torch.softmax(x, dim=-1)
     if isinstance(top_p, torch.Tensor) or top_p < 1:
         probs = top_p_renorm(probs, p)  # on the renormalised top-k distribution
-    return torch.where(T > 0, probs, greedy)
+    return torch.where(sampled, probs, greedy)
 
 
 def top_p_renorm(probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """Keep token j if the mass strictly before it (descending order) is < p, then renormalise.
 
-    probs ``[..., vocab]``; p broadcastable to ``[..., 1]``.
+    probs ``[..., vocab]``; p broadcastable to ``[..., 1]`` (a row of p = 1 keeps every token).
     Example: probs [0.5, 0.3, 0.2], p 0.6 -> [0.625, 0.375, 0.0].
     """
     sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     drop_sorted = (sp.cumsum(-1) - sp) >= p
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     kept = torch.where(drop, 0.0, probs)
-    return kept / kept.sum(-1, keepdim=True)
+    # a row of p = 1 is left as it is (as a scalar 1 skips this function): a float32 cumsum reaches 1.0 before a
+    # long tail ends, and renormalising what it kept would move every value
+    return torch.where(p < 1, kept / kept.sum(-1, keepdim=True), probs)
 
 
 def uniform(shape, device, generator: Optional[torch.Generator]) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from ..tree import DraftTree
-from .sampling import Num, sample_probs, target_probs, uniform
+from .sampling import Num, is_greedy, sample_probs, target_probs, uniform
 
 __all__ = ["VerifyResult", "verify_tree", "walk_tree", "walk_greedy", "emitted_tokens", "first_sibling_mask"]
 
@@ -92,7 +92,7 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, *, temperature: Nu
             b, i = (int(x) for x in bad.nonzero()[0])
             raise ValueError(f"target_logits of request {b}, node {i} hold NaN / +inf or are -inf everywhere: "
                              f"no token can be verified from them")
-    if not isinstance(temperature, torch.Tensor) and temperature == 0:  # host-side check, no sync
+    if is_greedy(temperature):  # host-side check, no sync
         return walk_greedy(tree, target_logits.argmax(-1))  # == walk_tree on one-hot rows, no [.., vocab] work
     probs = target_probs(target_logits, temperature, top_k, top_p)  # [bs, n_nodes, vocab]
     return walk_tree(tree, probs, uniform((bs, tree.depth_bound + 1), tree.device, generator))
