@@ -50,6 +50,39 @@ def test_bad_cli_input_is_one_line_and_exit_code_2(argv, message):
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--every", "0"], "treespec bench: error: argument --every: must be an integer >= 1, got 0"),
+    (["bench", "--limit", "-1"], "argument --limit: must be an integer >= 1, got -1"),  # sliced a prompt away
+    (["bench-server", "--every", "x"], "argument --every: must be an integer >= 1, got 'x'"),
+    (["demo", "--humaneval", "-1"], "argument --humaneval: must be an integer >= 0, got -1"),
+    (["demo", "--lookup", "0"], "argument --lookup: must be an integer >= 1, got 0"),  # ran greedy, labelled k=0
+    (["train", "c2t", "--every", "0"], "argument --every: must be an integer >= 1, got 0"),
+    (["train", "draft", "--heldout-every", "2"], "argument --heldout-every: must be an integer >= 3, got 2"),
+    (["train", "vocab", "--heldout-every", "0"], "argument --heldout-every: must be an integer >= 3, got 0"),
+    (["train", "data", "--limit", "0"], "argument --limit: must be an integer >= 1, got 0"),
+])
+def test_a_count_out_of_range_is_one_line_naming_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--concurrency", "1,x"], "--concurrency entries must be integers >= 1, got 'x'"),
+    (["--concurrency", "0"], "--concurrency entries must be integers >= 1, got '0'"),
+    (["--temperatures", "-1"], "--temperatures entries must be numbers >= 0.0, got '-1'"),
+    (["--policy-json", '{"talon": 5}'], "--policy-json['talon'] must be a JSON object of that policy's parameters, "
+                                        "got 5"),
+    (["--policy-json", '{"tallon": {"mu": 0.1}}'], "--policy-json keys must be policy names"),
+])
+def test_bench_server_refuses_bad_lists_and_overrides_naming_the_flag(flags, message, capsys):
+    """Before any server starts or any model loads (a bad override was a TypeError traceback, a typo ignored)."""
+    assert main(["bench-server", "--url", "http://127.0.0.1:9", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
 def _command_paths(parser, prefix=()):
     """Every subcommand path of ``parser`` (``("train", "draft")``, ...), walked through argparse's tree."""
     import argparse

@@ -77,7 +77,8 @@ def test_other_versions_are_refused(tmp_path, capsys):
     with pytest.raises(PatchError, match=r"target sglang==0.5.23, found sglang==0.5.22"):
         find_sglang(site)
     assert main(["patch", "apply", "--site", site]) == 2
-    assert "found sglang==0.5.22" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1 and "found sglang==0.5.22" in out.err  # one line, on stderr
 
 
 @pytest.mark.sglang

@@ -33,9 +33,16 @@ def _policies(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its usage errors on one line, as every other bad input (``main``): exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``treespec`` parser with every subcommand (``main`` parses with it; tests walk it)."""
-    ap = argparse.ArgumentParser(prog="treespec", description="treespec-sglang: per-request draft-tree policies")
+    ap = _Parser(prog="treespec", description="treespec-sglang: per-request draft-tree policies")
     ap.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("policies", help="list the tree policies, their parameters and defaults")

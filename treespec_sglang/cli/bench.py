@@ -10,7 +10,7 @@ import sys
 
 from ..engine.runs import (draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets,
                            run_policy, verdict)
-from .runs import PACK, add_dtype, set_threads
+from .runs import PACK, add_dtype, int_at_least, set_threads
 
 __all__ = ["add_parser", "write_outputs"]
 
@@ -20,19 +20,19 @@ def add_parser(sub) -> None:
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--draft", default="demo")
     p.add_argument("--prompts", default="humaneval,mtbench", help="comma-separated prompt sets")
-    p.add_argument("--limit", type=int, default=None, help="first N prompts of each set")
-    p.add_argument("--every", type=int, default=1,
+    p.add_argument("--limit", type=int_at_least(1), default=None, help="first N prompts of each set")
+    p.add_argument("--every", type=int_at_least(1), default=1,
                    help="only prompts whose index %% N == 0 (e.g. 10: the split `train draft` holds out)")
     p.add_argument("--policies", default="eagle2,talon,salf,c2t,chain")
     p.add_argument("--policy-json", default=None)
     p.add_argument("--budget", type=int, default=None)
     p.add_argument("--auto-budgets", action="store_true",
                    help="per policy, the budget this machine's cost curve favours at --batch-size (as `demo` does)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=64)
+    p.add_argument("--batch-size", type=int_at_least(1), default=8)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
+    p.add_argument("--threads", type=int_at_least(1), default=None)
     add_dtype(p)
     p.add_argument("--out", default="bench/results/engine", help="output directory")
     p.set_defaults(fn=run)

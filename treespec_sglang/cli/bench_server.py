@@ -15,6 +15,8 @@ import sys
 import time
 from contextlib import nullcontext
 
+from .runs import int_at_least
+
 __all__ = ["add_parser", "run"]
 
 
@@ -38,9 +40,9 @@ def add_parser(sub) -> None:
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--temperatures", default="0")
     p.add_argument("--prompts", default="humaneval,mtbench", help="prompt sets and/or .jsonl files, comma list")
-    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each source")
-    p.add_argument("--every", type=int, default=1, help="every k-th prompt (10: the held-out split)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--num-prompts", type=int_at_least(1), default=None, help="first N prompts of each source")
+    p.add_argument("--every", type=int_at_least(1), default=1, help="every k-th prompt (10: the held-out split)")
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=128)
     p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
     p.add_argument("--no-chat-template", action="store_true", help="send the raw user text")
     p.add_argument("--server-args", default="", help="extra launch_server arguments (one string)")
@@ -69,13 +71,24 @@ def _paths(a):
     return model, draft, tmap
 
 
+def _number(kind, raw: str, flag: str, lo):
+    """One entry of a comma list flag as ``kind`` (>= ``lo``), or a ValueError naming the flag."""
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or not value >= lo:
+        raise ValueError(f"{flag} entries must be {'integers' if kind is int else 'numbers'} >= {lo}, got {raw!r}")
+    return value
+
+
 def run(a: argparse.Namespace) -> int:
     import json
 
     from transformers import AutoTokenizer
 
     from ..serverbench import build_matrix, encode_prompts, load_prompts, parse_servers, run_matrix
-    from ..serverbench.matrix import parse_list
+    from ..serverbench.matrix import POLICY_NAMES, parse_list
     from ..serverbench.server import (LaunchedServer, free_port, get_json, launch_command, setting_of,
                                       stopped_by_signals)
 
@@ -83,10 +96,14 @@ def run(a: argparse.Namespace) -> int:
     extra = json.loads(a.policy_json) if a.policy_json else None
     if extra is not None and not isinstance(extra, dict):
         raise ValueError(f"--policy-json must be a JSON object keyed by policy name, got {a.policy_json!r}")
-    if a.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
-    concurrency = [int(x) for x in parse_list(a.concurrency, "--concurrency")]
-    temps = [float(x) for x in parse_list(a.temperatures, "--temperatures")]
+    for name, over in (extra or {}).items():  # its values are the server's to judge (a bad one fails its row)
+        if name not in POLICY_NAMES:
+            raise ValueError(f"--policy-json keys must be policy names {list(POLICY_NAMES)}, got {name!r}")
+        if not isinstance(over, dict):
+            raise ValueError(f"--policy-json[{name!r}] must be a JSON object of that policy's parameters, got "
+                             f"{json.dumps(over)}")
+    concurrency = [_number(int, x, "--concurrency", 1) for x in parse_list(a.concurrency, "--concurrency")]
+    temps = [_number(float, x, "--temperatures", 0.0) for x in parse_list(a.temperatures, "--temperatures")]
     policies = parse_list(a.policies, "--policies") if a.policies.strip() else []
     budgets = parse_list(a.budgets, "--budgets")
     if a.url:

@@ -14,7 +14,7 @@ import os
 from ..engine.runs import (draft_dir_of, failed_requests, format_table, label, parse_policies, pick_budgets,
                            plan_vs_measured, run_policy, verdict)
 from ..verify.sampling import is_greedy
-from .runs import PACK, add_dtype, set_threads
+from .runs import PACK, add_dtype, int_at_least, set_threads
 
 __all__ = ["add_parser"]
 
@@ -29,15 +29,15 @@ def add_parser(sub) -> None:
     p.add_argument("--policy-json", default=None, help="extra policy dict(s) as JSON")
     p.add_argument("--budget", type=int, default=None,
                    help="one budget for every preset (default: per policy, from this machine's cost curve)")
-    p.add_argument("--humaneval", type=int, default=2, help="number of held-out HumanEval prompts")
-    p.add_argument("--mtbench", type=int, default=2, help="number of held-out MT-bench prompts")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--humaneval", type=int_at_least(0), default=2, help="number of held-out HumanEval prompts")
+    p.add_argument("--mtbench", type=int_at_least(0), default=2, help="number of held-out MT-bench prompts")
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=64)
+    p.add_argument("--batch-size", type=int_at_least(1), default=1)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
+    p.add_argument("--threads", type=int_at_least(1), default=None)
     p.add_argument("--no-peers", action="store_true", help="skip the transformers greedy / prompt-lookup rows")
-    p.add_argument("--lookup", type=int, default=10, help="prompt_lookup_num_tokens of the transformers peer")
+    p.add_argument("--lookup", type=int_at_least(1), default=10, help="prompt_lookup_num_tokens of the transformers peer")
     add_dtype(p)
     p.set_defaults(fn=run)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 __all__ = ["add_parser"]
 
@@ -28,7 +29,7 @@ def run(a: argparse.Namespace) -> int:
         else:
             rows = revert_patches(patches, site)
     except PatchError as e:
-        print(f"treespec patch {a.action}: {e}")
+        print(f"treespec patch {a.action}: {e}", file=sys.stderr)  # one line on stderr, as every command's errors
         return 2
     print(f"sglang {version} at {site}")
     for name, state in rows:

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from .runs import set_threads
+from .runs import int_at_least, set_threads
 
 __all__ = ["add_parser"]
 
@@ -19,11 +19,11 @@ def add_parser(sub) -> None:
     d = tsub.add_parser("data", help="answer prompts with the target and store its hidden states (resumable)")
     d.add_argument("--target", default="smollm2-135m")
     d.add_argument("--prompts", default="humaneval,mtbench")
-    d.add_argument("--limit", type=int, default=None, help="first N prompts of each set")
-    d.add_argument("--max-new-tokens", type=int, default=128)
-    d.add_argument("--batch-size", type=int, default=8)
+    d.add_argument("--limit", type=int_at_least(1), default=None, help="first N prompts of each set")
+    d.add_argument("--max-new-tokens", type=int_at_least(1), default=128)
+    d.add_argument("--batch-size", type=int_at_least(1), default=8)
     d.add_argument("--temperature", type=float, default=0.0)
-    d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--threads", type=int_at_least(1), default=None)
     d.add_argument("--dtype", default="auto", help="target dtype: auto (bf16 where the CPU has AMX / AVX512-BF16), "
                                                    "float32, bfloat16")
     d.add_argument("--device", default="cpu", help=DEVICE_HELP)
@@ -32,25 +32,25 @@ def add_parser(sub) -> None:
     r = tsub.add_parser("trees", help="TALF: the target's EAGLE-2 beam tree at every loss position (resumable)")
     r.add_argument("--target", default="smollm2-135m")
     r.add_argument("--data", default="data/distill")
-    r.add_argument("--topk", type=int, default=4, help="beam width k (SALF & TALF App. D: 4)")
-    r.add_argument("--depth", type=int, default=3, help="tree levels, root included (App. D: 3)")
-    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--topk", type=int_at_least(1), default=4, help="beam width k (SALF & TALF App. D: 4)")
+    r.add_argument("--depth", type=int_at_least(1), default=3, help="tree levels, root included (App. D: 3)")
+    r.add_argument("--threads", type=int_at_least(1), default=None)
     r.add_argument("--device", default="cpu", help=DEVICE_HELP)
     r.add_argument("--out", default="data/talf-trees")
     r.set_defaults(fn=run_trees)
     v = tsub.add_parser("vocab", help="a reduced draft vocabulary (token map) from the distillation data")
     v.add_argument("--target", default="smollm2-135m")
     v.add_argument("--data", default="data/distill")
-    v.add_argument("--size", type=int, default=8192)
-    v.add_argument("--heldout-every", type=int, default=10)
+    v.add_argument("--size", type=int_at_least(1), default=8192)
+    v.add_argument("--heldout-every", type=int_at_least(3), default=10)
     v.add_argument("--out", default="checkpoints/token_map.pt")
     v.set_defaults(fn=run_vocab)
     st = tsub.add_parser("states", help="EAGLE-3: recompute stored sequences' target states with the three "
                                         "captured layers (one prefill per batch, no generation; resumable)")
     st.add_argument("--target", default="smollm2-135m")
     st.add_argument("--data", default="data/distill")
-    st.add_argument("--batch-size", type=int, default=8)
-    st.add_argument("--threads", type=int, default=None)
+    st.add_argument("--batch-size", type=int_at_least(1), default=8)
+    st.add_argument("--threads", type=int_at_least(1), default=None)
     st.add_argument("--dtype", default="float32", help="target dtype (the states are stored as float16)")
     st.add_argument("--device", default="cpu", help=DEVICE_HELP)
     st.add_argument("--out", default="data/distill-eagle3")
@@ -67,44 +67,44 @@ def add_parser(sub) -> None:
                    help="train a reduced-vocabulary draft over these target ids (`treespec train vocab`); "
                         "copied into the output as token_map.pt (SGLang: --speculative-token-map)")
     t.add_argument("--init", default=None, help="start from this draft directory (default: seeded random)")
-    t.add_argument("--steps", type=int, default=200)
+    t.add_argument("--steps", type=int_at_least(1), default=200)
     t.add_argument("--lr", type=float, default=3e-4)
-    t.add_argument("--batch-size", type=int, default=4)
-    t.add_argument("--ttt-steps", type=int, default=3)
+    t.add_argument("--batch-size", type=int_at_least(1), default=4)
+    t.add_argument("--ttt-steps", type=int_at_least(1), default=3)
     t.add_argument("--gamma", type=float, default=0.8)
     t.add_argument("--eta", type=float, default=3.0)
-    t.add_argument("--max-len", type=int, default=384)
-    t.add_argument("--heldout-every", type=int, default=10,
+    t.add_argument("--max-len", type=int_at_least(2), default=384)
+    t.add_argument("--heldout-every", type=int_at_least(3), default=10,
                    help="hold out every N-th sequence (index %% N == 0) for evaluation")
-    t.add_argument("--eval-every", type=int, default=50)
+    t.add_argument("--eval-every", type=int_at_least(1), default=50)
     t.add_argument("--eval-policy", default='{"policy": "eagle2", "budget": 16, "topk": 4, "depth": 4}',
                    help="policy (JSON) for the periodic held-out tau measured through the engine")
-    t.add_argument("--eval-prompts", type=int, default=4, help="held-out prompts for that tau (0 = skip)")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--eval-prompts", type=int_at_least(0), default=4, help="held-out prompts for that tau (0 = skip)")
+    t.add_argument("--seed", type=int_at_least(0), default=0)
+    t.add_argument("--threads", type=int_at_least(1), default=None)
     t.add_argument("--resume", action="store_true",
                    help="continue from <out>/train_state.pt (written at every --eval-every) if it exists")
     t.add_argument("--dtype", default="float32", help="the target's dtype while training (the head trains in float32)")
     t.add_argument("--device", default="cpu", help=DEVICE_HELP)
     t.add_argument("--config", default=None, help="JSON file with any of the flags above")
     t.add_argument("--out", default="checkpoints/draft")
-    t.set_defaults(fn=run_draft)
+    t.set_defaults(fn=run_draft, draft_actions=t._actions)  # --config reads its flags as they parse
     c = tsub.add_parser("c2t", help="collect C2T node data with a draft head and train the classifier")
     c.add_argument("--target", default="smollm2-135m")
     c.add_argument("--draft", default="demo")
     c.add_argument("--prompts", default="humaneval,mtbench")
-    c.add_argument("--every", type=int, default=1, help="use prompts whose index %% N == 0")
-    c.add_argument("--offset", type=int, default=0, help="... or (index + offset) %% N == 0")
-    c.add_argument("--limit", type=int, default=None)
-    c.add_argument("--topk", type=int, default=4)
-    c.add_argument("--depth", type=int, default=4)
-    c.add_argument("--max-new-tokens", type=int, default=64)
-    c.add_argument("--batch-size", type=int, default=8)
-    c.add_argument("--hidden", type=int, default=48)
-    c.add_argument("--epochs", type=int, default=10)
+    c.add_argument("--every", type=int_at_least(1), default=1, help="use prompts whose index %% N == 0")
+    c.add_argument("--offset", type=int_at_least(0), default=0, help="... or (index + offset) %% N == 0")
+    c.add_argument("--limit", type=int_at_least(1), default=None)
+    c.add_argument("--topk", type=int_at_least(1), default=4)
+    c.add_argument("--depth", type=int_at_least(1), default=4)
+    c.add_argument("--max-new-tokens", type=int_at_least(1), default=64)
+    c.add_argument("--batch-size", type=int_at_least(1), default=8)
+    c.add_argument("--hidden", type=int_at_least(1), default=48)
+    c.add_argument("--epochs", type=int_at_least(1), default=10)
     c.add_argument("--neg-per-pos", type=float, default=1.0, help="negatives sampled per positive each epoch")
     c.add_argument("--samples", default=None, help="reuse (or save) the collected node samples at this .pt path")
-    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--threads", type=int_at_least(1), default=None)
     c.add_argument("--dtype", default="auto", help="engine dtype (auto: bf16 where the CPU runs it natively)")
     c.add_argument("--out", default="checkpoints/c2t.pt")
     c.set_defaults(fn=run_c2t)
@@ -151,7 +151,10 @@ def _split(data: str, every: int, seqs):
     from ..training.data import split_roles
 
     roles = split_roles(data, every)
-    return [s for s, r in zip(seqs, roles) if r == "train"], [s for s, r in zip(seqs, roles) if r == "test"]
+    train = [s for s, r in zip(seqs, roles) if r == "train"]
+    if not train:  # a map or a head from nothing (train vocab wrote a map of the lowest ids)
+        raise ValueError(f"--data {data} with --heldout-every {every} leaves no training sequence")
+    return train, [s for s, r in zip(seqs, roles) if r == "test"]
 
 
 def run_states(a: argparse.Namespace) -> int:
@@ -196,9 +199,8 @@ def run_draft(a: argparse.Namespace) -> int:
     from ..training.trainer import TrainConfig, train_draft
 
     if a.config:
-        with open(a.config) as f:
-            for k, v in json.load(f).items():
-                setattr(a, k.replace("-", "_"), v)
+        _apply_config(a, a.config)
+    eval_policy = _eval_policy(a.eval_policy)  # checked before any model loads
     set_threads(a.threads)
     torch.manual_seed(a.seed)
     if a.arch == "eagle3" and not a.init:
@@ -207,6 +209,7 @@ def run_draft(a: argparse.Namespace) -> int:
         engine = SpecEngine.from_pretrained(a.target, draft=a.init, seed=a.seed, dtype=a.dtype, fuse=False,
                                             device=a.device)
     print(f"dtype {engine.dtype_note}", flush=True)  # stdout: an error after it stays one line
+    _check_head(a, engine.draft)
     if a.token_map and not engine.draft.owns_lm_head:
         engine.set_token_map(read_token_map(a.token_map))
     d2t = engine.token_map  # from --token-map, or the --init draft's own token_map.pt
@@ -228,13 +231,15 @@ def run_draft(a: argparse.Namespace) -> int:
 
     eval_prompts = [seq[0][:int(seq[2].long().argmax())].tolist() for seq in held[:a.eval_prompts]
                     if bool(seq[2].any())]
-    eval_policy = json.loads(a.eval_policy)
 
     def checkpoint(head):
         head.save(a.out, dtype=torch.bfloat16)
         if not eval_prompts:
             return {}
         res = engine.generate(eval_prompts, max_new_tokens=32, policy=eval_policy)  # engine.draft is `head`
+        failed = [r.error for r in res if r.error]
+        if failed:  # never a tau of 1.0 from requests that did not run
+            raise RuntimeError(f"--eval-policy: {len(failed)} of {len(res)} held-out requests failed: {failed[0]}")
         acc = [x for r in res for x in r.stats.accepted]
         return {"tau": 1.0 + sum(acc) / max(len(acc), 1), "tau_policy": eval_policy}
 
@@ -247,6 +252,71 @@ def run_draft(a: argparse.Namespace) -> int:
     print(f"{a.out}: loss {last.get('loss', float('nan')):.4f}, held-out alpha per position "
           f"{[round(x, 3) for x in last.get('alpha', [])]}, held-out tau {last.get('tau', float('nan')):.3f}")
     return 0
+
+
+def _apply_config(a: argparse.Namespace, path: str) -> None:
+    """``--config``: a JSON object of ``train draft``'s flags (``"lr"`` or ``"--lr"``), each parsed as its flag is;
+    a flag given on the command line wins over the file. An unknown key or a value its flag would refuse is a
+    ValueError naming both (a typo was ignored; a string ``lr`` failed mid-run)."""
+    with open(path) as f:
+        cfg = json.load(f)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"--config {path}: must be a JSON object of train draft's flags, got {type(cfg).__name__}")
+    actions = {act.dest: act for act in a.draft_actions if act.dest not in ("help", "config", "fn")}
+    for key, value in cfg.items():
+        dest = str(key).lstrip("-").replace("-", "_")
+        act = actions.get(dest)
+        if act is None:
+            raise ValueError(f"--config {path}: unknown key {key!r}; allowed: {sorted(actions)}")
+        if getattr(a, dest) != act.default:
+            continue  # given on the command line
+        if isinstance(act, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise ValueError(f"--config {path}: {key} must be true or false, got {json.dumps(value)}")
+        elif value is not None:
+            if isinstance(value, (bool, dict, list)):
+                raise ValueError(f"--config {path}: {key} must be a {act.type.__name__ if act.type else 'string'}, "
+                                 f"got {json.dumps(value)}")
+            try:  # through the flag's own type (int_at_least, float, str) and choices
+                value = (act.type or str)(str(value))
+            except (ValueError, argparse.ArgumentTypeError) as e:
+                raise ValueError(f"--config {path}: {key}: {e}") from None
+            if act.choices is not None and value not in act.choices:
+                raise ValueError(f"--config {path}: {key} must be one of {list(act.choices)}, got {value!r}")
+        setattr(a, dest, value)
+
+
+def _eval_policy(raw: str) -> dict:
+    """``--eval-policy`` parsed and validated as a request's policy (a bad one gave tau 1.0 for a whole run)."""
+    from ..policies import parse_spec
+
+    spec = json.loads(raw)
+    try:
+        parse_spec(spec)
+    except ValueError as e:
+        raise ValueError(f"--eval-policy: {e}") from None
+    return spec
+
+
+def _check_head(a: argparse.Namespace, head) -> None:
+    """The head against ``--arch``, ``--token-map`` and ``--data``'s states: an EAGLE --init under --arch eagle3
+    trained an EAGLE head, a token map beside an EAGLE-3 head (its own) was ignored, and states of the wrong
+    layers trained on the wrong features (or failed in a matmul)."""
+    from ..models import Eagle3DraftHead
+    from ..training.data import captured_layers
+
+    eagle3 = isinstance(head, Eagle3DraftHead)
+    if a.arch == "eagle3" and not eagle3:
+        raise ValueError(f"--arch eagle3 with --init {a.init}: that head is an EAGLE head; drop --init or --arch")
+    if eagle3 and a.init and a.token_map:
+        raise ValueError(f"--token-map with --init {a.init}: an EAGLE-3 head carries its own token map")
+    want = list(head.aux_layers or ()) if eagle3 else []
+    got = captured_layers(a.data)
+    if got != want:
+        need = (f"EAGLE-3 states of target layers {want} (`treespec train states`)" if eagle3
+                else "plain states (`treespec train data`)")
+        raise ValueError(f"--data {a.data} holds states of target layers {got or 'none (plain)'}; this head needs "
+                         f"{need}")
 
 
 def _eagle3_engine(a: argparse.Namespace):

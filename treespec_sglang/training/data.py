@@ -21,7 +21,7 @@ import torch
 from ..engine.kv_cache import prefill
 
 __all__ = ["DistillShard", "target_hidden", "generate_distill_data", "restate_distill_data", "load_shards",
-           "iter_sequences", "disk_usage", "write_manifest", "heldout_flags", "split_roles"]
+           "iter_sequences", "disk_usage", "write_manifest", "heldout_flags", "split_roles", "captured_layers"]
 
 MANIFEST = "manifest.json"
 
@@ -164,6 +164,12 @@ def load_shards(out_dir: str) -> List[DistillShard]:
                              f"`treespec train states --data {out_dir} --out DIR` and use DIR")
         out.append(DistillShard(t["tokens"], t["hidden"], t["loss_mask"], t["offsets"]))
     return out
+
+
+def captured_layers(out_dir: str) -> List[int]:
+    """The target layers whose states ``out_dir`` stores beside the final ones (``treespec train states``: an
+    EAGLE-3 head's ``aux_layers``); ``[]`` for plain states (``treespec train data``)."""
+    return [int(x) for x in _manifest(out_dir).get("aux_layers") or ()]
 
 
 def split_roles(out_dir: str, every: int) -> List[str]:
