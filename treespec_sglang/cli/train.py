@@ -86,7 +86,8 @@ def add_parser(sub) -> None:
                    help="continue from <out>/train_state.pt (written at every --eval-every) if it exists")
     t.add_argument("--dtype", default="float32", help="the target's dtype while training (the head trains in float32)")
     t.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    t.add_argument("--config", default=None, help="JSON file with any of the flags above")
+    t.add_argument("--config", default=None,
+                   help="JSON file with any of the flags above (parsed as they are; one given here wins)")
     t.add_argument("--out", default="checkpoints/draft")
     t.set_defaults(fn=run_draft, draft_actions=t._actions)  # --config reads its flags as they parse
     c = tsub.add_parser("c2t", help="collect C2T node data with a draft head and train the classifier")
