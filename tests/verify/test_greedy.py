@@ -96,6 +96,14 @@ def test_verify_refuses_unusable_target_logits(poison):
     ok = logits.clone()
     ok[0, 2] = torch.tensor([0.0, float("-inf"), 1.0, float("-inf"), 2.0])  # masked tokens are fine
     assert verify_tree(t, ok).bonus.shape == (1,)
+    # a padding row (past a request's tree) is never read: whatever it holds, the batch verifies
+    padded = DraftTree.from_lists([[9, 1, 2], [9]], [[-1, 0, 0], [-1]])
+    rows = torch.randn(2, 3, 5)
+    rows[1, 1:] = logits[0, 2]
+    assert verify_tree(padded, rows, temperature=1.0).bonus.shape == (2,)
+    rows[1, 0] = logits[0, 2]
+    with pytest.raises(ValueError, match="target_logits of request 1, node 0 hold NaN"):
+        verify_tree(padded, rows)
 
 
 @pytest.mark.parametrize("seed", range(6))

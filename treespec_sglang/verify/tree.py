@@ -65,7 +65,8 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, *, temperature: Nu
         Source of the per-node coins and the bonus draw.
     validate : bool
         If True (default), refuse target logits holding NaN or +inf, or a row that is -inf
-        everywhere (nothing to emit): ``ValueError`` naming the request and node, one host read.
+        everywhere (nothing to emit), at a valid node (padding rows are never read): ``ValueError`` naming the
+        request and node, one host read.
         ``-inf`` entries are fine (masked tokens). Engines whose logits come from their own model
         forward pass False (no sync).
 
@@ -87,7 +88,7 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, *, temperature: Nu
                          f"got {tuple(target_logits.shape)}")
     if validate:
         bad = (torch.isnan(target_logits).any(-1) | torch.isposinf(target_logits).any(-1)
-               | torch.isneginf(target_logits).all(-1))  # [bs, n_nodes]
+               | torch.isneginf(target_logits).all(-1)) & tree.valid  # [bs, n_nodes]: a padding row is never read
         if bool(bad.any()):
             b, i = (int(x) for x in bad.nonzero()[0])
             raise ValueError(f"target_logits of request {b}, node {i} hold NaN / +inf or are -inf everywhere: "
