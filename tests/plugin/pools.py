@@ -45,7 +45,8 @@ def _other_classifier():
 
 OTHER_CLF = _other_classifier()  # a second classifier, so a batch mixes two
 MIXED_SPECS = [
-    None, {"policy": "none"}, {"policy": "eagle2", "budget": 5},
+    None, {"policy": "none"}, {"policy": "eagle2", "budget": 5}, {"policy": "eagle2", "budget": 9, "depth": 1},
+    {"policy": "eagle2", "budget": 16, "depth": 2},
     {"policy": "talon", "budget": 9, "topk": 3, "mu": 0.05}, {"policy": "talon", "budget": 30, "topk": 10, "mu": 0.02},
     {"policy": "salf", "budget": 8, "batch": 2, "th": 0.3}, {"policy": "salf", "budget": 30, "batch": 4, "th": 0.6},
     {"policy": "salf", "budget": 7, "th": 0.0, "max_depth": 2}, {"policy": "salf", "budget": 12, "batch": 1, "th": 0.1},
@@ -84,7 +85,10 @@ def expected_paths(p, beam, root, N, scores, flat_paths):
     """One request's policy tree over the beam, from the plain-Python oracles, its budget capped at N."""
     if p is None or p.__class__.__name__ in ("Eagle2Params", "NoneParams"):
         n = N if p is None else min(p.max_nodes, N)
-        return {(root,)} | {flat_paths[f] for f in scores.topk(n - 1).indices.tolist()}
+        depth = getattr(p, "depth", None)  # EAGLE-2's: its best nodes no deeper (a path holds the root too)
+        ranked = sorted((f for f in range(len(flat_paths)) if depth is None or len(flat_paths[f]) - 1 <= depth),
+                        key=lambda f: (-float(scores[f]), f))
+        return {(root,)} | {flat_paths[f] for f in ranked[:n - 1]}
     n = min(p.max_nodes, N)
     name = p.__class__.__name__
     if name == "TalonParams":

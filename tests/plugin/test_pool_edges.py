@@ -204,8 +204,8 @@ def test_native_rows_take_the_given_selection_verbatim_and_rows_carry_the_values
 def test_the_filler_is_sglangs_next_best_and_the_selection_is_sorted(seed):
     """The N-1 verify nodes of a policy row: its kept nodes plus the best unselected candidates by path
     probability (a plain sort of the scores, ties to the lower flat index), ascending, no repeats; the
-    draft tokens are the pool's tokens there. (SALF rows with th 0 and a max_depth pad from their own
-    depth-limited ranking and are left out.)"""
+    draft tokens are the pool's tokens there. (SALF rows with th 0 and a max_depth, and EAGLE-2 rows with a depth,
+    pad from their own depth-limited ranking and are left out.)"""
     rng = random.Random(50 + seed)
     k, steps, bs = rng.choice([2, 3, 4]), rng.choice([2, 3, 4]), 8
     N = rng.choice([n for n in (5, 8, 12, 20) if n - 1 <= k + (steps - 1) * k * k])
@@ -220,7 +220,7 @@ def test_the_filler_is_sglangs_next_best_and_the_selection_is_sorted(seed):
         sel = top[b].tolist()
         assert sel == sorted(set(sel)) and len(sel) == N - 1
         assert toks[b].tolist() == [tokens[b][f] for f in sel]
-        if s["policy"] == "salf" and s.get("th") == 0.0 and "max_depth" in s:
+        if s["policy"] == "salf" and s.get("th") == 0.0 and "max_depth" in s or "depth" in s:
             continue
         kept = {f for f, kp in zip(sel, keep[b, 1:].tolist()) if kp}
         ranked = sorted(range(len(scores[b])), key=lambda f: (-scores[b][f], f))

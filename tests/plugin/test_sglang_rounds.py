@@ -221,8 +221,9 @@ def test_cpu_verify_takes_the_sampling_path(loaded):
 
 
 def test_a_treespec_decode_batch_votes_for_an_eager_draft_in_sglangs_dp_vote(loaded, monkeypatch):
-    """SGLang's own (hooked) DP-attention vote with its ForwardMode: a decode batch carrying a treespec
-    policy votes no before the ranks' votes are min-reduced; native and prefill batches keep SGLang's vote."""
+    """SGLang's own (hooked) DP-attention vote with its ForwardMode: a decode batch carrying a chain whose C2T stop
+    reads the draft's steps votes no before the ranks' votes are min-reduced; native and prefill batches, and a
+    chain cut by its length alone, keep SGLang's vote."""
     from types import SimpleNamespace
 
     from sglang.srt.managers.scheduler_components import dp_attn
@@ -234,9 +235,11 @@ def test_a_treespec_decode_batch_votes_for_an_eager_draft_in_sglangs_dp_vote(loa
         req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom))
         return SimpleNamespace(reqs=[req], forward_mode=mode, spec_info=SimpleNamespace(cuda_graph_compatible=compatible))
 
-    talon = {"treespec": {"policy": "talon", "budget": 8}}
+    monkeypatch.delenv("TREESPEC_CHAIN_STOP_GRAPH", raising=False)
+    talon = {"treespec": {"policy": "chain", "length": 3, "beta": 0.4}}  # a stopping chain
     vote = dp_attn._spec_input_cuda_graph_compatible
     assert vote(batch(talon)) is False
+    assert vote(batch({"treespec": {"policy": "chain", "length": 3}})) is True
     assert vote(batch(None)) is True
     assert vote(batch(None, compatible=False)) is False
     assert vote(batch(talon, mode=ForwardMode.EXTEND)) is True

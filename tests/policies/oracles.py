@@ -183,11 +183,12 @@ def salf(draft, root, N, B, th, max_depth=None):
         eps = -math.inf
         if len(popped.tok) >= N:
             eps = sorted(popped.lp, reverse=True)[N - 1]
-        D = [i for i in D if popped.lp[i] > eps and (max_depth is None or depth[i] < max_depth)]
-        if not D or sum(math.exp(popped.lp[i]) for i in D) < th:
+        D = [i for i in D if popped.lp[i] > eps]  # line 12: what enters G
+        if not D or sum(math.exp(popped.lp[i]) for i in D) < th:  # line 13
             break
         for i in D:
-            push_children(i)
+            if max_depth is None or depth[i] < max_depth:  # a node at the depth bound has no children
+                push_children(i)
     keep = sorted(range(len(popped.tok)), key=lambda i: (-popped.lp[i] if i else -math.inf, i))[:N]
     return {popped.path(i) for i in keep}
 

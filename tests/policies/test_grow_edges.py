@@ -130,3 +130,31 @@ def test_a_pruned_node_reaches_expand_as_minus_one():
     first = seen[0][0].tolist()
     assert sorted(x >= 0 for x in first) == [False, True, True] and min(first) == -1
     assert all(((f >= 1) | (f == -1)).all() for f in seen)
+
+
+def plain_eagle2(draft, root, budget, topk, depth):
+    """EAGLE-2 (§4.1-4.2) in plain Python: each level's top-k candidates by path value are the next frontier (a node's
+    top-k children each), the pool's top budget - 1 (ties to the earlier pool entry) the tree."""
+    pool, frontier = [], [((root,), 0.0)]
+    for _ in range(depth):
+        cands = []
+        for path, v in frontier:
+            lp = draft.logprobs(path).tolist()
+            kids = sorted(range(len(lp)), key=lambda w: (-lp[w], w))[:topk]
+            cands += [(path + (w,), v + lp[w]) for w in kids]
+        pool += cands
+        frontier = sorted(cands, key=lambda c: -c[1])[:topk]  # stable: ties keep the pool order
+    order = sorted(range(len(pool)), key=lambda i: (-pool[i][1], i))[:budget - 1]
+    return {(root,)} | {pool[i][0] for i in order}
+
+
+@pytest.mark.parametrize("topk", [3, 5])
+def test_eagle2_with_a_topk_past_the_vocabulary_is_its_plain_tree(topk):
+    """A 2-token vocabulary: a frontier of 2 has 4 children, fewer than topk 5 (the step built a topk-wide
+    selection over them and failed)."""
+    draft = PathDraft(2, seed=5)
+    roots = torch.tensor([0, 1])
+    tree = grow_tree([{"policy": "eagle2", "budget": 12, "topk": topk, "depth": 3}] * 2, roots, draft.root(roots),
+                     draft.expand)
+    for b in range(2):
+        assert set(tree.paths()[b]) == plain_eagle2(draft, b, 12, topk, 3)

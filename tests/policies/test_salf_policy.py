@@ -26,7 +26,9 @@ def test_salf_edge_parameters_in_one_batch_equal_alg2(seed):
     for b, (s, r) in enumerate(zip(EDGES, roots)):
         want = oracles.salf(draft, r, s["budget"], s.get("batch", min(10, s["budget"])), s["th"], s.get("max_depth"))
         assert set(tree.paths()[b]) == want, s
-    assert tree.size.tolist()[:3] == [1, 2, 3]  # max_depth 1, B 2: one pop of two children, no expansion
+    # max_depth 1, B 2: the root's children are popped two at a time while their gain holds, none expanded (the
+    # first pop's childless nodes stopped the search at 3: D counted only nodes it could expand)
+    assert tree.size.tolist()[:3] == [1, 2, 6]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -40,6 +42,32 @@ def test_a_budget_of_three_can_take_two_children_of_one_node(seed):
     for b, r in enumerate(roots):
         assert set(tree.paths()[b]) == oracles.salf(draft, r, 3, 1, 0.01)
 
+
+
+class PeakedRoot(PathDraft):
+    """The root's children .9, .03, .025, .02, .015, .01; every other distribution uniform over 6."""
+
+    def logprobs(self, path):
+        return (torch.tensor([0.9, 0.03, 0.025, 0.02, 0.015, 0.01]) if len(path) == 1
+                else torch.full((6,), 1 / 6)).log()
+
+
+@pytest.mark.parametrize("th", [0.0, 0.01])
+def test_nodes_at_max_depth_enter_the_tree_and_the_search_goes_on(th):
+    """Budget 4, B 1, max_depth 1: the exact top 4 at depth <= 1 is the root and its three best children (Def. B.1,
+    Thm. 2-3 at th = 0). Each pop is a childless max-depth node; the search stopped at the first of them (2 nodes)."""
+    draft = PeakedRoot(6)
+    spec = {"policy": "salf", "budget": 4, "batch": 1, "th": th, "max_depth": 1}
+    tree = grow_tree([spec], torch.tensor([0]), draft.root(torch.tensor([0])), draft.expand)
+    assert set(tree.paths()[0]) == {(0,), (0, 0), (0, 1), (0, 2)} == oracles.salf(draft, 0, 4, 1, th, 1)
+
+
+def test_no_max_depth_is_no_depth_bound():
+    """``max_depth`` None: a chain as deep as the budget allows (it was 64 deep at most)."""
+    draft = PathDraft(4, seed=0, sharpness=40.0)  # near one-hot: the best path is a chain
+    tree = grow_tree([{"policy": "salf", "budget": 80, "batch": 1, "th": 0.0}], torch.tensor([1]),
+                     draft.root(torch.tensor([1])), draft.expand)
+    assert int(tree.depth.max()) > 64 and set(tree.paths()[0]) == oracles.salf(draft, 1, 80, 1, 0.0)
 
 
 class TwoStepDraft(PathDraft):

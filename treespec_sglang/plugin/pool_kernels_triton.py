@@ -192,7 +192,7 @@ def _salf_keep(val_row, parent_row, work_row, workf_row, v, valid, lev, n1, th, 
     q0 = valid & (lev == 1)
     tl.store(work_row + _R_PACK * BLOCK_P + rank_v, ppos * 4 + child_ok.to(tl.int32) * 2 + q0.to(tl.int32))
     tl.store(workf_row + rank_v, v)
-    tl.store(workf_row + BLOCK_P + rank_v, tl.where(lev < md, tl.exp(v), 0.0))
+    tl.store(workf_row + BLOCK_P + rank_v, tl.exp(v))  # every member of D is a gain (max_depth's: childless)
     tl.debug_barrier()
     packed = tl.load(work_row + _R_PACK * BLOCK_P + offs)  # order space from here on
     val_s = tl.load(workf_row + offs)

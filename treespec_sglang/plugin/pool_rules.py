@@ -177,7 +177,8 @@ def salf_pops(th_min: float, n_max: int, S: int) -> int:
 
     Every pop that does not stop the search expands a set D with sum of path probabilities >= th
     (line 13), each node is popped once, and one level's paths hold probability <= 1, so at most
-    ``S / th`` pops continue, then one stops; the paper's own bound is ``2N + 2``. Rows with th = 0 are
+    ``S / th`` pops continue, then one stops; and at most ``2N + 2`` in any case (each continuing pop's best
+    node stays in the final top N, so N pops continue at most: ``2N + 2`` is a loose margin on that). Rows with th = 0 are
     SALF's exact top-N (Thm. 2-3) and are taken from the ranking instead (:mod:`.pool`).
     Example: th 0.6, S 6 -> 11; th 0.05, S 6, N 48 -> 98.
     """
@@ -205,7 +206,7 @@ def salf_keep(val: torch.Tensor, valid: torch.Tensor, level: torch.Tensor, paren
     -------
     ``[bs, P]`` bool: the top ``n_eff - 1`` popped nodes by path value (G's top N with the root).
 
-    Q's capacity N (lines 18-19) and pushing only a node's top N-1 children are left out: a node
+    Q's capacity N (Alg. 2 line 2; the push at line 20) and pushing only a node's top N-1 children are left out: a node
     either drops has N better nodes that are popped no later than it would be, so it could never be in
     D (``pr > eps``) nor in the output, and D, the gains and the stop are the same without the cap.
     Example: with th 0.6 a pool whose root children hold .7 and .2 pops both (B >= 2), D = {.7, .2}
@@ -217,7 +218,7 @@ def salf_keep(val: torch.Tensor, valid: torch.Tensor, level: torch.Tensor, paren
     max_depth = cols["max_depth"].long()[:, None]
     # a child may enter Q only under a node that may be expanded (depth < max_depth, line 12)
     child_ok = valid & (level[None, :] <= max_depth) & (level > 1)[None, :]  # the root's children: at the start
-    gain_of = torch.where(level[None, :] < max_depth, val.exp(), 0.0)  # D's members count toward the gain
+    gain_of = val.exp()  # D's members count toward the gain, those at max_depth too (they enter G, childless)
     th = cols["th"][:, None]
     live = (max_depth >= 1) & (n1 >= 1) & rows[:, None]  # [bs, 1]
     q = valid & (level == 1)[None, :] & live

@@ -132,3 +132,8 @@ class TreePolicy(ABC):
     def tree(self) -> DraftTree:
         """The working tree the frontier indexes."""
         return self.buf.view(self.depth_bound)
+
+    def waiting(self) -> torch.Tensor:
+        """``[]`` bool: some row has not finished although its frontier is empty this step (it steps again
+        with no children to read: SALF popping only nodes at its depth bound). No host read."""
+        return torch.zeros((), dtype=torch.bool, device=self.device)

@@ -81,9 +81,9 @@ class Eagle2Policy(TreePolicy):
         idx = self.buf.append(tok.reshape(bs, -1), par.reshape(bs, -1), cum.reshape(bs, -1), valid.reshape(bs, -1))
         # next frontier: top-k of the k*k candidates by path value
         flat = cum.reshape(bs, -1)
-        order = torch.sort(flat, dim=-1, descending=True, stable=True).indices[:, :self.K]  # [bs, K]
-        # sorted position j < k_row <=> rank < k_row
-        sel = (torch.arange(self.K, device=self.device)[None, :] < self.k[:, None]) \
+        order = torch.sort(flat, dim=-1, descending=True, stable=True).indices[:, :self.K]  # [bs, <= K]
+        # sorted position j < k_row <=> rank < k_row (fewer than K candidates when K * min(K, V) < K: a tiny vocab)
+        sel = (torch.arange(order.shape[1], device=self.device)[None, :] < self.k[:, None]) \
             & torch.gather(valid.reshape(bs, -1), 1, order)
         nxt = torch.where(sel, torch.gather(idx, 1, order), -1)
         self.steps_done += 1

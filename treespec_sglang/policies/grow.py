@@ -134,8 +134,13 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
         live = [g for g in groups if step < g[1].max_steps]
         if not live:
             break
-        if min_logprob is None and not sync_free and not bool(torch.stack([(g[2] >= 0).any() for g in live]).any()):
-            break  # the one host sync per step: nobody has anything left to expand
+        expanding = True
+        if min_logprob is None and not sync_free:  # the one host sync per step
+            code = int(torch.stack([(g[2] >= 0).any() for g in live]).any() * 2
+                       + torch.stack([g[1].waiting() for g in live]).any())  # 2: expanding, 1: waiting only
+            if code == 0:
+                break  # nobody has anything left to expand
+            expanding = code >= 2
         tree = stack_rows([(g[0], g[1].tree) for g in groups], bs)
         width = max(g[2].shape[1] for g in live)
         if len(groups) == 1:
@@ -150,9 +155,12 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
             pruned = (frontier >= 0) & ~(lp >= min_logprob[:, None])
             frontier = torch.where(pruned, -1, frontier)
             n_live = int((frontier >= 0).sum())  # the one host read of this step
-            if n_live == 0:
-                break
-        if pruned is not None and getattr(expand, "ragged", False):
+            expanding = n_live > 0
+            if not expanding and not bool(torch.stack([g[1].waiting() for g in live]).any()):
+                break  # (a second read only when nothing is live)
+        if not expanding:  # only rows that step on without children (waiting): no draft forward
+            child = torch.full((bs, frontier.shape[1], vocab), float("-inf"), device=dev)
+        elif pruned is not None and getattr(expand, "ragged", False):
             child = expand(tree, frontier, n_live=n_live)
         else:
             child = expand(tree, frontier)  # [bs, width, vocab]

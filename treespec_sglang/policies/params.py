@@ -117,7 +117,8 @@ class SalfParams(PolicyParams):
     """SALF Alg. 2: capacity-N queue, B pops per iteration, stop when the best-B sum < th.
 
     ``batch`` left unset is ``min(10, budget)`` (App. D's B = 10, adapted to a smaller budget); a value
-    the caller sets must fit ``[1, min(budget, 64)]``.
+    the caller sets must fit ``[1, min(budget, 64)]``. ``max_depth`` bounds the tree's depth (None: no bound): a
+    node at it enters the tree as any other (App. B's depth-bounded optimal tree, Def. B.1) and has no children.
     """
 
     budget: int = 60

@@ -7,10 +7,12 @@ working tree; the output G is their top-N). Each iteration (lines 4-20):
 2. eps = min pr over G if |G| >= N else 0 (lines 10-11); D = popped nodes with pr > eps
    (line 12: nodes that cannot enter G are not expanded);
 3. stop if sum_{D} pr < th (line 13; the red SALF block) or D is empty;
-4. expand D in one batched draft forward and push the children into Q, which keeps its N
-   best (lines 14-20).
+4. expand D's nodes above ``max_depth`` in one batched draft forward and push the children into Q,
+   which keeps its N best (lines 14-20). A node at ``max_depth`` is in D (it enters G: its mass is
+   a gain) but has no children: an iteration that pops only such nodes goes on with Q.
 
-With th = 0 the result is exactly the global top-N nodes by path probability (Thm. 2-3).
+With th = 0 the result is exactly the global top-N nodes by path probability (Thm. 2-3), among
+those no deeper than ``max_depth`` (App. B's depth-bounded optimal tree, Def. B.1).
 Only a node's top-(N-1) children can ever be among the top N, so those are all we push
 (App. C notes this does not change Q).
 """
@@ -22,7 +24,7 @@ import torch
 from ..tree import DraftTree, TreeBuffer, pack_left
 from .base import TreePolicy, keep_top_budget, register_policy, row_param, sanitize_logprobs
 from .registry import PoolRule
-from .params import MAX_DEPTH, SalfParams
+from .params import SalfParams
 
 __all__ = ["SalfPolicy"]
 
@@ -46,7 +48,8 @@ class SalfPolicy(TreePolicy):
         self.budget = row_param(self.params, "budget", self.device)
         self.b = row_param(self.params, "batch", self.device)
         self.th = row_param(self.params, "th", self.device, torch.float32)
-        md = [p.max_depth if p.max_depth is not None else MAX_DEPTH for p in self.params]
+        # no bound: a tree of `budget` nodes is at most budget - 1 deep
+        md = [p.max_depth if p.max_depth is not None else max(p.max_nodes - 1, 1) for p in self.params]
         self.max_depth = torch.tensor(md, dtype=torch.int64, device=self.device)
         self.Dmax = max(md)
         # Every iteration that does not stop expands >= 1 node that enters G; bounded generously.
@@ -110,13 +113,17 @@ class SalfPolicy(TreePolicy):
         top = torch.sort(glp, dim=-1, descending=True).values[:, :self.N]
         kth = torch.gather(top, 1, (self.budget - 1).clamp(max=self.N - 1)[:, None])[:, 0]
         eps = torch.where(self.buf.size >= self.budget, kth, NEG_INF)
-        depth = self.buf.gather_depth(idx)
-        D = (idx >= 0) & (lp > eps[:, None]) & (depth < self.max_depth[:, None])  # line 12
+        D = (idx >= 0) & (lp > eps[:, None])  # line 12
         gain = torch.where(D, lp.exp(), 0.0).sum(-1)
-        self.done = self.done | (gain < self.th) | ~D.any(-1)  # line 13 (and nothing to expand)
-        fr = pack_left(D, idx, B, -1)
+        self.done = self.done | (gain < self.th) | ~D.any(-1)  # line 13 (and nothing entered G)
+        expand = D & (self.buf.gather_depth(idx) < self.max_depth[:, None])  # max_depth's nodes have no children
+        fr = pack_left(expand, idx, B, -1)
         self.frontier = torch.where(self.done[:, None], -1, fr)
         return self.frontier
+
+    def waiting(self) -> torch.Tensor:
+        # a row whose pop held only nodes at its depth bound entered them into G and goes on with Q
+        return (~self.done).any()
 
     @property
     def tree(self) -> DraftTree:
