@@ -106,9 +106,10 @@ def test_chain_mode_hooks_cut_each_row(monkeypatch, device):
 
 
 def test_a_chains_stats_stay_one_per_round_whether_or_not_the_batch_cuts(monkeypatch):
-    """A chain request that never cuts (length >= S) beside one that does for a round, then alone: every round it
-    was in records its tree size, verify tokens and accept length (a round without a cut recorded only the accept
-    length, so its lists drifted apart; alone from the start it had no stats at all)."""
+    """A chain request that never cuts (length >= S) beside one that does for a round, then alone, then in a round
+    of adaptive speculation at 0 steps: every round it was in records its tree size, verify tokens and accept length
+    (a round without a cut, or without a draft, recorded only the accept length, so its lists drifted apart; alone
+    from the start it had no stats at all)."""
     from types import SimpleNamespace
 
     from treespec_sglang.plugin import hooks
@@ -133,16 +134,23 @@ def test_a_chains_stats_stay_one_per_round_whether_or_not_the_batch_cuts(monkeyp
         hooks._eagle_round(lambda self, b: hooks._draft(body, self, b), worker, batch)
         hooks._record_accepts(None, None, SimpleNamespace(num_correct_drafts_per_req_cpu=accepts), batch)
 
+    def trivial_round(reqs):  # adaptive speculation at 0 steps: SGLang builds a root-only verify, no draft
+        batch = SimpleNamespace(reqs=list(reqs))
+        hooks._eagle_round(lambda self, b: hooks._trivial_round("verify input", self, b), None, batch)
+        hooks._record_accepts(None, None, SimpleNamespace(num_correct_drafts_per_req_cpu=[0] * len(reqs)), batch)
+
     whole, cut = req({"policy": "chain"}), req({"policy": "chain", "length": 1})  # default length 5 >= S
     round_([whole, cut], [2, 1])
     round_([whole], [3])
     round_([whole], [1])
+    trivial_round([whole])
     alone = req({"policy": "chain"})
     round_([alone], [3])
+    trivial_round([req(None)])  # native: nothing recorded, nothing read
     hooks._PENDING.flush()
     info = whole.customized_info
-    assert info["treespec_tree_sizes"] == [N] * 3 and info["treespec_accept_lengths"] == [2, 3, 1]
-    assert info["treespec_verify_tokens"] == [N, N]  # the cut round's: the target's verify forward (not run here)
+    assert info["treespec_tree_sizes"] == [N] * 3 + [1] and info["treespec_accept_lengths"] == [2, 3, 1, 0]
+    assert info["treespec_verify_tokens"] == [N, N, 1]  # the cut round's: the target's verify forward (not run here)
     assert cut.customized_info["treespec_tree_sizes"] == [2]
     assert alone.customized_info["treespec_tree_sizes"] == [N] and alone.customized_info["treespec_accept_lengths"] \
         == [3] and alone.customized_info["treespec_verify_tokens"] == [N]

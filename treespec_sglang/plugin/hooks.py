@@ -114,17 +114,31 @@ def _draft(original, self, batch, *args, **kwargs):
 
 
 def _sglangs_round(original, self, batch, cols, tokens, *args, **kwargs):
-    """SGLang's own draft for a batch with policies whose trees (or chains) are all SGLang's: the policies' stats
-    recorded as any round's (``tokens``: each request's tree size and verify tokens, N), so a request's per-round
-    lists stay aligned whichever kind of round it was in."""
+    """SGLang's own draft for a batch with policies whose trees (or chains) are all SGLang's."""
     out = original(self, batch, *args, **kwargs)
+    _record_sglangs_trees(cols, tokens)
+    return out
+
+
+def _record_sglangs_trees(cols, tokens) -> None:
+    """A round of SGLang's own trees for a batch with policies: their stats recorded as any round's (``tokens``:
+    each request's tree size and verify tokens), so a request's per-round lists stay aligned whichever kind of
+    round it was in."""
     names = cols.drafted()
     _PENDING.push(cols.reqs, names, tokens)
     record_rounds(cols.reqs, names, "treespec_verify_tokens", tokens)
     series = scheduler_series()
-    if series is not None:  # its verify runs N tokens a request: padded
+    if series is not None:  # its verify runs every node of every tree: padded
         series.verify_forward(False)
-    return out
+
+
+def _trivial_round(result, self, batch, *args, **kwargs):
+    # adaptive speculation at 0 steps: no draft, the root alone verified (a plain decode); its accept length (0)
+    # is recorded as every round's, so its tree size and verify tokens (1) are too
+    cols = batch_columns(getattr(batch, "reqs", None) or [], server_defaults())
+    if cols.any_policy:
+        _record_sglangs_trees(cols, cols.whole_trees(1))
+    return result
 
 
 def _prepare_for_draft(result, *args, **kwargs):
@@ -308,6 +322,8 @@ HOOKS_IN_ORDER: List[Hook] = [
          "opens the round (:class:`~.round.PluginRound`) for its draft, verify and draft extend"),
     Hook(f"{_SPEC}.eagle_worker_v2.EagleDraftWorker.draft", "AROUND", _draft, ["self", "batch", "with_topology"],
          "stages each request's policy for this draft step (``round.step``); native when none"),
+    Hook(f"{_SPEC}.eagle_worker_v2.EAGLEWorkerV2._build_trivial_verify_input", "AFTER", _trivial_round,
+         ["self", "batch"], "adaptive speculation at 0 steps (no draft): the policies' stats of a root-only round"),
     Hook(f"{_SPEC}.eagle_worker_common.prepare_for_draft", "AFTER", _prepare_for_draft,
          ["draft_input", "req_to_token_pool", "batch", "cuda_graph_runner", "draft_model_runner", "topk",
           "num_steps", "target_translator", "num_draft_tokens"],
