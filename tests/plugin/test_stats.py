@@ -315,6 +315,50 @@ def test_a_streams_chunks_add_up_to_the_whole_lists(monkeypatch, cap, seed):
     assert got["treespec_policy"] == ["salf"] and got[S.SUMMARY] == req.customized_info[S.SUMMARY]
 
 
+def test_a_stream_never_sends_a_round_a_retraction_takes_back():
+    """Under the overlap scheduler a round's verify tokens and tree size are recorded a round ahead of its accept
+    length; a retraction then cuts that round (``uncommitted``). A chunk carries a round's values with its accept
+    length only, so what a client sums is the server's lists (it kept the cut value: 13 where the server has 20)."""
+    req = Client("salf")
+    req.stream, req.send_token_offset = True, 0
+    sizes, V, A = "treespec_tree_sizes", "treespec_verify_tokens", "treespec_accept_lengths"
+    got = {}
+
+    def accept(self, req):  # SGLang's accumulator for a stream's request-level keys (test above)
+        self.rids.append(req)
+        for key, values in (req.customized_info or {}).items():
+            if req.send_token_offset == 0:
+                self.customized_info.setdefault(key, [[] for _ in range(len(self.rids) - 1)]).append(values)
+        req.send_token_offset += 1
+
+    def chunk():
+        acc = SimpleNamespace(rids=[], customized_info={})
+        S.stream_accept(accept, acc, req=req)
+        for key, col in acc.customized_info.items():
+            got.setdefault(key, []).extend(col[0])
+
+    def ahead(value):  # a round drafted and verified before the previous one's result
+        S.record_rounds([req], ["salf"], sizes, [value % 7])
+        S.record_rounds([req], ["salf"], V, [value])
+
+    ahead(10)
+    for k in range(1, 4):
+        ahead(10 + k)
+        S.record_rounds([req], ["salf"], A, [k])
+        chunk()
+    S.uncommitted(req)  # retracted: round 4 (13) commits nothing
+    ahead(20)
+    ahead(21)
+    S.record_rounds([req], ["salf"], A, [7])
+    chunk()
+    S.record_rounds([req], ["salf"], A, [8])
+    req.done = True
+    chunk()
+    assert req.customized_info[V] == [10, 11, 12, 20, 21] and req.customized_info[A] == [1, 2, 3, 7, 8]
+    for key in (sizes, V, A):
+        assert got[key] == req.customized_info[key], key
+
+
 def test_a_steady_batch_keeps_its_columns_and_looks_its_sinks_up_only_when_a_list_fills(monkeypatch):
     """Cap 4, FOLD 3, the same two requests for 11 rounds: one BatchStats throughout, its sinks looked up at the
     first round, when the lists reach the cap (round 5), when the overflow is full and folded (round 8) and again
@@ -358,6 +402,7 @@ def test_the_output_hook_leaves_a_non_streamed_request_and_passes_positional_arg
     streamed = Client("salf")
     streamed.stream = True
     S.record_rounds([streamed], ["salf"], "treespec_tree_sizes", [5])
+    S.record_rounds([streamed], ["salf"], "treespec_accept_lengths", [2])  # the round's result: it goes out
     S.stream_accept(accept, acc, streamed)
     assert seen == [req, streamed] and acc.customized_info["treespec_tree_sizes"] == [[], [5]]
     native = Req()  # no stats: SGLang's at once, its arguments as given
@@ -373,7 +418,8 @@ def test_one_output_batch_carries_each_streams_own_rows():
 
     first, native, second = Client("talon"), Client(None), Client("salf")
     first.stream = native.stream = second.stream = True
-    S.record_rounds([first, native, second], ["talon", None, "salf"], "treespec_tree_sizes", [4, 9, 6])
+    for key in ("treespec_tree_sizes", "treespec_accept_lengths"):  # a round and its result
+        S.record_rounds([first, native, second], ["talon", None, "salf"], key, [4, 9, 6])
     acc = SimpleNamespace(rids=[], customized_info={})
     for req in (first, native, second):
         S.stream_accept(accept, acc, req=req)

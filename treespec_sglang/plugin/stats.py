@@ -6,7 +6,8 @@ continue``), before any verify round has run, so a stream never saw our per-roun
 tokenizer manager, on the other hand, *extends* a key's accumulated list with every chunk's values
 (``_accumulate_request_meta_info``). So for a streamed request this hook sends each chunk the rounds
 recorded since the previous chunk (the delta), and the client's last chunk carries the whole list,
-exactly what a non-streamed response carries.
+exactly what a non-streamed response carries. A round's tree size and verify tokens go out with its accept
+length: they are recorded a round ahead under the overlap scheduler, and a retraction may take that round back.
 
 Worked example: rounds recorded 3, 1 | 4, 2, 2 | 5 across three chunks -> the chunks carry
 ``[3, 1]``, ``[4, 2, 2]``, ``[5]``; the tokenizer manager accumulates ``[3, 1, 4, 2, 2, 5]``.
@@ -305,11 +306,16 @@ def stream_accept(original, self, *args, **kwargs):
         sent = {}
         setattr(req, _SENT, sent)
     row = len(self.rids) - 1  # the chunk the original just appended for this request
+    # a round's tree size and verify tokens go out with its accept length: under the overlap scheduler they are
+    # recorded a round ahead, and a retraction takes that round back (a value sent could not be)
+    committed = len(info.get(ACCEPTS) or [])
     for key in keys:
         values = info.get(key) or []
         if key == SUMMARY:  # totals, not a list of rounds: the last chunk carries them, once
             delta = [dict(v) for v in values] if finished else []
         else:
+            if key in ROUND_KEYS and key != ACCEPTS:
+                values = values[:committed]
             delta = values[min(sent.get(key, 0), len(values)):]  # treespec_policy (one value) goes once
         column = self.customized_info.get(key)
         if column is None:  # the batch's first chunk of ours: the rows before it carry nothing of it
