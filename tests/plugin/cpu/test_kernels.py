@@ -51,6 +51,33 @@ def test_tree_parents_worked_example():
     assert found[0].tolist() == [False] + [True] * 6
 
 
+def test_one_draft_step_hands_an_empty_parent_table_and_every_node_hangs_off_the_root():
+    """SGLang's organize_draft_results at one step builds ``parent_list`` ``[bs, 0]`` (no step past the first) and
+    every selected slot is below topk: the kernel never reads the table (the stand-in gathered from it and failed)."""
+    parent, found = K.tree_parents(torch.zeros(2, 0, dtype=torch.int64), torch.tensor([[0, 2, 3]] * 2), 4)
+    assert parent.tolist() == [[-1, 0, 0, 0]] * 2 and found.tolist() == [[False, True, True, True]] * 2
+
+
+@pytest.mark.sglang
+def test_one_draft_step_builds_sglangs_own_tree_from_its_own_selection():
+    """Through SGLang 0.5.23's organize_draft_results at one step and the full build-tree stand-in."""
+    eu = pytest.importorskip("sglang.srt.speculative.eagle_utils")
+    from tests.plugin.cpu.standin_args import tree_of
+
+    bs, topk, n = 2, 4, 4
+    scores = [torch.tensor([[[0.5, 0.1, 0.3, 0.05]], [[0.2, 0.4, 0.1, 0.3]]])]  # [bs, 1, topk]
+    tokens = [torch.tensor([[11, 12, 13, 14], [21, 22, 23, 24]])]
+    parents = [torch.full((bs, 1), -1, dtype=torch.int64)]
+    parent_list, top, _ = eu.organize_draft_results(scores, tokens, parents, n)
+    assert parent_list.shape == (bs, 0)
+    args = dict(tree_of(n, 1, torch.zeros(bs * n * n, dtype=torch.bool)), parent_list=parent_list,
+                selected_index=top, topk=topk, depth=1)
+    K.build_tree_kernel_efficient_cpu(**args)
+    # every node a child of the root, linked in order: root -> 1 -> 2 -> 3 as siblings
+    assert args["retrive_next_token"][:, 0].tolist() == [1, 1]
+    assert args["retrive_next_sibling"].tolist() == [[-1, 2, 3, -1]] * 2
+
+
 def test_tree_parents_leaves_an_unselected_parent_unfound():
     """Slot 12's parent is slot 3 (flat index 3): not selected here, so node 3 (slot 12) has parent -1, unfound."""
     parent, found = K.tree_parents(torch.tensor([[-1, 0, 1, 2, 3, 5, 7]]), torch.tensor([[0, 1, 12]]), 3)

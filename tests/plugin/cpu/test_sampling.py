@@ -22,11 +22,11 @@ def test_parents_from_links_inverts_sglang_retrive(rng, seed):
     assert torch.equal(par, torch.where(tree.valid, tree.parents, -1))
 
 
-def run_op(tree: DraftTree, probs, coins, final):
+def run_op(tree: DraftTree, probs, coins, final, width=None):
     bs, n = tree.tokens.shape
     r = sglang_retrive(tree)
     predicts = torch.full((bs * n,), -5, dtype=torch.int32)  # SGLang's dtypes (eagle_utils.eagle_sample)
-    accept_index = torch.full((bs, tree.depth_bound + 1), -1, dtype=torch.int32)
+    accept_index = torch.full((bs, width or tree.depth_bound + 1), -1, dtype=torch.int32)
     num = torch.zeros(bs, dtype=torch.int32)
     ridx = torch.arange(bs)[:, None] * n + torch.arange(n)
     tree_speculative_sampling_target_only(predicts, accept_index, num, tree.tokens.clamp(min=0), ridx,
@@ -35,19 +35,32 @@ def run_op(tree: DraftTree, probs, coins, final):
     return predicts, accept_index, num
 
 
-def test_one_hot_probs_give_the_greedy_kernel(rng):
+@pytest.mark.parametrize("wider", [False, True])
+def test_one_hot_probs_give_the_greedy_kernel(rng, wider):
+    """Also with more draft steps than nodes (N < S + 1, which SGLang allows at topk > 1): the coins are ``[bs, N]``
+    and accept_index ``[bs, S + 1]`` wider (the walk read a coin past the coins' end)."""
     tree = random_batch(rng, [6, 9, 3], vocab=4)  # tiny vocab: plenty of accepts
     bs, n = tree.tokens.shape
+    width = n + 3 if wider else tree.depth_bound + 1  # S + 1 > N: more steps than the coins' N columns
     logits = torch.randn(bs, n, 4)
     probs = target_probs(logits, 0.0)
-    greedy = [torch.full((bs * n,), -5, dtype=torch.int32), torch.full((bs, tree.depth_bound + 1), -1, dtype=torch.int32),
+    greedy = [torch.full((bs * n,), -5, dtype=torch.int32), torch.full((bs, width), -1, dtype=torch.int32),
               torch.zeros(bs, dtype=torch.int32)]
     r = sglang_retrive(tree)
     verify_tree_greedy_cpu(*greedy, tree.tokens.clamp(min=0), torch.arange(bs)[:, None] * n + torch.arange(n),
                            r.retrive_next_token, r.retrive_next_sibling, logits.argmax(-1))
-    out = run_op(tree, probs, torch.rand(bs, n), torch.rand(bs))
+    out = run_op(tree, probs, torch.rand(bs, n), torch.rand(bs), width=width)
     for a, b in zip(out, greedy):
         assert torch.equal(a, b)
+
+
+def test_an_empty_batch_verifies_nothing_as_the_kernel():
+    z = lambda *shape, dtype=torch.int64: torch.zeros(*shape, dtype=dtype)  # noqa: E731
+    predicts, accept_index, num = z(0, dtype=torch.int32), z(0, 4, dtype=torch.int32), z(0, dtype=torch.int32)
+    tree_speculative_sampling_target_only(predicts, accept_index, num, z(0, 3), z(0, 3), z(0, 3), z(0, 3),
+                                          z(0, 3, dtype=torch.float32), z(0, dtype=torch.float32),
+                                          z(0, 3, 5, dtype=torch.float32), z(0, 3, 5, dtype=torch.float32))
+    assert predicts.numel() == accept_index.numel() == num.numel() == 0
 
 
 def test_emitted_sequences_follow_the_target_law():

@@ -201,6 +201,8 @@ def tree_parents(parent_list, selected_index, topk: int):
         return root, torch.zeros_like(root, dtype=torch.bool)
     sel = selected_index.long()
     slot = sel // topk  # [bs, N-1]
+    if parent_list.shape[1] == 0:  # one draft step: SGLang's table is empty, every slot is the root's (0)
+        parent_list = root
     ptok = torch.gather(parent_list.long(), 1, slot)  # [bs, N-1]
     match = sel[:, None, :] == ptok[:, :, None]  # [bs, N-1 (child), N-1 (candidate)]
     pos = match.long().argmax(-1) + 1  # first match

@@ -77,12 +77,15 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
                     retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
                     draft_probs, threshold_single, threshold_acc)
     bs, n = candidates.shape
+    if bs == 0:  # as the kernel: nothing to verify
+        return
     steps = accept_index.shape[1]
     dev = candidates.device
     parents = parents_from_links(retrive_next_token, retrive_next_sibling)
     tree = DraftTree(candidates.long(), parents, torch.zeros_like(parents), torch.zeros(bs, n, device=dev),
                      torch.full((bs,), n, dtype=torch.int64, device=dev), steps - 1)
-    coins = torch.cat([uniform_samples[:, : steps - 1].float(),
+    inner = uniform_samples[:, : steps - 1].float()  # fewer columns when N < S + 1 (a tree is at most N - 1 deep)
+    coins = torch.cat([inner, inner.new_zeros(bs, steps - 1 - inner.shape[1]),  # depths no tree reaches
                        uniform_samples_for_final_sampling.reshape(bs, 1).float()], 1)  # [bs, steps]
     res = walk_tree(tree, target_probs.reshape(bs, n, -1), coins)
     ridx = retrive_index.long()
