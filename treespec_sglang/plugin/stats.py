@@ -311,19 +311,19 @@ def stream_accept(original, self, *args, **kwargs):
     committed = len(info.get(ACCEPTS) or [])
     for key in keys:
         values = info.get(key) or []
+        # a round's tree size and verify tokens: up to the rounds committed (slicing, never copying the whole list)
+        end = min(len(values), committed) if key in ROUND_KEYS and key != ACCEPTS else len(values)
         if key == SUMMARY:  # totals, not a list of rounds: the last chunk carries them, once
             delta = [dict(v) for v in values] if finished else []
         else:
-            if key in ROUND_KEYS and key != ACCEPTS:
-                values = values[:committed]
-            delta = values[min(sent.get(key, 0), len(values)):]  # treespec_policy (one value) goes once
+            delta = values[min(sent.get(key, 0), end):end]  # treespec_policy (one value) goes once
         column = self.customized_info.get(key)
         if column is None:  # the batch's first chunk of ours: the rows before it carry nothing of it
             column = self.customized_info[key] = [[] for _ in range(row)]
         while len(column) <= row:
             column.append([])
         column[row] = delta
-        sent[key] = len(values)
+        sent[key] = end
     return out
 
 
