@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--threads", type=int_at_least(1), default=None)
     p.add_argument("--no-peers", action="store_true", help="skip the transformers greedy / prompt-lookup rows")
-    p.add_argument("--lookup", type=int_at_least(1), default=10, help="prompt_lookup_num_tokens of the transformers peer")
+    p.add_argument("--lookup", type=int_at_least(1), default=10,
+                   help="prompt_lookup_num_tokens of the transformers peer")
     add_dtype(p)
     p.set_defaults(fn=run)
 

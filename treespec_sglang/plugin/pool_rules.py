@@ -178,8 +178,8 @@ def salf_pops(th_min: float, n_max: int, S: int) -> int:
     Every pop that does not stop the search expands a set D with sum of path probabilities >= th
     (line 13), each node is popped once, and one level's paths hold probability <= 1, so at most
     ``S / th`` pops continue, then one stops; and at most ``2N + 2`` in any case (each continuing pop's best
-    node stays in the final top N, so N pops continue at most: ``2N + 2`` is a loose margin on that). Rows with th = 0 are
-    SALF's exact top-N (Thm. 2-3) and are taken from the ranking instead (:mod:`.pool`).
+    node stays in the final top N, so N pops continue at most: ``2N + 2`` is a loose margin on that). Rows with
+    th = 0 are SALF's exact top-N (Thm. 2-3) and are taken from the ranking instead (:mod:`.pool`).
     Example: th 0.6, S 6 -> 11; th 0.05, S 6, N 48 -> 98.
     """
     cap = 2 * n_max + 2
@@ -206,8 +206,8 @@ def salf_keep(val: torch.Tensor, valid: torch.Tensor, level: torch.Tensor, paren
     -------
     ``[bs, P]`` bool: the top ``n_eff - 1`` popped nodes by path value (G's top N with the root).
 
-    Q's capacity N (Alg. 2 line 2; the push at line 20) and pushing only a node's top N-1 children are left out: a node
-    either drops has N better nodes that are popped no later than it would be, so it could never be in
+    Q's capacity N (Alg. 2 line 2; the push at line 20) and pushing only a node's top N-1 children are left out: a
+    node either drops has N better nodes that are popped no later than it would be, so it could never be in
     D (``pr > eps``) nor in the output, and D, the gains and the stop are the same without the cap.
     Example: with th 0.6 a pool whose root children hold .7 and .2 pops both (B >= 2), D = {.7, .2}
     (gain .9), pushes their children, and stops at the next pop whose D holds less than .6.

@@ -135,8 +135,9 @@ def per_batch(what: str, params: Sequence, extra: tuple, build):
 
 
 def policy_rows(params: Sequence[Optional[PolicyParams]], device, shares: Optional[Sequence[bool]] = None):
-    """``[bs, F]`` row table for a batch (``[0, F]`` for none): the cached rows concatenated (one op, no host->device copy), kept
-    per batch composition (:func:`per_batch`: a steady batch pays neither the op nor the walk). Read-only."""
+    """``[bs, F]`` row table for a batch (``[0, F]`` for none): the cached rows concatenated (one op, no host->device
+    copy), kept per batch composition (:func:`per_batch`: a steady batch pays neither the op nor the walk).
+    Read-only."""
     shares = tuple(shares) if shares is not None else (False,) * len(params)
     where = str(torch.device(device))
 

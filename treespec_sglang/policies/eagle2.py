@@ -82,7 +82,7 @@ class Eagle2Policy(TreePolicy):
         # next frontier: top-k of the k*k candidates by path value
         flat = cum.reshape(bs, -1)
         order = torch.sort(flat, dim=-1, descending=True, stable=True).indices[:, :self.K]  # [bs, <= K]
-        # sorted position j < k_row <=> rank < k_row (fewer than K candidates when K * min(K, V) < K: a tiny vocab)
+        # sorted position j < k_row <=> rank < k_row (W * min(K, V) candidates: fewer than K in a tiny vocabulary)
         sel = (torch.arange(order.shape[1], device=self.device)[None, :] < self.k[:, None]) \
             & torch.gather(valid.reshape(bs, -1), 1, order)
         nxt = torch.where(sel, torch.gather(idx, 1, order), -1)

@@ -47,6 +47,11 @@ def _check_logprobs(root_logprobs: torch.Tensor) -> None:
                          f"{float(lse[i]):.4g}, must be <= 0; pass log_softmax(logits), not logits)")
 
 
+def _waiting(groups) -> torch.Tensor:
+    """``[]`` bool: a policy of ``groups`` has a row that steps on without children (:meth:`TreePolicy.waiting`)."""
+    return torch.stack([g[1].waiting() for g in groups]).any()
+
+
 def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.Tensor,
               expand: ExpandFn, *, sync_free: bool = False, validate: bool = True,
               min_logprob: Optional[torch.Tensor] = None) -> DraftTree:
@@ -136,8 +141,7 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
             break
         expanding = True
         if min_logprob is None and not sync_free:  # the one host sync per step
-            code = int(torch.stack([(g[2] >= 0).any() for g in live]).any() * 2
-                       + torch.stack([g[1].waiting() for g in live]).any())  # 2: expanding, 1: waiting only
+            code = int(torch.stack([(g[2] >= 0).any() for g in live]).any() * 2 + _waiting(live))  # 2: expanding
             if code == 0:
                 break  # nobody has anything left to expand
             expanding = code >= 2
@@ -156,7 +160,7 @@ def grow_tree(specs: Sequence, root_tokens: torch.Tensor, root_logprobs: torch.T
             frontier = torch.where(pruned, -1, frontier)
             n_live = int((frontier >= 0).sum())  # the one host read of this step
             expanding = n_live > 0
-            if not expanding and not bool(torch.stack([g[1].waiting() for g in live]).any()):
+            if not expanding and not bool(_waiting(live)):
                 break  # (a second read only when nothing is live)
         if not expanding:  # only rows that step on without children (waiting): no draft forward
             child = torch.full((bs, frontier.shape[1], vocab), float("-inf"), device=dev)
