@@ -201,7 +201,7 @@ def test_the_verify_hook_runs_each_batch_the_tuned_way(monkeypatch, setting):
     assert paths == [False, True, False, True]
     assert recorded == [[4, 4], [3, 3], [4, 4], [3, 3]]  # a CPU tree batch runs at its widest kept tree
     t = ragged_tuner._TUNER[0]
-    assert t.options.warmup == 2 and t.table()["2-3"]["samples"] == [2, 2]
+    assert t.options.warmup == 2 and t.table()["2-3, N 4"]["samples"] == [2, 2]
 
 
 @pytest.mark.parametrize("setting, backend, ragged_run", [
@@ -244,4 +244,4 @@ def test_a_chosen_ragged_verify_with_nothing_to_compact_is_no_sample(monkeypatch
     for keep in (KEEP, full, KEEP, full):
         runner, fb = verify_batch(IntelAMXAttnBackend(), keep)
         ragged_verify_forward(recording_forward([]), runner, fb, keep)
-    assert ragged_tuner._TUNER[0].table()["2-3"]["samples"] == [2, 1]
+    assert ragged_tuner._TUNER[0].table()["2-3, N 4"]["samples"] == [2, 1]

@@ -33,12 +33,15 @@ class FakeClock:
         return out
 
 
-def run(t: RaggedTuner, bs: int, rounds: int, group=None) -> list:
-    """The paths ``t`` chose for ``rounds`` verifies at ``bs`` (each timed as that path)."""
+N = 8  # the verify width of every test batch but where a test says otherwise
+
+
+def run(t: RaggedTuner, bs: int, rounds: int, group=None, n: int = N) -> list:
+    """The paths ``t`` chose for ``rounds`` verifies of ``bs`` requests at width ``n`` (each timed as that path)."""
     out = []
     for _ in range(rounds):
-        r = t.choose(bs, group)
-        with t.timed(bs, r, "cpu"):
+        r = t.choose(bs, n, group)
+        with t.timed(bs, n, r, "cpu"):
             pass
         out.append(int(r))
     return out
@@ -46,25 +49,27 @@ def run(t: RaggedTuner, bs: int, rounds: int, group=None) -> list:
 
 @pytest.mark.parametrize("bs, want", [(1, 1), (2, 2), (3, 2), (4, 3), (7, 3), (8, 4), (64, 7), (65, 7), (128, 8)])
 def test_batch_sizes_share_a_bucket_between_powers_of_two(bs, want):
-    assert bucket(bs) == want
+    assert bucket(bs, 8) == (want, 8)
 
 
-def test_a_batch_size_below_one_is_refused():
+def test_a_batch_size_or_width_below_one_is_refused():
     with pytest.raises(ValueError, match="batch size must be >= 1, got 0"):
-        bucket(0)
+        bucket(0, 8)
+    with pytest.raises(ValueError, match="verify width N must be >= 1, got 0"):
+        bucket(1, 0)
 
 
 def test_warm_up_alternates_the_paths_then_a_faster_ragged_path_is_chosen_and_padded_explored():
     t = RaggedTuner(TunerOptions(warmup=3, explore_every=5), clock=FakeClock(padded=10.0, ragged=6.0))
     assert run(t, 8, 16) == [0, 1, 0, 1, 0, 1] + [1, 1, 1, 0, 1, 1, 1, 1, 0, 1]
-    table = t.table()["8-15"]
+    table = t.table()["8-15, N 8"]
     assert table["ragged"] and table["padded_ms"] == 10.0 and table["ragged_ms"] == 6.0 and table["samples"] == [5, 11]
 
 
 def test_a_faster_padded_path_stays_and_ragged_is_only_explored():
     t = RaggedTuner(TunerOptions(warmup=2, explore_every=4), clock=FakeClock(padded=5.0, ragged=9.0))
     assert run(t, 1, 12) == [0, 1, 0, 1] + [0, 0, 0, 1, 0, 0, 0, 1]
-    assert not t.table()["1"]["ragged"]
+    assert not t.table()["1, N 8"]["ragged"]
 
 
 @pytest.mark.parametrize("ragged_ms, want", [(9.8, 0), (9.6, 1)])
@@ -85,7 +90,32 @@ def test_buckets_decide_apart():
     t = RaggedTuner(TunerOptions(warmup=1, explore_every=1000), clock=FakeClock(10.0, 5.0))
     assert run(t, 1, 3) == [0, 1, 1]
     assert run(t, 16, 3) == [0, 1, 1]  # its own warm-up, not bucket 1's decision
-    assert set(t.table()) == {"1", "16-31"}
+    assert set(t.table()) == {"1, N 8", "16-31, N 8"}
+
+
+class WidthClock(FakeClock):
+    """A verify at width N takes ``ms[(N, path)]``."""
+
+    def end(self, _, key):
+        (_, n), path = key
+        self.pending.append((key, self.ms[(n, path)]))
+
+
+def test_verify_widths_decide_apart():
+    """SGLang's adaptive speculation moves a chain server's N between rounds: at N 2 ragged wins, at N 8 padded
+    does, and rounds alternating between the widths decide each on its own samples (one bucket for both would
+    compare a ragged N 2 verify with a padded N 8 one and take ragged for both)."""
+    clock = WidthClock(0.0, 0.0)
+    clock.ms = {(2, 0): 4.0, (2, 1): 2.0, (8, 0): 10.0, (8, 1): 12.0}
+    t = RaggedTuner(TunerOptions(warmup=2, explore_every=1000), clock=clock)
+    paths = {2: [], 8: []}
+    for _ in range(8):
+        for n in (2, 8):
+            paths[n] += run(t, 4, 1, n=n)
+    assert paths == {2: [0, 1, 0, 1, 1, 1, 1, 1], 8: [0, 1, 0, 1, 0, 0, 0, 0]}
+    table = t.table()
+    assert set(table) == {"4-7, N 2", "4-7, N 8"} and table["4-7, N 2"]["ragged"] and not table["4-7, N 8"]["ragged"]
+    assert table["4-7, N 8"]["padded_ms"] == 10.0 and table["4-7, N 2"]["ragged_ms"] == 2.0
 
 
 def test_padded_until_the_samples_have_finished_on_the_device():
@@ -129,7 +159,7 @@ def test_ranks_run_rank_0s_decisions_at_the_agreements_only():
     # warm-up 4 (rank 0 has both paths' samples after it, but alone it would decide at verify 5); padded with
     # ragged explored at verify 6, until the agreement before verify 7; then ragged, padded explored at verify 12
     assert paths[0] == [0, 1, 0, 1] + [0, 1] + [1, 1, 1, 1, 1, 0, 1, 1]
-    assert ranks[1].proposal(ranks[1].buckets[3]) is False and ranks[0].proposal(ranks[0].buckets[3]) is True
+    assert ranks[1].proposal(ranks[1].buckets[(3, N)]) is False and ranks[0].proposal(ranks[0].buckets[(3, N)]) is True
     assert len(bus.sent) == bus.received == 5  # before verifies 1, 4, 7, 10, 13
 
 
@@ -143,8 +173,8 @@ def turns(t: RaggedTuner, bs: int, compacts: list) -> list:
     of a batch that cannot ran padded, no sample (as :func:`ragged_verify_forward` marks it)."""
     out = []
     for can in compacts:
-        r = t.choose(bs)
-        with t.timed(bs, r, "cpu") as sample:
+        r = t.choose(bs, N)
+        with t.timed(bs, N, r, "cpu") as sample:
             sample.kept = can or not r
         out.append(int(r))
     return out
@@ -155,8 +185,8 @@ def test_a_ragged_turn_with_nothing_to_compact_passes_to_the_next_verify():
     after its 4 turns instead of deciding padded with none."""
     t = RaggedTuner(TunerOptions(warmup=2, explore_every=100), clock=FakeClock(padded=10.0, ragged=5.0))
     assert turns(t, 4, [True, False, False, True, True, False, True]) == [0, 1, 1, 1, 0, 1, 1]
-    assert t.table()["4-7"]["samples"] == [2, 2]
-    assert turns(t, 4, [True, True]) == [1, 1] and t.table()["4-7"]["ragged"]
+    assert t.table()["4-7, N 8"]["samples"] == [2, 2]
+    assert turns(t, 4, [True, True]) == [1, 1] and t.table()["4-7, N 8"]["ragged"]
 
 
 def test_a_load_that_never_compacts_passes_a_turn_on_at_most_warmup_times():
@@ -165,7 +195,7 @@ def test_a_load_that_never_compacts_passes_a_turn_on_at_most_warmup_times():
     t = RaggedTuner(TunerOptions(warmup=2, explore_every=4), clock=FakeClock(padded=10.0, ragged=5.0))
     got = turns(t, 1, [False] * 20)
     assert got == [0, 1, 1, 1, 0, 1, 1, 1] + [0, 0, 0, 1, 1, 1] + [0, 0, 0, 1, 1, 1]
-    assert t.table()["1"]["samples"] == [8, 0] and not t.table()["1"]["ragged"]
+    assert t.table()["1, N 8"]["samples"] == [8, 0] and not t.table()["1, N 8"]["ragged"]
 
 
 def test_a_decided_ragged_bucket_passes_nothing_on():
@@ -205,7 +235,7 @@ def test_a_growing_context_does_not_make_the_seldom_run_path_look_faster():
     t = RaggedTuner(TunerOptions(warmup=2, explore_every=8), clock=DriftClock())
     paths = run(t, 4, 200)
     assert paths[4:] == [int(n % 8 == 7) for n in range(4, 200)]  # padded, ragged only explored
-    assert t.table()["4-7"]["ratio"] == pytest.approx(1.2, rel=0.1)  # the current mean lags a few verifies
+    assert t.table()["4-7, N 8"]["ratio"] == pytest.approx(1.2, rel=0.1)  # the current mean lags a few verifies
 
 
 def test_after_a_switch_one_late_sample_of_the_old_path_does_not_switch_back():
@@ -214,9 +244,9 @@ def test_after_a_switch_one_late_sample_of_the_old_path_does_not_switch_back():
     clock = FakeClock(padded=10.0, ragged=5.0)
     t = RaggedTuner(TunerOptions(warmup=2, explore_every=1000), clock=clock)
     assert run(t, 4, 5) == [0, 1, 0, 1, 1]  # ragged decided at the 5th verify
-    clock.pending.append(((bucket(4), 0), 1.0))  # a padded verify's sample arriving late, far faster
+    clock.pending.append(((bucket(4, N), 0), 1.0))  # a padded verify's sample arriving late, far faster
     assert run(t, 4, 1) == [1]
-    clock.pending.append(((bucket(4), 0), 1.0))  # a second one: now the ratio stands on warmup samples
+    clock.pending.append(((bucket(4, N), 0), 1.0))  # a second one: now the ratio stands on warmup samples
     assert run(t, 4, 1) == [0]
 
 
@@ -237,9 +267,9 @@ def test_means_and_ratios_are_exponential_with_the_smoothing_weight():
     arrives (ratios 0.5 then 0.7 / 12.5, their mean weighted alike)."""
     t = RaggedTuner(TunerOptions(warmup=10, smoothing=0.25), clock=ListClock([10.0, 20.0], [5.0, 7.0]))
     for path in (False, True, False, True):
-        with t.timed(2, path, "cpu"):
+        with t.timed(2, N, path, "cpu"):
             pass
-    row = t.table()["2-3"]  # a bucket made from its samples alone (no verify chosen there)
+    row = t.table()["2-3, N 8"]  # a bucket made from its samples alone (no verify chosen there)
     assert row["padded_ms"] == pytest.approx(12.5) and row["ragged_ms"] == pytest.approx(0.75 * 5 + 0.25 * 7)
     assert row["ratio"] == pytest.approx(0.75 * 0.5 + 0.25 * 7 / 12.5) and row["samples"] == [2, 2]
     assert row["verifies"] == 0 and t.verifies == 0
@@ -248,7 +278,7 @@ def test_means_and_ratios_are_exponential_with_the_smoothing_weight():
 def test_a_ratio_exactly_at_the_margin_does_not_switch():
     t = RaggedTuner(TunerOptions(warmup=1, explore_every=100, margin=0.5, smoothing=1.0), clock=FakeClock(10.0, 5.0))
     assert run(t, 4, 4) == [0, 1, 0, 0]  # 5 / 10 = 1 - margin: not below it
-    assert t.table()["4-7"]["verifies"] == 4 and t.verifies == 4
+    assert t.table()["4-7, N 8"]["verifies"] == 4 and t.verifies == 4
 
 
 def test_a_group_without_a_world_size_is_one_rank():
@@ -260,9 +290,9 @@ def test_a_switch_is_logged_with_the_bucket_and_both_means(caplog):
     t = RaggedTuner(TunerOptions(warmup=1, explore_every=100), clock=FakeClock(10.0, 5.0))
     with caplog.at_level(logging.INFO, logger="treespec_sglang.plugin"):
         run(t, 4, 3)
-        t._decide(4, _Bucket(), True)  # a decision taken from rank 0 before this rank has any sample
-        t._decide(4, _Bucket(mean=[3.0, float("nan")], ragged=True), False)
+        t._decide((4, 8), _Bucket(), True)  # a decision taken from rank 0 before this rank has any sample
+        t._decide((4, 8), _Bucket(mean=[3.0, float("nan")], ragged=True), False)
     assert [r.getMessage() for r in caplog.records] == [
-        "treespec ragged verify, batch size 4-7: ragged (padded 10.000 ms, ragged 5.000 ms a verify)",
-        "treespec ragged verify, batch size 8-15: ragged (padded - ms, ragged - ms a verify)",
-        "treespec ragged verify, batch size 8-15: padded (padded 3.000 ms, ragged - ms a verify)"]
+        "treespec ragged verify, batch size 4-7, N 8: ragged (padded 10.000 ms, ragged 5.000 ms a verify)",
+        "treespec ragged verify, batch size 8-15, N 8: ragged (padded - ms, ragged - ms a verify)",
+        "treespec ragged verify, batch size 8-15, N 8: padded (padded 3.000 ms, ragged - ms a verify)"]

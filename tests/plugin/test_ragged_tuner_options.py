@@ -53,16 +53,16 @@ def test_clocks_by_device():
 
 def test_the_host_clock_times_the_block():
     t = RaggedTuner(TunerOptions())
-    with t.timed(1, True, "cpu"):
+    with t.timed(1, 8, True, "cpu"):
         time.sleep(0.02)
     ((key, ms),) = t.clock.finished()
-    assert key == (1, 1) and 20.0 <= ms < 1000.0 and t.clock.finished() == []
+    assert key == ((1, 8), 1) and 20.0 <= ms < 1000.0 and t.clock.finished() == []
 
 
 def test_a_failed_forward_is_not_a_sample():
     t = RaggedTuner(TunerOptions(), clock=HostClock())
     with pytest.raises(RuntimeError):
-        with t.timed(1, True, "cpu"):
+        with t.timed(1, 8, True, "cpu"):
             raise RuntimeError("forward failed")
     assert t.clock.finished() == []
 

@@ -15,7 +15,7 @@ mask, causal) and FlashInfer (per-request custom masks) run each request's own n
 Compaction needs ``T = sum_b n_b`` on the host (the forward's shape depends on it): one size read
 per verify round, inherent to a ragged batch. With ``TREESPEC_RAGGED_VERIFY=tuned`` (and ``auto`` on the CPU,
 :func:`.ragged_support.ragged_tuned`) each verify runs ragged or padded (SGLang's own, in its graph on a GPU) as
-:mod:`.ragged_tuner` measured faster at the batch's size.
+:mod:`.ragged_tuner` measured faster at the batch's size and width N.
 """
 
 from __future__ import annotations
@@ -223,10 +223,11 @@ def ragged_verify_forward(original, runner, forward_batch, keep: torch.Tensor, *
         return _ragged_forward(mode, original, runner, forward_batch, keep, *args, **kwargs)
     group = verify_group()
     t = tuner(contrary=perturbed_rank(group))
-    ragged = t.choose(bs, group)  # the same on every rank of the group
+    ragged = t.choose(bs, n, group)  # the same on every rank of the group
     if digests_dir():  # debug: this rank's own proposal for the batch's bucket and the path every rank runs
-        record_digest([torch.tensor([t.proposal(t.buckets[bucket(bs)])])], [torch.tensor([ragged])], group, "ragged-")
-    with t.timed(bs, ragged, keep.device) as sample:
+        record_digest([torch.tensor([t.proposal(t.buckets[bucket(bs, n)])])], [torch.tensor([ragged])], group,
+                      "ragged-")
+    with t.timed(bs, n, ragged, keep.device) as sample:
         if not ragged:
             return original(runner, forward_batch, *args, **kwargs), [n] * bs
         out, verified = _ragged_forward(mode, original, runner, forward_batch, keep, *args, **kwargs)

@@ -6,7 +6,9 @@ were captured for ``bs * N`` tokens) and reads the batch's sizes on the host; a 
 over every node. Which is faster depends on the model, the card, the batch size and the trees, so the tuner
 measures both on the running server and verifies each batch size the faster way:
 
-- **Buckets**: batch sizes ``1 | 2-3 | 4-7 | 8-15 | ...`` (:func:`bucket`), each decided on its own.
+- **Buckets**: batch sizes ``1 | 2-3 | 4-7 | 8-15 | ...`` at each verify width N (:func:`bucket`), each decided
+  on its own: SGLang's adaptive speculation moves a chain server's N between rounds, and a padded verify of
+  N = 2 timed against a ragged one of N = 8 (or the reverse) would decide nothing about either.
 - **Warm-up**: a bucket's first ``2 * warmup`` verifies alternate padded, ragged, padded, ... .
 - **Then** the bucket runs its decided path, and one verify in ``explore_every`` the other one (to follow the
   load as contexts grow and the policy mix changes): at most ``1 / explore_every`` of its verifies take the
@@ -90,16 +92,21 @@ class TunerOptions:
         return cls(**values)
 
 
-def bucket(bs: int) -> int:
-    """The batch-size bucket: ``bs.bit_length()`` (1 -> 1, 2-3 -> 2, 4-7 -> 3, 8-15 -> 4, ...)."""
+def bucket(bs: int, n: int) -> Tuple[int, int]:
+    """The bucket of a verify of ``bs`` requests at width ``n`` (SGLang's N): ``(bs.bit_length(), n)``, the batch
+    sizes ``1 | 2-3 | 4-7 | 8-15 | ...`` at each N. Example: ``bucket(5, 8) == (3, 8)``."""
     if bs < 1:
         raise ValueError(f"batch size must be >= 1, got {bs}")
-    return bs.bit_length()
+    if n < 1:
+        raise ValueError(f"verify width N must be >= 1, got {n}")
+    return bs.bit_length(), n
 
 
-def _span(b: int) -> str:
+def _span(key: Tuple[int, int]) -> str:
+    """A bucket as the table and the log name it: ``(3, 8)`` -> ``"4-7, N 8"``."""
+    b, n = key
     lo, hi = 1 << (b - 1), (1 << b) - 1
-    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return f"{lo}, N {n}" if lo == hi else f"{lo}-{hi}, N {n}"
 
 
 class HostClock:
@@ -186,37 +193,41 @@ class RaggedTuner:
         self.options = options or TunerOptions()
         self.clock = clock
         self.contrary = contrary
-        self.buckets: Dict[int, _Bucket] = {}
+        self.buckets: Dict[Tuple[int, int], _Bucket] = {}  # bucket(bs, n) -> its state
         self.verifies = 0  # all buckets (the agreement's schedule)
 
-    def choose(self, bs: int, group=None) -> bool:
-        """True: verify this batch ragged. Identical on every rank of ``group`` (a ``GroupCoordinator``)."""
+    def choose(self, bs: int, n: int, group=None) -> bool:
+        """True: verify this batch of ``bs`` requests at width ``n`` ragged. Identical on every rank of ``group`` (a
+        ``GroupCoordinator``)."""
         self._collect()
         size = 1 if group is None else int(getattr(group, "world_size", 1))
         if size > 1 and self.verifies % self.options.agree_every == 0:
             self._agree(group)
         self.verifies += 1
-        b = self.buckets.setdefault(bucket(bs), _Bucket())
+        key = bucket(bs, n)
+        b = self.buckets.setdefault(key, _Bucket())
         if size <= 1:
-            self._decide(bucket(bs), b, self.proposal(b))
-        n, o = b.verifies, self.options
+            self._decide(key, b, self.proposal(b))
+        seen, o = b.verifies, self.options
         b.verifies += 1
-        if n < 2 * o.warmup:
-            return n % 2 == 1  # padded, ragged, padded, ...
-        return b.ragged != (n % o.explore_every == o.explore_every - 1)
+        if seen < 2 * o.warmup:
+            return seen % 2 == 1  # padded, ragged, padded, ...
+        return b.ragged != (seen % o.explore_every == o.explore_every - 1)
 
     @contextlib.contextmanager
-    def timed(self, bs: int, ragged: bool, device) -> Iterator[SimpleNamespace]:
-        """Time the verify forward run inside as a sample of ``ragged`` at ``bs``'s bucket; not one when it fails
-        or sets ``kept = False`` on the object it is given (e.g. it ran the other path after all)."""
+    def timed(self, bs: int, n: int, ragged: bool, device) -> Iterator[SimpleNamespace]:
+        """Time the verify forward run inside as a sample of ``ragged`` at the bucket of ``bs`` requests at width
+        ``n``; not one when it fails or sets ``kept = False`` on the object it is given (e.g. it ran the other path
+        after all)."""
         if self.clock is None:
             self.clock = clock_for(device)
         start = self.clock.begin()
         sample = SimpleNamespace(kept=True)
         yield sample
-        b = self.buckets.get(bucket(bs))
+        key = bucket(bs, n)
+        b = self.buckets.get(key)
         if sample.kept:
-            self.clock.end(start, (bucket(bs), int(ragged)))
+            self.clock.end(start, (key, int(ragged)))
         else:
             self.clock.cancel(start)
         if b is not None:  # chosen by :meth:`choose` (identical on every rank, as ``kept`` is: the batch's trees)
@@ -268,7 +279,7 @@ class RaggedTuner:
         for k, want in agreed["ragged"].items():
             self._decide(k, self.buckets.setdefault(k, _Bucket()), bool(want))
 
-    def _decide(self, k: int, b: _Bucket, ragged: bool) -> None:
+    def _decide(self, k: Tuple[int, int], b: _Bucket, ragged: bool) -> None:
         if ragged != b.ragged:
             logger.info("treespec ragged verify, batch size %s: %s (padded %s ms, ragged %s ms a verify)",
                         _span(k), "ragged" if ragged else "padded", _ms(b.mean[0]), _ms(b.mean[1]))
