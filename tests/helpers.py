@@ -134,6 +134,25 @@ def oracle_node_values(tree: DraftTree, weight=None):
     return out
 
 
+def plain_entropy(row, m: int = 1000) -> float:
+    """C2T Eq. 7 restated: ``-sum p log p`` over the ``m`` largest probabilities of one row of log-probs (a list or
+    a 1-D tensor; p = 0 terms add 0), in Python floats: the oracles' own, never the package's ``entropy_topm``."""
+    total = 0.0
+    for lp in sorted((float(x) for x in row), reverse=True)[:m]:
+        if lp > -math.inf:
+            total -= math.exp(lp) * lp
+    return total
+
+
+def plain_confidence(clf, p: float, h: float, d: float) -> float:
+    """C2T Eq. 6-8's classifier restated: ``sigmoid(w2 . relu(W1 [p, h, d] + b1) + b2)`` from ``clf``'s weights, in
+    Python floats (the oracles' own; never the module's forward)."""
+    w1, b1 = clf.fc1.weight.tolist(), clf.fc1.bias.tolist()
+    w2, b2 = clf.fc2.weight[0].tolist(), float(clf.fc2.bias[0])
+    z = b2 + sum(v * max(0.0, a * p + b * h + c * d + bias) for v, (a, b, c), bias in zip(w2, w1, b1))
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+
 def closed_subsets(parents, size):
     """Every ancestor-closed node set of one tree (its first ``size`` nodes) that contains the root."""
     nodes = list(range(1, size))

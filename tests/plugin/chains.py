@@ -1,8 +1,11 @@
 """Chain-mode fixtures shared by the C2T stop's tests: step logits and the plain oracle of the cut."""
 
+import math
+
 import torch
 
-from treespec_sglang.policies.classifier import entropy_topm, load_classifier
+from tests.helpers import plain_confidence, plain_entropy
+from treespec_sglang.policies.classifier import load_classifier
 from treespec_sglang.policies.params import NoneParams
 
 S, V = 6, 40
@@ -29,8 +32,7 @@ def plain_lengths(params, logits, steps=S):
         for d, lg in enumerate(logits, start=2):
             lp = torch.log_softmax(lg[b], -1)
             logp += float(lp.max())
-            with torch.no_grad():
-                score = float(clf(torch.tensor([torch.tensor(logp).exp().item(), float(entropy_topm(lp)), float(d)])))
+            score = plain_confidence(clf, math.exp(logp), plain_entropy(lp), d)
             if d > p.length or (p.beta is not None and score < p.beta):
                 break
             length += 1

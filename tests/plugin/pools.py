@@ -7,9 +7,9 @@ import random
 
 import torch
 
-from tests.helpers import PathDraft
+from tests.helpers import PathDraft, plain_confidence, plain_entropy
 from tests.policies import oracles
-from treespec_sglang.policies.classifier import C2TClassifier, entropy_topm, load_classifier
+from treespec_sglang.policies.classifier import C2TClassifier, load_classifier
 
 
 def pool(topk=4, steps=4, seed=0, roots=(3, 5, 7)):
@@ -73,9 +73,8 @@ def chain_oracle(beam, root, length, beta, clf):
         w = int(lp.argmax())
         cum += float(lp[w])
         if beta is not None:
-            with torch.no_grad():
-                if float(clf(torch.tensor([math.exp(cum), float(entropy_topm(lp)), float(d)]))) < beta:
-                    break
+            if plain_confidence(clf, math.exp(cum), plain_entropy(lp), d) < beta:
+                break
         path = path + (w,)
         out.add(path)
     return out

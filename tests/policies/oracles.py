@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from tests.helpers import plain_confidence, plain_entropy
+
 
 class Nodes:
     """A growing single-request tree of (token, parent, logprob)."""
@@ -210,22 +212,20 @@ def brute_force_top_n(draft, root, N):
 
 
 def c2t(draft, root, N, K, beta, max_depth, clf):
-    """C2T App. A Alg. 1 (with the budget cap) over full candidate sets."""
-    from treespec_sglang.policies.classifier import entropy_topm
-
+    """C2T App. A Alg. 1 (with the budget cap) over full candidate sets (entropy and score restated:
+    :func:`tests.helpers.plain_entropy`, :func:`tests.helpers.plain_confidence`)."""
     T = Nodes(root)
     layer, d = [0], 1
     while layer and d <= max_depth and len(T.tok) < N:
         S = []
         for v in layer:
             lp = draft.logprobs(T.path(v))
-            H = float(entropy_topm(lp))
+            H = plain_entropy(lp)
             S += [(T.lp[v] + float(lp[w]), v, w, H) for w in range(draft.vocab) if math.isfinite(float(lp[w]))]
         S = sorted(S, key=lambda x: -x[0])[:K]  # stage 1: top-K by joint probability
         scored = []
         for lp, v, w, H in S:
-            with torch.no_grad():
-                c = float(clf(torch.tensor([math.exp(lp), H, float(d)])))
+            c = plain_confidence(clf, math.exp(lp), H, d)
             if c >= beta:
                 scored.append((c, lp, v, w))
         scored = sorted(scored, key=lambda x: -x[0])[:min(K, N - len(T.tok))]

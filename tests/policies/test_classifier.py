@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 
+from tests.helpers import plain_confidence, plain_entropy
 from treespec_sglang.policies import classifier as clf_mod
 from treespec_sglang.policies.classifier import C2TClassifier, entropy_topm, load_classifier
 
@@ -45,6 +46,23 @@ def test_the_hand_set_default_is_its_formula(P, H, d):
     with torch.no_grad():
         got = float(C2TClassifier.default()(torch.tensor([[P, H, d]])))
     assert got == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_forward_and_the_oracles_restatement_agree(seed):
+    """The oracles score nodes with :func:`tests.helpers.plain_confidence` (C2T Eq. 6-8 in Python floats); the
+    module's forward, random weights and features (the shipped classifier among them), agrees with it."""
+    g = torch.Generator().manual_seed(seed)
+    clf = C2TClassifier(hidden=5 + seed)
+    with torch.no_grad():
+        for t in clf.parameters():
+            t.copy_(torch.randn(t.shape, generator=g))
+    feats = torch.rand(16, 3, generator=g) * torch.tensor([1.0, 6.0, 10.0])
+    for m in (clf, load_classifier(None)):
+        with torch.no_grad():
+            got = m(feats).tolist()
+        want = [plain_confidence(m, *row) for row in feats.tolist()]
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
 def test_a_missing_file_is_named():
@@ -151,15 +169,6 @@ def test_a_rewritten_file_is_loaded_again(tmp_path, change):
     assert load_classifier(str(path)).fc2.bias[0].item() == -0.25
 
 
-def oracle_entropy(row, m):
-    """-sum p log p over the m largest probabilities of one row of log-probs (p = 0 terms are 0)."""
-    total = 0.0
-    for lp in sorted(row, reverse=True)[:m]:
-        if lp > -math.inf:
-            total -= math.exp(lp) * lp
-    return total
-
-
 @pytest.mark.parametrize("m", [1, 3, 1000])
 @pytest.mark.parametrize("masked", [0, 2])
 def test_entropy_topm_is_the_top_m_entropy(m, masked):
@@ -169,4 +178,4 @@ def test_entropy_topm_is_the_top_m_entropy(m, masked):
     lp[:, :masked] = float("-inf")
     got = entropy_topm(lp, m).tolist()
     for row, e in zip(lp.tolist(), got):
-        assert e == pytest.approx(oracle_entropy(row, m), rel=1e-5, abs=1e-7)
+        assert e == pytest.approx(plain_entropy(row, m), rel=1e-5, abs=1e-7)

@@ -1,9 +1,11 @@
 """Each batched policy against its plain-Python restatement, several requests per batch."""
 
+import math
+
 import pytest
 import torch
 
-from tests.helpers import PathDraft
+from tests.helpers import PathDraft, plain_confidence, plain_entropy
 from tests.policies import oracles
 from treespec_sglang.policies import C2TClassifier, grow_tree
 
@@ -124,8 +126,6 @@ def test_chain_is_the_greedy_path():
 
 
 def test_chain_c2t_early_stop_matches_scores():
-    from treespec_sglang.policies.classifier import entropy_topm
-
     from treespec_sglang.policies.classifier import load_classifier
 
     draft = PathDraft(30, seed=3, sharpness=1.2)
@@ -137,8 +137,7 @@ def test_chain_c2t_early_stop_matches_scores():
         lp = draft.logprobs(path)
         t = int(lp.argmax())
         lp_sum += float(lp[t])
-        with torch.no_grad():
-            score = float(clf(torch.tensor([torch.tensor(lp_sum).exp().item(), float(entropy_topm(lp)), float(d)])))
+        score = plain_confidence(clf, math.exp(lp_sum), plain_entropy(lp), d)
         if score < beta:
             break
         path, expect = path + (t,), expect + 1
