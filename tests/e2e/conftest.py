@@ -136,6 +136,32 @@ def every_policy_and_native(prompt_ids, plain_greedy, native=True):
     return ids, params, refs
 
 
+BAD = [({"policy": "nope"}, "policy must be one of"),  # malformed treespec values, each with what its error names
+       ({"policy": "talon", "budget": 0}, "talon.budget must be in [1, 1024], got 0"),
+       ({"policy": "salf", "budget": 8, "batch": 4, "th": float("nan")}, "salf.th"),
+       ({"policy": "talon", "budget": "sixty"}, "talon.budget"),
+       ("talon", "policy spec must be a dict")]
+
+
+def check_bad_items_fail_alone(host, prompt_ids, plain_greedy):
+    """One batch call of a good talon request beside each malformed one of :data:`BAD`: each bad item finishes
+    as an abort naming its field, each good one equals plain greedy."""
+    params, expect = [], []
+    for bad, msg in BAD:
+        params += [greedy_params(POLICIES["talon"]), greedy_params(bad)]
+        expect += [None, msg]
+    ids = [prompt_ids[i % len(prompt_ids)] for i in range(len(params))]
+    outs = host.generate(input_ids=ids, sampling_params=params)
+    for i, (o, msg) in enumerate(zip(outs, expect)):
+        fr = o["meta_info"]["finish_reason"]
+        if msg is None:
+            assert same_tokens(o["output_ids"], plain_greedy[i % len(prompt_ids)])
+            assert fr["type"] in ("length", "stop")
+        else:
+            assert fr["type"] == "abort" and "custom_params['treespec']" in fr["message"], fr
+            assert msg in fr["message"], fr
+
+
 def greedy_params(custom=None, n=N_NEW) -> dict:
     sp = {"max_new_tokens": n, "temperature": 0.0}
     if custom is not None:

@@ -4,8 +4,9 @@ bad-parameter isolation, and the law of sampled tokens at T > 0."""
 
 import pytest
 
-from tests.e2e.conftest import (N, POLICIES, STEPS, TOPK, check_meta, cpu_engine_kwargs, eagle_kwargs,
-                                every_policy_and_native, greedy_params, same_tokens, shipped_draft)
+from tests.e2e.conftest import (BAD, N, POLICIES, STEPS, TOPK, check_bad_items_fail_alone, check_meta,
+                                cpu_engine_kwargs, eagle_kwargs, every_policy_and_native, greedy_params,
+                                same_tokens, shipped_draft)
 from tests.e2e.law import DRAWS, Z2, chi2_stat, chi2_threshold, draw_pairs, temperature_power, temperature_z
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
@@ -137,29 +138,8 @@ def test_ragged_verify_runs_the_batch_at_its_widest_tree(eagle, prompt_ids, plai
     assert eagle.method("flush_cache")  # the radix cache empties: nothing still holds a verify slot
 
 
-BAD = [({"policy": "nope"}, "policy must be one of"),
-       ({"policy": "talon", "budget": 0}, "talon.budget must be in [1, 1024], got 0"),
-       ({"policy": "salf", "budget": 8, "batch": 4, "th": float("nan")}, "salf.th"),
-       ({"policy": "talon", "budget": "sixty"}, "talon.budget"),
-       ("talon", "policy spec must be a dict")]
-
-
 def test_bad_params_fail_alone_in_a_batch(eagle, prompt_ids, plain_greedy):
-    good = POLICIES["talon"]
-    params, expect = [], []
-    for i, (bad, msg) in enumerate(BAD):
-        params += [greedy_params(good), greedy_params(bad)]
-        expect += [None, msg]
-    ids = [prompt_ids[i % len(prompt_ids)] for i in range(len(params))]
-    outs = eagle.generate(input_ids=ids, sampling_params=params)
-    for i, (o, msg) in enumerate(zip(outs, expect)):
-        fr = o["meta_info"]["finish_reason"]
-        if msg is None:
-            assert same_tokens(o["output_ids"], plain_greedy[i % len(prompt_ids)])
-            assert fr["type"] in ("length", "stop")
-        else:
-            assert fr["type"] == "abort" and "custom_params['treespec']" in fr["message"], fr
-            assert msg in fr["message"], fr
+    check_bad_items_fail_alone(eagle, prompt_ids, plain_greedy)
 
 
 @pytest.mark.parametrize("bad,msg", BAD[:2])

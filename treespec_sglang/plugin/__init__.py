@@ -30,12 +30,14 @@ def register() -> None:
     from .classifiers import registered
     from .config import import_policy_modules
     from .cpu import install
+    from .cpu.overlap import install_overlap
     from .hooks import register_hooks
     from .profile import profile_from_env
     from .stats import max_rounds
 
     try:
-        install()  # only with SGLANG_USE_CPU_ENGINE and no real sgl_kernel (see plugin.cpu)
+        if install():  # only with SGLANG_USE_CPU_ENGINE and no real sgl_kernel (see plugin.cpu)
+            install_overlap()  # what SGLang's overlap scheduler calls, if the test bed lets it run on the CPU
         import_policy_modules()  # TREESPEC_POLICY_MODULES: the operator's own registered policies, in this process too
         registered()  # the operator's classifiers, loaded once per process (hashes logged); a bad file fails here
         max_rounds()  # TREESPEC_STATS_MAX_ROUNDS

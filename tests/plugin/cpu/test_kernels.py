@@ -15,7 +15,8 @@ from treespec_sglang.plugin.cpu import kernels as K
 ORACLE = os.path.join(os.path.dirname(__file__), "triton_oracle.py")
 TRITON_CHECKED = ["build_tree_kernel_efficient_cpu[FULL_MASK]", "build_tree_kernel_efficient_cpu[QLEN_ONLY]",
                   "verify_tree_greedy_cpu", "assign_req_to_token_pool_cpu", "assign_extend_cache_locs_cpu",
-                  "assign_draft_cache_locs_contiguous_cpu", "fill_bonus_tokens_cpu", "fill_accept_out_cache_loc_cpu"]
+                  "assign_draft_cache_locs_contiguous_cpu", "fill_bonus_tokens_cpu", "fill_accept_out_cache_loc_cpu",
+                  "gather_spec_extras"]
 
 
 @pytest.fixture(scope="module")

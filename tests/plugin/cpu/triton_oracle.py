@@ -15,10 +15,12 @@ os.environ.pop("SGLANG_USE_CPU_ENGINE", None)
 
 import torch  # noqa: E402
 from sglang.kernels.ops.speculative import cache_locs, eagle, spec_tree  # noqa: E402
+from sglang.kernels.ops.speculative.gather_spec_extras import gather_spec_extras  # noqa: E402
 from sglang.srt.mem_cache import allocation  # noqa: E402
 from sglang.srt.utils import next_power_of_2  # noqa: E402
 
 from treespec_sglang.plugin.cpu import kernels as ours  # noqa: E402
+from treespec_sglang.plugin.cpu import overlap  # noqa: E402
 
 
 def beam_selection(rng, bs, topk, steps, N, connected=True):
@@ -173,13 +175,31 @@ def check_eagle_fills(rng):
     return bad
 
 
+def check_gather_spec_extras(rng):
+    """The overlap future map's gather: random row counts and widths (past one column block of 1024 too), repeated
+    and unsorted indices of either integer type, a strided index tensor, with and without hidden states."""
+    bad = []
+    for case in range(6):
+        rows, m, k = rng.randint(1, 9), rng.randint(0, 7), rng.randint(1, 5)
+        hidden = rng.choice([None, 8, 1100]) if case else 1100
+        bufs = (torch.rand(rows, k), torch.randint(0, 500, (rows, k)), torch.randint(0, 500, (rows,)),
+                None if hidden is None else torch.randn(rows, hidden))
+        idx = torch.tensor([rng.randrange(rows) for _ in range(2 * m)], dtype=rng.choice([torch.int32, torch.int64]))
+        idx = idx[::2] if case % 2 else idx[:m]  # a strided view: SGLang's wrapper makes it contiguous
+        want, got = gather_spec_extras(idx, *bufs), overlap.gather_spec_extras(idx, *bufs)
+        if any((a is None) != (b is None) or (a is not None and (a.dtype != b.dtype or not torch.equal(a, b)))
+               for a, b in zip(want, got)):
+            bad.append(case)
+    return bad
+
+
 def check_seed(seed: int) -> dict:
     """``{op: [mismatching case]}`` for one seed's random cases."""
     rng = random.Random(seed)
     torch.manual_seed(rng.randint(0, 10 ** 6))
     result = {"build_tree_kernel_efficient_cpu[FULL_MASK]": check_build_tree(rng, 0),
               "build_tree_kernel_efficient_cpu[QLEN_ONLY]": check_build_tree(rng, 1),
-              "verify_tree_greedy_cpu": check_verify_greedy(rng)}
+              "verify_tree_greedy_cpu": check_verify_greedy(rng), "gather_spec_extras": check_gather_spec_extras(rng)}
     result.update(check_cache_locs(rng))
     result.update(check_eagle_fills(rng))
     return result

@@ -25,6 +25,10 @@ layers run their ``forward_native`` torch paths; :func:`install` tells SGLang's 
 the AMX attention path is usable (else server-arg post-processing rewrites ``intel_amx`` to
 ``torch_native``, which refuses EAGLE).
 
+With the stand-ins in place, ``register()`` also points SGLang's overlap scheduler at a torch stand-in for
+the one Triton kernel it calls (:mod:`.overlap`): SGLang runs that scheduler on a CPU only when the test bed
+turns it on (:func:`.host.allow_cpu_overlap`).
+
 ``register()`` calls :func:`install`; a script that builds ``sgl.Engine`` on a CPU machine calls
 ``treespec_sglang.plugin.cpu.install()`` before importing ``sglang.srt`` modules (``import sglang``
 alone is fine), because SGLang's engine module imports the ops before it loads plugins.

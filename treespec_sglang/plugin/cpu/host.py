@@ -23,7 +23,7 @@ import sys
 import time
 import traceback
 
-__all__ = ["EngineHost", "cpu_engine_kwargs", "eagle_kwargs", "CPU_ENV", "threads_bind"]
+__all__ = ["EngineHost", "cpu_engine_kwargs", "eagle_kwargs", "allow_cpu_overlap", "CPU_ENV", "threads_bind"]
 
 MARK = "@@treespec@@ "
 START_TIMEOUT = 600
@@ -31,17 +31,33 @@ CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1",
            "TORCHDYNAMO_DISABLE": "1"}  # SGLang torch.compiles select_top_k (20 s, same output)
 
 
-def cpu_engine_kwargs(target: str, **spec) -> dict:
+def cpu_engine_kwargs(target: str, overlap: bool = False, **spec) -> dict:
     """``sgl.Engine`` arguments for SGLang's CPU path (float32, intel_amx attention, no graphs).
 
     ``sleep_on_idle``: an idle SGLang scheduler otherwise polls its sockets nonstop, a whole core each
     (measured: 30 CPU-seconds per 30 idle seconds, 1 with it), which on a small machine halves the speed
-    of any other engine running beside it."""
+    of any other engine running beside it. ``overlap``: SGLang's overlap scheduler, the default of a GPU server,
+    which SGLang turns off for speculative decoding on a CPU (the host lets it run: :func:`allow_cpu_overlap`)."""
     kw = dict(model_path=target, device="cpu", attention_backend="intel_amx", dtype="float32",
               disable_cuda_graph=True, max_total_tokens=8192, max_running_requests=32, log_level="warning",
               random_seed=0, sleep_on_idle=True)
+    if overlap:
+        kw.update(disable_overlap_schedule=False, treespec_overlap=True)
     kw.update(spec)
     return kw
+
+
+def allow_cpu_overlap() -> None:
+    """Let SGLang's overlap scheduler serve a speculative engine on the CPU (the test bed's way to run the
+    scheduling a GPU server runs by default). SGLang 0.5.23 turns it off there while it resolves the server
+    arguments ("Overlap schedule is not implemented for speculative decoding on CPU",
+    ``arg_groups.speculative_hook._disable_overlap_schedule_for_cpu``); with that step skipped the overlap loop
+    runs on torch's CPU streams and events, which do nothing (one stream: each forward has finished when it
+    returns). What it exercises is the scheduling: a batch's results processed after the next batch is launched,
+    a prefill's requests merged into the next decode batch before their results finish them."""
+    from sglang.srt.arg_groups import speculative_hook
+
+    speculative_hook._disable_overlap_schedule_for_cpu = lambda server_args: None
 
 
 def eagle_kwargs(draft: str, topk=4, steps=3, n=8, algorithm=None, **extra) -> dict:
@@ -162,8 +178,11 @@ def main(argv=None):
     install()  # before sglang.srt is imported
     kwargs = json.loads((argv or sys.argv[1:])[0])
     defaults = kwargs.pop("treespec_defaults", None)
+    overlap = kwargs.pop("treespec_overlap", False)
     import sglang as sgl
 
+    if overlap:
+        allow_cpu_overlap()
     from .. import configure
 
     if defaults:
