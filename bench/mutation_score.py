@@ -107,10 +107,11 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     # the sgl_kernel stand-ins SGLang runs on in the CPU test bed: each computes what the kernel it replaces computes
     # and refuses what that kernel refuses (contiguity, dtype, shape, device)
     "standins": (["treespec_sglang/plugin/cpu/matcher.py", "treespec_sglang/plugin/cpu/kernels.py",
-                  "treespec_sglang/plugin/cpu/sampling.py", "treespec_sglang/plugin/cpu/attention.py"],
+                  "treespec_sglang/plugin/cpu/sampling.py", "treespec_sglang/plugin/cpu/attention.py",
+                  "treespec_sglang/plugin/cpu/overlap.py"],
                  ["tests/plugin/cpu/test_matcher.py", "tests/plugin/cpu/test_strict.py",
                   "tests/plugin/cpu/test_kernels.py", "tests/plugin/cpu/test_sampling.py",
-                  "tests/plugin/cpu/test_attention.py"]),
+                  "tests/plugin/cpu/test_attention.py", "tests/plugin/cpu/test_overlap.py"]),
 }
 # groups whose tests run the group's code in spawned processes (gloo ranks: ``tests.helpers.run_ranks``; a fresh
 # interpreter). mutmut maps a test to the functions it calls in its own process only, so a function only such a
