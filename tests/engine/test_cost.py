@@ -126,6 +126,43 @@ def test_a_curve_measured_at_another_batch_is_refused():
     assert choose_budgets(table, c, bs=2)["p"].round_ms == pytest.approx(50 + 5 / 3 + 3)
 
 
+ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nstepping\t: 1\n"
+ZEN4 = ZEN3.replace("model\t\t: 1\n", "model\t\t: 17\n")
+
+
+@pytest.mark.parametrize("text, want", [
+    (ZEN3, "AMD EPYC (family 25 model 1 stepping 1)"),
+    (ZEN4 + "\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n", "AMD EPYC (family 25 model 17 stepping 1)"),
+    ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8488C\n", "Intel(R) Xeon(R) Platinum 8488C"),
+    ("processor\t: 0\nCPU part\t: 0xd0c\n", None),  # no model name (some ARM kernels): platform's processor()
+])
+def test_the_cpu_is_named_with_its_family_model_and_stepping(tmp_path, text, want):
+    """A VM may name Zen 3, 4 and 5 "AMD EPYC" alike: the first processor's family, model and stepping tell them
+    apart in the cost curve's cache key and in every benchmark's figure."""
+    from treespec_sglang.engine import cost
+
+    path = tmp_path / "cpuinfo"
+    path.write_text(text)
+    assert cost._cpu_name(str(path)) == (cost.platform.processor() if want is None else want)
+    assert cost._cpu_name(str(tmp_path / "missing")) == cost.platform.processor()
+
+
+def test_curves_of_two_cpus_that_share_a_model_name_are_cached_apart(tmp_path, monkeypatch):
+    from treespec_sglang.engine import cost
+
+    make_tiny_llama(tmp_path / "m", vocab=40, hidden=32, layers=2, heads=4, kv_heads=2)
+    e = SpecEngine.from_pretrained(str(tmp_path / "m"), draft=None, dtype="float32")
+    kw = dict(sizes=(1, 2), widths=(1,), prefix=8, repeats=1, cache_dir=str(tmp_path))
+    got = []
+    for text in (ZEN3, ZEN4, ZEN3):
+        (tmp_path / "cpuinfo").write_text(text)
+        real = cost._cpu_name
+        monkeypatch.setattr(cost, "_cpu_name", lambda: real(str(tmp_path / "cpuinfo")))
+        got.append(measure_cost_curve(e, **kw)[1])
+        monkeypatch.setattr(cost, "_cpu_name", real)
+    assert got == [False, False, True] and len(list(tmp_path.glob("cost-*.json"))) == 2
+
+
 def test_a_batch_curve_runs_every_forward_at_the_batch_and_caches_apart(tmp_path):
     make_tiny_llama(tmp_path / "m", vocab=40, hidden=32, layers=2, heads=4, kv_heads=2)
     e = SpecEngine.from_pretrained(str(tmp_path / "m"), draft=None, dtype="float32")

@@ -132,12 +132,24 @@ def _measure(engine, sizes, widths, prefix: int, repeats: int, bs: int = 1) -> C
                      tuple(widths), tuple(_median_ms(draft(w), repeats) for w in widths), bs)
 
 
-def _cpu_name() -> str:
+def _cpu_name(path: str = "/proc/cpuinfo") -> str:
+    """The CPU as the cost curve's cache key and the benchmarks' figures name it: the model name with its family,
+    model and stepping where the system reports them (a VM may report only "AMD EPYC" for Zen 3, 4 and 5 alike,
+    whose cost curves differ), e.g. ``"AMD EPYC (family 25 model 1 stepping 1)"``; else ``platform.processor()``."""
+    fields = {}
     try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.processor())
+        with open(path) as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block only
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
-        return platform.processor()
+        pass
+    name = fields.get("model name") or platform.processor()
+    ids = [f"{k} {fields[f]}" for f, k in (("cpu family", "family"), ("model", "model"), ("stepping", "stepping"))
+           if fields.get(f)]
+    return f"{name} ({' '.join(ids)})" if ids else name
 
 
 def measure_cost_curve(engine, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
