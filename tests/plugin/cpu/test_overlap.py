@@ -68,6 +68,14 @@ def test_what_the_kernel_would_misread_is_refused(arg, broken, message):
         gather_spec_extras(*args)
 
 
+def test_a_row_past_the_shortest_buffer_is_refused():
+    """Each buffer is read at every index: one shorter than the rest bounds the range (the kernel would read past
+    its end)."""
+    topk_p, topk_index, tokens, hidden = bufs(rows=5)
+    with pytest.raises(RuntimeError, match=re.escape("gather_spec_extras: indices must be in [0, 3), got [0, 4]")):
+        gather_spec_extras(torch.tensor([0, 4]), topk_p, topk_index, tokens, hidden[:3].contiguous())
+
+
 @pytest.mark.sglang
 def test_install_points_sglangs_overlap_future_map_at_the_stand_in(monkeypatch):
     overlap_utils = pytest.importorskip("sglang.srt.managers.overlap_utils")
