@@ -136,6 +136,21 @@ def every_policy_and_native(prompt_ids, plain_greedy, native=True):
     return ids, params, refs
 
 
+def check_every_policy_batch(host, prompt_ids, plain_greedy, native=True):
+    """Every prompt under every policy (and natively unless ``native`` is False) in one call to ``host``: each
+    output == plain greedy; a policy row's ``meta_info`` names it and agrees with SGLang's counters, a native row
+    carries no treespec keys (SGLang pads request-level keys of a shared output batch with empty lists)."""
+    ids, params, refs = every_policy_and_native(prompt_ids, plain_greedy, native)
+    outs = host.generate(input_ids=ids, sampling_params=params)
+    for o, (name, ref) in zip(outs, refs):
+        assert same_tokens(o["output_ids"], ref), name
+        if name:
+            assert o["meta_info"]["treespec_policy"] == [name]
+            check_meta(o["meta_info"], o["meta_info"]["completion_tokens"])
+        else:
+            assert not o["meta_info"].get("treespec_policy") and not o["meta_info"].get("treespec_tree_sizes")
+
+
 BAD = [({"policy": "nope"}, "policy must be one of"),  # malformed treespec values, each with what its error names
        ({"policy": "talon", "budget": 0}, "talon.budget must be in [1, 1024], got 0"),
        ({"policy": "salf", "budget": 8, "batch": 4, "th": float("nan")}, "salf.th"),

@@ -4,9 +4,9 @@ bad-parameter isolation, and the law of sampled tokens at T > 0."""
 
 import pytest
 
-from tests.e2e.conftest import (BAD, N, POLICIES, STEPS, TOPK, check_bad_items_fail_alone, check_meta,
-                                cpu_engine_kwargs, eagle_kwargs, every_policy_and_native, greedy_params,
-                                same_tokens, shipped_draft)
+from tests.e2e.conftest import (BAD, N, POLICIES, STEPS, TOPK, check_bad_items_fail_alone,
+                                check_every_policy_batch, check_meta, cpu_engine_kwargs, eagle_kwargs,
+                                greedy_params, same_tokens, shipped_draft)
 from tests.e2e.law import DRAWS, Z2, chi2_stat, chi2_threshold, draw_pairs, temperature_power, temperature_z
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
@@ -60,26 +60,13 @@ def test_each_policy_alone_equals_plain_greedy(eagle, prompt_ids, plain_greedy, 
 
 
 def test_mixed_batch_with_native_requests_equals_plain_greedy(eagle, prompt_ids, plain_greedy):
-    ids, params, refs = every_policy_and_native(prompt_ids, plain_greedy)  # all in one call: 4 x 6 = 24 requests
-    outs = eagle.generate(input_ids=ids, sampling_params=params)
-    for o, (name, ref) in zip(outs, refs):
-        assert same_tokens(o["output_ids"], ref), name
-        if name:
-            assert o["meta_info"]["treespec_policy"] == [name]
-            check_meta(o["meta_info"], o["meta_info"]["completion_tokens"])
-        else:  # SGLang pads request-level keys of a shared output batch with empty lists
-            assert not o["meta_info"].get("treespec_policy") and not o["meta_info"].get("treespec_tree_sizes")
+    check_every_policy_batch(eagle, prompt_ids, plain_greedy)  # all in one call: 4 x 6 = 24 requests
 
 
 def test_every_policy_in_one_batch_without_native_rows_equals_plain_greedy(eagle, prompt_ids, plain_greedy):
     """No native row: every round's tree indices are the plugin's alone (on an H100 such a round once crashed
     SGLang's tree kernel on a strided index; the CPU stand-ins now check what that kernel checks)."""
-    ids, params, refs = every_policy_and_native(prompt_ids, plain_greedy, native=False)  # 4 x 5 = 20 requests
-    outs = eagle.generate(input_ids=ids, sampling_params=params)
-    for o, (name, ref) in zip(outs, refs):
-        assert same_tokens(o["output_ids"], ref), name
-        assert o["meta_info"]["treespec_policy"] == [name]
-        check_meta(o["meta_info"], o["meta_info"]["completion_tokens"])
+    check_every_policy_batch(eagle, prompt_ids, plain_greedy, native=False)  # 4 x 5 = 20 requests
 
 
 def test_a_policy_registered_through_the_public_api_is_served_or_refused_on_arrival(eagle, prompt_ids, plain_greedy):

@@ -8,9 +8,8 @@ counters, and malformed parameters failing alone."""
 
 import pytest
 
-from tests.e2e.conftest import (N, STEPS, TOPK, check_bad_items_fail_alone, check_meta,
-                                cpu_engine_kwargs, eagle_kwargs, every_policy_and_native, greedy_params,
-                                same_tokens, shipped_draft)
+from tests.e2e.conftest import (N, STEPS, TOPK, check_bad_items_fail_alone, check_every_policy_batch,
+                                cpu_engine_kwargs, eagle_kwargs, greedy_params, same_tokens, shipped_draft)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 
@@ -37,23 +36,11 @@ def test_the_engines_run_sglangs_overlap_scheduler(request, engine):
 
 
 def test_every_policy_and_native_in_one_batch_equals_plain_greedy(overlap, prompt_ids, plain_greedy):
-    ids, params, refs = every_policy_and_native(prompt_ids, plain_greedy)  # 4 x 6 = 24 requests in one call
-    outs = overlap.generate(input_ids=ids, sampling_params=params)
-    for o, (name, ref) in zip(outs, refs):
-        assert same_tokens(o["output_ids"], ref), name
-        if name:
-            assert o["meta_info"]["treespec_policy"] == [name]
-            check_meta(o["meta_info"], o["meta_info"]["completion_tokens"])
-        else:
-            assert not o["meta_info"].get("treespec_tree_sizes")
+    check_every_policy_batch(overlap, prompt_ids, plain_greedy)  # 4 x 6 = 24 requests in one call
 
 
 def test_every_policy_without_native_rows_equals_plain_greedy(overlap, prompt_ids, plain_greedy):
-    ids, params, refs = every_policy_and_native(prompt_ids, plain_greedy, native=False)
-    outs = overlap.generate(input_ids=ids, sampling_params=params)
-    for o, (name, ref) in zip(outs, refs):
-        assert same_tokens(o["output_ids"], ref), name
-        check_meta(o["meta_info"], o["meta_info"]["completion_tokens"])
+    check_every_policy_batch(overlap, prompt_ids, plain_greedy, native=False)
 
 
 def test_bad_params_fail_alone_in_a_batch(overlap, prompt_ids, plain_greedy):

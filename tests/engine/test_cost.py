@@ -153,13 +153,12 @@ def test_curves_of_two_cpus_that_share_a_model_name_are_cached_apart(tmp_path, m
     make_tiny_llama(tmp_path / "m", vocab=40, hidden=32, layers=2, heads=4, kv_heads=2)
     e = SpecEngine.from_pretrained(str(tmp_path / "m"), draft=None, dtype="float32")
     kw = dict(sizes=(1, 2), widths=(1,), prefix=8, repeats=1, cache_dir=str(tmp_path))
+    real, info = cost._cpu_name, tmp_path / "cpuinfo"
+    monkeypatch.setattr(cost, "_cpu_name", lambda: real(str(info)))
     got = []
     for text in (ZEN3, ZEN4, ZEN3):
-        (tmp_path / "cpuinfo").write_text(text)
-        real = cost._cpu_name
-        monkeypatch.setattr(cost, "_cpu_name", lambda: real(str(tmp_path / "cpuinfo")))
+        info.write_text(text)
         got.append(measure_cost_curve(e, **kw)[1])
-        monkeypatch.setattr(cost, "_cpu_name", real)
     assert got == [False, False, True] and len(list(tmp_path.glob("cost-*.json"))) == 2
 
 
