@@ -145,6 +145,26 @@ def test_paged_verify_args_ignore_a_longer_kv_buffer_and_take_the_plans_sizes():
     assert c.reads == 1, c.names
 
 
+@pytest.mark.parametrize("prefix, n", [([4, 0, 6], 5), ([9], 1), ([2, 7, 0, 3], 4)])
+def test_paged_verify_args_from_host_prefixes_read_nothing(prefix, n):
+    """With the prefixes on the host (SGLang's ``seq_lens_cpu``) and the plan's sizes, the compaction makes no
+    host read at all and gives what reading ``kv_indptr`` gives; a prefix list of the wrong length is refused."""
+    from treespec_sglang.utils.syncs import count_ops
+
+    g = torch.Generator().manual_seed(sum(prefix) + n)
+    kv_indices, kv_indptr, mask = padded_paged_args(g, prefix, n)
+    keep = random_keep(g, len(prefix), n)
+    want = compact_paged_verify_args(kv_indices, kv_indptr, mask, keep)
+    longer = torch.cat([kv_indices, torch.full((3,), 999, dtype=torch.int32)])
+    host_lens = keep.sum(-1).tolist()
+    with count_ops() as c:
+        got = compact_paged_verify_args(longer, kv_indptr, mask, keep, host_lens, tuple(prefix))
+    assert c.reads == 0, c.names
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and 999 not in got[0].tolist()
+    with pytest.raises(ValueError, match=rf"^host_prefix has {len(prefix) + 1} lengths for a batch of {len(prefix)}$"):
+        compact_paged_verify_args(kv_indices, kv_indptr, mask, keep, host_lens, tuple(prefix) + (1,))
+
+
 class LargestTensors(torch.utils._python_dispatch.TorchDispatchMode):
     """The largest output (elements) of any op, per dtype."""
 

@@ -3,6 +3,7 @@ unchanged, which attention path a batch takes (CPU tree / chain, FlashInfer with
 a batch that keeps every node), the plan the forward sees, the outputs it returns and its errors; under ``tuned``
 (the CPU's ``auto``) the path each batch takes is the tuner's."""
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -245,3 +246,132 @@ def test_a_chosen_ragged_verify_with_nothing_to_compact_is_no_sample(monkeypatch
         runner, fb = verify_batch(IntelAMXAttnBackend(), keep)
         ragged_verify_forward(recording_forward([]), runner, fb, keep)
     assert ragged_tuner._TUNER[0].table()["2-3, N 4"]["samples"] == [2, 1]
+
+
+# ---------------------------------------------------------------- FlashInfer's paged arguments, the round, the tuner
+PADDED_KV_INDPTR = torch.tensor([0, 6, 11], dtype=torch.int32)  # KEEP's batch at prefixes 2 and 1, N 4
+
+
+def paged_args():
+    """SGLang's padded FlashInfer verify arguments for KEEP's batch (prefixes 2 and 1)."""
+    return (torch.arange(11, dtype=torch.int32) + 50, PADDED_KV_INDPTR, torch.arange(3, dtype=torch.int32) * 4,
+            torch.arange(44) % 3 != 0)
+
+
+@pytest.mark.parametrize("seq_lens_cpu, reads", [(torch.tensor([2, 1, 7]), 0), (None, 1)])
+def test_a_flashinfer_ragged_verify_sizes_its_arguments_from_the_hosts_prefixes(monkeypatch, seq_lens_cpu, reads):
+    """SGLang's eager FlashInfer plan builds the paged arguments inside the forward; compacted there from the batch's
+    ``seq_lens_cpu`` (its first bs of a longer buffer) they need no host read (without it: one, of ``kv_indptr``)
+    and equal the compaction that reads ``kv_indptr``."""
+    from treespec_sglang.utils.syncs import count_ops
+
+    monkeypatch.setenv(ENV_RAGGED, "1")
+    runner, fb = verify_batch(FlashInferAttnBackend(), KEEP)
+    if seq_lens_cpu is not None:
+        fb.seq_lens_cpu = seq_lens_cpu
+    padded, seen = paged_args(), []
+
+    def forward(runner, fb):
+        with count_ops() as c:
+            seen.append(flashinfer_verify_args(lambda spec, **kw: padded, fb.spec_info, req_pool_indices=None,
+                                               paged_kernel_lens=None, paged_kernel_lens_sum=3))
+        seen.append(c.reads)
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=torch.zeros(5, 1), hidden_states=None))
+
+    ragged_verify_forward(forward, runner, fb, KEEP)
+    got, n_reads = seen
+    want = ragged.compact_paged_verify_args(padded[0], padded[1], padded[3], KEEP)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and n_reads == reads
+    assert got[1].tolist() == [0, 5, 8] and got[2].tolist() == [0, 3, 5]
+
+
+def test_host_prefixes_that_disagree_with_sglangs_sum_are_refused(monkeypatch):
+    monkeypatch.setenv(ENV_RAGGED, "1")
+    runner, fb = verify_batch(FlashInferAttnBackend(), KEEP)
+    fb.seq_lens_cpu = torch.tensor([2, 2])
+
+    def forward(runner, fb):
+        return flashinfer_verify_args(lambda spec, **kw: paged_args(), fb.spec_info, paged_kernel_lens_sum=3)
+
+    with pytest.raises(RuntimeError, match=r"^ragged verify: the batch's seq_lens_cpu sum to 4, SGLang's "
+                                           r"paged_kernel_lens_sum is 3$"):
+        ragged_verify_forward(forward, runner, fb, KEEP)
+
+
+def test_a_ragged_verify_plans_in_the_round_it_runs_in(monkeypatch):
+    """Inside a plugin round the plan is that round's while the forward runs and gone after it (no round of its own
+    in between, which the round's other hooks would not see); called alone it opens one for the forward."""
+    from treespec_sglang.plugin.round import current, opened
+
+    monkeypatch.setenv(ENV_RAGGED, "1")
+    during = []
+
+    def forward(runner, fb):
+        during.append((current(), current().plan))
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=torch.zeros(6, 1), hidden_states=None))
+
+    with opened() as outer:
+        runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
+        ragged_verify_forward(forward, runner, fb, KEEP)
+        assert during[0][0] is outer and during[0][1].rows.tolist() == UNIFORM and outer.plan is None
+    runner, fb = verify_batch(IntelAMXAttnBackend(), KEEP)
+    ragged_verify_forward(forward, runner, fb, KEEP)
+    assert during[1][0] is not None and during[1][0] is not outer and during[1][1].rows.tolist() == UNIFORM
+    assert current() is None
+
+
+class FakeTuner:
+    """The tuner's face to the verify hook: what it was asked, and the path it answers."""
+
+    def __init__(self, ragged_run):
+        self.ragged_run, self.calls, self.samples = ragged_run, [], []
+        self.buckets = {ragged_tuner.bucket(2, 4): "bucket 2-3, N 4"}
+
+    def choose(self, bs, n, group):
+        self.calls.append(("choose", bs, n, group))
+        return self.ragged_run
+
+    def proposal(self, b):
+        self.calls.append(("proposal", b))
+        return not self.ragged_run  # this rank's own proposal, outvoted
+
+    @contextlib.contextmanager
+    def timed(self, bs, n, ragged_run, device):
+        sample = SimpleNamespace(kept=True)
+        self.calls.append(("timed", bs, n, ragged_run, device))
+        yield sample
+        self.samples.append(sample.kept)
+
+
+@pytest.mark.parametrize("ragged_run, keep, sample", [(True, KEEP, True), (False, KEEP, True),
+                                                      (True, torch.ones(2, 4, dtype=torch.bool), False)])
+@pytest.mark.parametrize("digests", [False, True])
+def test_a_tuned_verify_asks_the_tuner_for_the_verify_group_and_runs_its_answer(monkeypatch, ragged_run, keep,
+                                                                                 sample, digests):
+    """Under ``tuned`` the hook asks the process's tuner (a rank's test fault passed as ``contrary``) for the path of
+    this batch's bucket in the verify group, times the forward there with SGLang's arguments passed through, and
+    (debug digests on) records its own proposal beside the path every rank runs; a ragged turn with nothing to
+    compact is no sample."""
+    monkeypatch.setenv(ENV_RAGGED, "tuned")
+    group, fake, made, recorded = object(), FakeTuner(ragged_run), [], []
+    monkeypatch.setattr(ragged, "verify_group", lambda: group)
+    monkeypatch.setattr(ragged, "perturbed_rank", lambda g: "fault" if g is group else None)
+    monkeypatch.setattr(ragged, "tuner", lambda contrary: made.append(contrary) or fake)
+    monkeypatch.setattr(ragged, "digests_dir", lambda: "/digests" if digests else None)
+    monkeypatch.setattr(ragged, "record_digest", lambda *a: recorded.append(a))
+    runner, fb = verify_batch(IntelAMXAttnBackend(), keep)
+    seen = []
+    _, sizes = ragged_verify_forward(recording_forward(seen), runner, fb, keep, "a1", key="k1")
+    (call,) = seen
+    assert call["args"] == ("a1",) and call["kwargs"] == {"key": "k1"}
+    assert (call["plan"] is not None) == (ragged_run and sample)
+    assert sizes == ([3, 3] if ragged_run and sample else [4, 4])
+    assert made == ["fault"] and fake.calls[0] == ("choose", 2, 4, group)
+    assert fake.calls[-1] == ("timed", 2, 4, ragged_run, keep.device) and fake.samples == [sample]
+    if digests:
+        assert fake.calls[1] == ("proposal", "bucket 2-3, N 4")
+        ((mine, ran, g, prefix),) = recorded
+        assert [t.tolist() for t in mine] == [[not ragged_run]] and [t.tolist() for t in ran] == [[ragged_run]]
+        assert g is group and prefix == "ragged-"
+    else:
+        assert recorded == [] and len(fake.calls) == 2

@@ -2,12 +2,13 @@
 refused, never read as auto), the backends it has a path for (by class name along the MRO), attention data
 parallelism and the target models it refuses (at start when asked for explicitly, padded under auto)."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
 
 from treespec_sglang.plugin.ragged_support import (ENV_RAGGED, check_ragged_model, check_ragged_parallelism,
-                                                   ragged_mode, ragged_tuned)
+                                                   ragged_mode, ragged_tuned, ragged_unsupported)
 
 
 class IntelAMXAttnBackend:  # stand-ins named like SGLang's backends (ragged_mode reads the class name)
@@ -69,7 +70,9 @@ DP_ATTENTION = [SimpleNamespace(enable_dp_attention=True), SimpleNamespace(enabl
 @pytest.mark.parametrize("env", ["1", "tuned"])
 def test_an_explicit_ragged_verify_is_refused_under_attention_data_parallelism(monkeypatch, env, server_args):
     monkeypatch.setenv(ENV_RAGGED, env)
-    with pytest.raises(ValueError, match=rf"TREESPEC_RAGGED_VERIFY={env} cannot run with attention data parallelism"):
+    with pytest.raises(ValueError, match=rf"^treespec: TREESPEC_RAGGED_VERIFY={env} cannot run with attention data "
+                       r"parallelism \(--enable-dp-attention\): every DP group verifies bs \* N tokens there; unset it "
+                       r"\(auto: padded under DP attention\) or set 0$"):
         check_ragged_parallelism(server_args)
 
 
@@ -104,12 +107,15 @@ def test_only_the_backends_whose_verify_arguments_are_compacted_run_ragged(monke
 
 
 UNSUPPORTED = [(dict(sliding_window_size=4096), "a sliding-window attention model"),
-               (dict(model_config=SimpleNamespace(is_encoder_decoder=True)), "an encoder-decoder model"),
-               (dict(model_config=SimpleNamespace(model_is_mrope=True)), r"multimodal rotary positions \(mrope\)"),
-               (dict(server_args=SimpleNamespace(enable_lora=True)), "LoRA adapters"),
-               (dict(server_args=SimpleNamespace(lora_paths=["a=/x"])), "LoRA adapters"),
-               (dict(server_args=SimpleNamespace(ep_size=2)), r"expert parallelism \(--ep-size 2\)"),
-               (dict(server_args=SimpleNamespace(enable_return_routed_experts=True)), "routed experts returned")]
+               (dict(model_config=SimpleNamespace(is_encoder_decoder=True)),
+                "an encoder-decoder model (cross attention)"),
+               (dict(model_config=SimpleNamespace(model_is_mrope=True)),
+                "a model with multimodal rotary positions (mrope)"),
+               (dict(server_args=SimpleNamespace(enable_lora=True)), "LoRA adapters (--enable-lora / --lora-paths)"),
+               (dict(server_args=SimpleNamespace(lora_paths=["a=/x"])), "LoRA adapters (--enable-lora / --lora-paths)"),
+               (dict(server_args=SimpleNamespace(ep_size=2)), "expert parallelism (--ep-size 2)"),
+               (dict(server_args=SimpleNamespace(enable_return_routed_experts=True)),
+                "routed experts returned (--enable-return-routed-experts)")]
 
 
 @pytest.mark.parametrize("runner,reason", UNSUPPORTED)
@@ -121,11 +127,29 @@ def test_a_target_with_more_per_token_verify_state_never_runs_ragged(monkeypatch
     if env is None:
         check_ragged_model(SimpleNamespace(**runner))
     else:
-        with pytest.raises(ValueError, match=rf"TREESPEC_RAGGED_VERIFY={env} cannot verify ragged with .*{reason}"):
+        with pytest.raises(ValueError, match=rf"^treespec: TREESPEC_RAGGED_VERIFY={env} cannot verify ragged with "
+                           rf"{re.escape(reason)}; unset it \(auto: padded verify for this model\) or set 0$"):
             check_ragged_model(SimpleNamespace(**runner))
+    assert ragged_unsupported(SimpleNamespace(**runner)) == reason
     assert ragged_mode(SimpleNamespace(attn_backend=backend(), **runner)) is None
     plain = dict(sliding_window_size=None, model_config=SimpleNamespace(is_encoder_decoder=False, model_is_mrope=False),
                  server_args=SimpleNamespace(enable_lora=False, lora_paths=None, ep_size=1,
                                              enable_return_routed_experts=False))
     check_ragged_model(SimpleNamespace(**plain))
     assert ragged_mode(SimpleNamespace(attn_backend=backend(), **plain)) == ("cpu" if env is None else "flashinfer")
+
+
+def test_a_runners_target_is_judged_once(monkeypatch):
+    """ragged_mode asks :func:`ragged_unsupported` once per runner and keeps the verdict on it (every verify asks):
+    a runner judged supported stays so, one judged unsupported stays padded."""
+    from treespec_sglang.plugin import ragged_support
+
+    monkeypatch.setenv(ENV_RAGGED, "1")
+    asked = []
+    monkeypatch.setattr(ragged_support, "ragged_unsupported", lambda r: asked.append(r) or r.verdict)
+    ok = SimpleNamespace(attn_backend=FlashInferAttnBackend(), verdict=None)
+    bad = SimpleNamespace(attn_backend=FlashInferAttnBackend(), verdict="a sliding-window attention model")
+    for _ in range(3):
+        assert ragged_mode(ok) == "flashinfer" and ragged_mode(bad) is None
+    assert asked == [ok, bad]
+    assert ok._treespec_ragged_unsupported is False and bad._treespec_ragged_unsupported is True

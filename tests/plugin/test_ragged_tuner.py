@@ -57,6 +57,7 @@ def test_a_batch_size_or_width_below_one_is_refused():
         bucket(0, 8)
     with pytest.raises(ValueError, match="verify width N must be >= 1, got 0"):
         bucket(1, 0)
+    assert bucket(1, 1) == (1, 1) and bucket(3, 1) == (2, 1)  # N 1 (a root-only verify) is a width of its own
 
 
 def test_warm_up_alternates_the_paths_then_a_faster_ragged_path_is_chosen_and_padded_explored():

@@ -27,6 +27,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from ..tree import kept_rows, to_grid
+from ..utils.syncs import read_host
 from .ragged_support import ragged_mode, ragged_tuned
 from .ragged_tuner import bucket, tuner
 from .ranks import digests_dir, perturbed_rank, record_digest, verify_group
@@ -56,6 +57,8 @@ class RaggedVerify:
     keep : ``[bs, N]`` bool kept nodes; mode : which attention path re-plans from this plan.
     width : int, every request's length in a uniform plan (None: each its own).
     host_lens : ``lens`` on the host (the plan's one host read), what the verify-token stats record.
+    host_prefix : each request's committed prefix length ``P_b`` on the host (SGLang's ``seq_lens_cpu``, no
+        device read), which sizes the FlashInfer compaction (None: read from SGLang's ``kv_indptr`` there).
     """
 
     rows: torch.Tensor
@@ -67,6 +70,7 @@ class RaggedVerify:
     mode: str = "cpu"  # "cpu" (intel_amx extend metadata) | "flashinfer" (paged verify arguments)
     width: Optional[int] = None  # every request's extend length when uniform (the CPU kernel's max_len_extend)
     host_lens: Optional[Tuple[int, ...]] = None
+    host_prefix: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self):
         if self.rows.dim() != 1 or self.lens.dim() != 1 or self.lens.shape != self.starts.shape:
@@ -78,7 +82,8 @@ class RaggedVerify:
 
 
 def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str = "cpu",
-                uniform: bool = False, host_lens: Optional[Sequence[int]] = None) -> RaggedVerify:
+                uniform: bool = False, host_lens: Optional[Sequence[int]] = None,
+                host_prefix: Optional[Sequence[int]] = None) -> RaggedVerify:
     """Compact SGLang's verify batch to the kept nodes.
 
     Parameters
@@ -90,6 +95,7 @@ def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str
         only over uniform extend lengths (``[bs, L, L]``), so the CPU verifies trees this way.
     host_lens : ``keep``'s kept nodes per request already read to the host (None: read here, the plan's one
         host read: the compacted batch's shape depends on them).
+    host_prefix : ``[bs]`` committed prefix lengths on the host, kept for :func:`compact_paged_verify_args`.
 
     Example: keep [[1, 1, 0, 1]] -> rows [0, 1, 3], lens [3]; mask rows/cols {0, 1, 3} of the [4, 4] block.
     Uniform, keep [[1, 1, 0, 0], [1, 0, 0, 0]] -> L 2: rows [0, 1, 4, 5], lens [2, 2].
@@ -123,7 +129,8 @@ def plan_ragged(keep: torch.Tensor, tree_mask: Optional[torch.Tensor], mode: str
         else:
             pair = valid[:, :, None] & valid[:, None, :]  # [bs, N, N] (i, j) both real
             mask = sub[pair]  # request-major, row-major within a request: [sum n_b^2]
-    return RaggedVerify(rows, lens, starts, mask, n, keep, mode, width, host)
+    return RaggedVerify(rows, lens, starts, mask, n, keep, mode, width, host,
+                        None if host_prefix is None else tuple(host_prefix))
 
 
 def scatter_rows(x: torch.Tensor, plan: RaggedVerify, bs: int) -> torch.Tensor:
@@ -132,7 +139,8 @@ def scatter_rows(x: torch.Tensor, plan: RaggedVerify, bs: int) -> torch.Tensor:
 
 
 def compact_paged_verify_args(kv_indices: torch.Tensor, kv_indptr: torch.Tensor, custom_mask: torch.Tensor,
-                              keep: torch.Tensor, host_lens: Optional[Sequence[int]] = None):
+                              keep: torch.Tensor, host_lens: Optional[Sequence[int]] = None,
+                              host_prefix: Optional[Sequence[int]] = None):
     """SGLang's padded FlashInfer verify arguments -> the ragged ones over the kept nodes.
 
     Parameters
@@ -146,6 +154,9 @@ def compact_paged_verify_args(kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
         is read here.
     keep : ``[bs, N]`` bool kept nodes (root included), closed under ancestors.
     host_lens : ``keep.sum(-1)`` on the host when the caller has it (the plan's), else read here.
+    host_prefix : ``[bs]`` prefix lengths ``P_b`` on the host when the caller has them (SGLang's
+        ``seq_lens_cpu``: ``kv_indptr`` is their cumulative sum plus ``N`` per request), else read from
+        ``kv_indptr`` here.
 
     Returns
     -------
@@ -154,17 +165,24 @@ def compact_paged_verify_args(kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
     the per-request ``[qo_len, kv_len]`` layout FlashInfer's ``plan(custom_mask=...)`` packs itself.
 
     Memory: the outputs, one bool and one int64 per padded KV slot, and ``[bs, N, N]`` index tensors for the
-    tree blocks (nothing per mask element: a long prefix costs its mask bytes only). One host read,
-    ``kv_indptr`` (the outputs' sizes depend on the prefix lengths), plus ``keep``'s sizes without ``host_lens``.
+    tree blocks (nothing per mask element: a long prefix costs its mask bytes only). The outputs' sizes depend on
+    the prefix lengths and ``keep``'s sizes: no host read with ``host_prefix`` and ``host_lens``, else a read of
+    ``kv_indptr`` and of ``keep``'s sizes for each one missing.
 
     Example: P = [2], N = 3, keep [[1, 0, 1]] -> kv columns {0, 1, 2, 4} of [p0 p1 d0 d1 d2], mask rows {0, 2}.
     """
     bs, n = keep.shape
     dev = kv_indices.device
     keep = keep.to(dev)
-    ptr = kv_indptr.tolist()  # [bs + 1] host
+    if host_prefix is None:
+        ptr = kv_indptr.tolist()  # [bs + 1] host
+        prefix_host = [ptr[b + 1] - ptr[b] - n for b in range(bs)]
+    else:
+        prefix_host = list(host_prefix)
+        if len(prefix_host) != bs:
+            raise ValueError(f"host_prefix has {len(prefix_host)} lengths for a batch of {bs}")
     n_kept = list(host_lens) if host_lens is not None else keep.sum(-1).tolist()  # [bs] host n_b
-    prefix_host = [ptr[b + 1] - ptr[b] - n for b in range(bs)]
+    padded_kv = sum(prefix_host) + bs * n  # sum_b (P_b + N): SGLang's kv_indptr[-1]
     total_kv = sum(p + k for p, k in zip(prefix_host, n_kept))
     total_mask = sum(k * (p + k) for p, k in zip(prefix_host, n_kept))
     start = kv_indptr[:-1].long()  # [bs] first padded KV slot of request b
@@ -172,10 +190,10 @@ def compact_paged_verify_args(kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
     lens = keep.long().sum(-1)  # [bs] n_b
     node = torch.arange(n, device=dev)  # [N]
     # KV slots: every prefix slot, the kept nodes' slots; the kept ones moved to their rank among the kept
-    keep_slot = torch.ones(ptr[-1], dtype=torch.bool, device=dev)  # [sum L_b]
+    keep_slot = torch.ones(padded_kv, dtype=torch.bool, device=dev)  # [sum L_b]
     keep_slot[((start + prefix)[:, None] + node).reshape(-1)] = keep.reshape(-1)
     to = torch.where(keep_slot, keep_slot.long().cumsum(0) - 1, total_kv)  # [sum L_b] (dropped: a spare slot)
-    out_kv = kv_indices.new_empty(total_kv + 1).scatter_(0, to, kv_indices[:ptr[-1]])[:total_kv]
+    out_kv = kv_indices.new_empty(total_kv + 1).scatter_(0, to, kv_indices[:padded_kv])[:total_kv]
     # mask: prefix columns True; request b's kept rows x kept columns of its tree block, kept nodes in index order
     order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices  # [bs, N] kept nodes first
     r, j = node[None, :, None], node[None, None, :]  # [1, N, 1], [1, 1, N]
@@ -245,7 +263,8 @@ def _ragged_forward(mode: str, original, runner, forward_batch, keep: torch.Tens
     uniform = mode == "cpu" and spec.tree_topk != 1  # CPU trees: one width, the widest (the compiled kernel's rule)
     if (max(host_lens) if uniform else min(host_lens)) == n:  # nothing to compact
         return original(runner, forward_batch, *args, **kwargs), [n] * bs
-    plan = plan_ragged(keep, spec.custom_mask.bool() if uniform else None, mode, uniform=uniform, host_lens=host_lens)
+    plan = plan_ragged(keep, spec.custom_mask.bool() if uniform else None, mode, uniform=uniform, host_lens=host_lens,
+                       host_prefix=_host_prefix(forward_batch, bs) if mode == "flashinfer" else None)
     full = {f: getattr(forward_batch, f) for f in ("input_ids", "positions", "out_cache_loc")}
     for f, v in full.items():
         setattr(forward_batch, f, v[plan.rows])
@@ -267,6 +286,13 @@ def _ragged_forward(mode: str, original, runner, forward_batch, keep: torch.Tens
     if getattr(lo, "hidden_states", None) is not None:
         lo.hidden_states = scatter_rows(lo.hidden_states, plan, bs)
     return out, list(plan.host_lens)  # the forward's total was checked against the plan in amx_extend_metadata
+
+
+def _host_prefix(forward_batch, bs: int) -> Optional[Tuple[int, ...]]:
+    """A target verify's committed prefix lengths ``P_b`` from SGLang's host copy ``seq_lens_cpu`` (``[>= bs]``,
+    in host memory: no device read), or None when the batch carries none."""
+    seq_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+    return None if seq_cpu is None else tuple(read_host(seq_cpu[:bs]))
 
 
 def amx_extend_metadata(original, backend, forward_batch, *args, **kwargs):
@@ -301,9 +327,11 @@ def flashinfer_verify_args(original, spec_info, *args, **kwargs):
     if plan is None or plan.mode != "flashinfer" or plan.keep is None:
         return out
     kv_indices, kv_indptr, _qo_indptr, custom_mask = out
-    kv_indices, kv_indptr, qo_indptr, custom_mask = compact_paged_verify_args(kv_indices, kv_indptr, custom_mask,
-                                                                              plan.keep, plan.host_lens)
-    return kv_indices, kv_indptr, qo_indptr, custom_mask
+    total = kwargs.get("paged_kernel_lens_sum")  # SGLang's host sum of the prefixes its kv_indptr was built from
+    if plan.host_prefix is not None and total is not None and sum(plan.host_prefix) != total:
+        raise RuntimeError(f"ragged verify: the batch's seq_lens_cpu sum to {sum(plan.host_prefix)}, SGLang's "
+                           f"paged_kernel_lens_sum is {total}")
+    return compact_paged_verify_args(kv_indices, kv_indptr, custom_mask, plan.keep, plan.host_lens, plan.host_prefix)
 
 
 def eager_while_ragged(original, runner, forward_batch, *args, **kwargs):
