@@ -112,9 +112,10 @@ CASES = [  # bs, tree sizes, prefix lengths, N
 ]
 
 
+@pytest.mark.parametrize("host_prefix", [False, True])  # the plugin's path: the prefixes from seq_lens_cpu
 @pytest.mark.parametrize("backend, bs, sizes, prefixes, n", [("torch",) + c for c in CASES[:3]] + [
     pytest.param("flashinfer", *c, marks=pytest.mark.gpu) for c in CASES])
-def test_ragged_verify_equals_the_oracle_on_the_padded_grid(backend, bs, sizes, prefixes, n):
+def test_ragged_verify_equals_the_oracle_on_the_padded_grid(backend, bs, sizes, prefixes, n, host_prefix):
     get_device, run, dtype, d, tol = BACKENDS[backend]
     device = get_device()
     heads, kv_heads = 8, 2
@@ -122,7 +123,8 @@ def test_ragged_verify_equals_the_oracle_on_the_padded_grid(backend, bs, sizes, 
                                                                          heads=heads, kv_heads=kv_heads, d=d,
                                                                          dtype=dtype)
     plan = plan_ragged(keep, None, "flashinfer")  # the plugin's plan: the query rows the forward runs
-    rkv, rkv_indptr, rqo, rmask = compact_paged_verify_args(kv_indices, kv_indptr, mask, keep)
+    rkv, rkv_indptr, rqo, rmask = compact_paged_verify_args(kv_indices, kv_indptr, mask, keep,
+                                                            host_prefix=prefixes if host_prefix else None)
     out = run(q[plan.rows], k_cache, v_cache, rkv, rkv_indptr, rqo, rmask, heads, kv_heads, d)
     grid = scatter_rows(out.float(), plan, bs).cpu()  # back on SGLang's [bs * N] rows, filler zero
     ref = padded_oracle(q, k_cache, v_cache, kv_indices, kv_indptr, mask, keep.cpu(), d ** -0.5)
