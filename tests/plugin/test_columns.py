@@ -149,12 +149,16 @@ def test_a_batch_of_native_trees_is_served_as_sglangs_own_round(built):
     cap keeps its policy (the cap may cut it); another shape is decided again."""
     eagle2, talon = {"policy": "eagle2", "budget": N}, {"policy": "talon", "budget": N}
     reqs = [req(s) for s in (None, eagle2, talon)]
-    params, tokens = columns.batch_columns(reqs, ServerDefaults()).selection(N, S)
+    mixed = columns.batch_columns(reqs, ServerDefaults())
+    params, tokens = mixed.selection(N, S)
     assert params[:2] == (None, None) and params[2] is not None and tokens is None
+    assert mixed.selection(N, S)[0] is params  # built once per (N, S) while the batch lives
     cols = columns.batch_columns(reqs[:2], ServerDefaults())
     params, tokens = cols.selection(N, S)
     assert params is None and tokens == [N, N]
     assert cols.selection(N, S)[1] is tokens  # kept while the batch lives
+    assert cols.whole_trees(N) is tokens and cols.whole_trees(N + 2) == [N + 2] * 2  # built again at another N
+    assert cols.whole_trees(N + 2) is cols.whole_trees(N + 2)
     assert cols.selection(N + 1, S)[0] == (None, cols.params[1])  # budget N < N + 1: its own tree there
     shared = [SimpleNamespace(_treespec_params=parse_spec(eagle2), _treespec_shares=True)]
     capped = ServerDefaults(token_cap=16)

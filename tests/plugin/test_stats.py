@@ -342,6 +342,8 @@ def test_a_stream_never_sends_a_round_a_retraction_takes_back():
         S.record_rounds([req], ["salf"], V, [value])
 
     ahead(10)
+    chunk()  # before any round's accept length: the policy goes out (once), no round's values yet
+    assert got["treespec_policy"] == ["salf"] and all(got.get(k) == [] for k in (sizes, V, A)), got
     for k in range(1, 4):
         ahead(10 + k)
         S.record_rounds([req], ["salf"], A, [k])
@@ -357,6 +359,7 @@ def test_a_stream_never_sends_a_round_a_retraction_takes_back():
     assert req.customized_info[V] == [10, 11, 12, 20, 21] and req.customized_info[A] == [1, 2, 3, 7, 8]
     for key in (sizes, V, A):
         assert got[key] == req.customized_info[key], key
+    assert got["treespec_policy"] == ["salf"]
 
 
 def test_a_steady_batch_keeps_its_columns_and_looks_its_sinks_up_only_when_a_list_fills(monkeypatch):
