@@ -43,7 +43,12 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
     "policies": (["treespec_sglang/policies/"], ["tests/policies"]),
     "pool": (["treespec_sglang/plugin/pool.py", "treespec_sglang/plugin/pool_rules.py"],
              ["tests/plugin/test_pool.py", "tests/plugin/test_pool_edges.py", "tests/plugin/test_draft_select.py",
-              "tests/plugin/test_pool_rules.py", "tests/plugin/test_rows.py", "tests/policies/test_none.py"]),
+              "tests/plugin/test_pool_rules.py", "tests/plugin/test_rows.py", "tests/policies/test_none.py",
+              # keeps_native_tree against the selection, registered pool rules, the kernels' host tables, the hand-off
+              # to SGLang's tree builder (the kernels' interpreted oracle runs are the kernels group's)
+              "tests/plugin/test_columns.py", "tests/plugin/test_custom_policy.py",
+              "tests/plugin/test_pool_kernels_host.py", "tests/plugin/test_handoff.py",
+              "tests/plugin/test_draft_select_edges.py"]),
     "ragged": (["treespec_sglang/plugin/ragged.py", "treespec_sglang/plugin/ragged_support.py"],
                ["tests/plugin/test_ragged.py", "tests/plugin/test_ragged_support.py",
                 "tests/plugin/test_ragged_tokens.py", "tests/plugin/test_ragged_hooks.py",
@@ -104,6 +109,11 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                  "tests/plugin/test_draft_select_edges.py", "tests/plugin/test_metrics.py",
                  "tests/plugin/test_profile.py", "tests/plugin/test_columns.py", "tests/plugin/test_hooks.py",
                  "tests/plugin/test_server_hooks.py", "tests/plugin/test_register.py"]),
+    # draft training: the objectives (KL, LK, TALF), TALF's target-built trees, the C2T classifier's data and
+    # training, the truncated vocabulary's token map
+    "training": (["treespec_sglang/training/losses.py", "treespec_sglang/training/talf.py",
+                  "treespec_sglang/training/c2t.py", "treespec_sglang/training/vocab.py"],
+                 ["tests/training"]),
     # the sgl_kernel stand-ins SGLang runs on in the CPU test bed: each computes what the kernel it replaces computes
     # and refuses what that kernel refuses (contiguity, dtype, shape, device)
     "standins": (["treespec_sglang/plugin/cpu/matcher.py", "treespec_sglang/plugin/cpu/kernels.py",
