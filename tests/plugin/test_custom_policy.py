@@ -92,3 +92,48 @@ def test_a_pool_rule_naming_an_unknown_column_fails_at_its_first_row(custom):
                                     "'top', 'rank_depth', 'topk', 'log_mu', 'th', 'batch', 'max_depth', 'beta', 'clf']")
     finally:
         registry.REGISTRY["root-children"] = reg
+
+
+def test_registered_policies_sharing_a_stage_each_keep_their_own_tree(custom):
+    """Two custom rules in one batch, and a policy registered on a built-in stage (TALON's) beside TALON itself:
+    each row's selection is the one it gets alone in the batch (a custom rule on its own rows only; a stage's
+    rule on the rows of every policy that names it, and on no other)."""
+    from dataclasses import dataclass
+
+    from treespec_sglang.policies.base import register_policy
+    from treespec_sglang.policies.params import Eagle2Params, TalonParams
+    from treespec_sglang.policies.talon import TalonPolicy
+
+    @dataclass(frozen=True)
+    class OneChildParams(Eagle2Params):
+        pass
+
+    @register_policy
+    class OneChild(custom.RootChildrenPolicy):  # a second custom rule: the root's best child alone
+        name = "one-child"
+        Params = OneChildParams
+        pool_rule = registry.PoolRule(row=lambda p: {}, stage="custom", keep=lambda pool, rows, n_eff: (
+            custom.root_children_keep(pool, rows, rows[:, COLUMNS.index("budget")].clamp(max=2).long())))  # its rows
+
+    @dataclass(frozen=True)
+    class WideTalonParams(TalonParams):
+        pass
+
+    @register_policy
+    class WideTalon(TalonPolicy):  # TALON's stage and rule under another name
+        name = "talon-wide"
+        Params = WideTalonParams
+
+    specs = [{"policy": "root-children", "budget": 3}, {"policy": "talon", "budget": N, "mu": 0.03},
+             {"policy": "one-child", "budget": 4}, {"policy": "talon-wide", "budget": 6, "mu": 0.2}, None,
+             {"policy": "talon-wide", "budget": N, "topk": 2, "mu": 0.01}]
+    params = [None if s is None else parse_spec(s) for s in specs]
+    _, sl, tl, pl, _ = pool(topk=K, steps=S, seed=5, roots=(3, 5, 7, 4, 6, 8))
+    _, top, _, keep = select_from_pool(sl, tl, pl, N, K, params)
+    sizes = []
+    for b, p in enumerate(params):
+        alone = [p if j == b else None for j in range(len(params))]
+        _, top_b, _, keep_b = select_from_pool(sl, tl, pl, N, K, alone)
+        assert torch.equal(top[b], top_b[b]) and torch.equal(keep[b], keep_b[b]), (b, specs[b])
+        sizes.append(int(keep[b].sum()))
+    assert sizes[0] == 3 and sizes[2] == 2 and sizes[4] == N  # two root children, one, SGLang's own N

@@ -95,6 +95,21 @@ def test_row_tables_and_plans_are_kept_per_batch_composition():
     assert BatchPlan.of([a, None, b], 8, 3).salf != BatchPlan.of([a, None, b], 16, 3).salf
 
 
+@pytest.mark.parametrize("spec, mask_depth, search", [
+    ({"policy": "eagle2", "budget": 8, "depth": 3}, False, False),  # its depth bound is S: nothing to mask
+    ({"policy": "eagle2", "budget": 8, "depth": 2}, True, False),
+    ({"policy": "salf", "budget": 8, "th": 0.0}, False, False),  # th 0: SGLang's ranking (Thm. 2-3), no search
+    ({"policy": "salf", "budget": 8, "th": 0.0, "max_depth": 2}, True, False),
+    ({"policy": "salf", "budget": 8, "th": 0.2}, False, True),
+    ({"policy": "talon", "budget": 8}, False, False)])
+def test_a_plan_masks_depths_and_searches_only_where_a_row_needs_it(spec, mask_depth, search):
+    """The selection's extra work per batch (S = 3): the depth mask only for a row bounded above S's depth, the
+    best-first search only for a SALF row with th > 0."""
+    plan = BatchPlan.of([parse_spec(spec), None], 8, 3)
+    assert plan.mask_depth is mask_depth and (plan.salf is not None) is search
+    assert plan.stages["native"] == {"native"}
+
+
 def test_a_steady_batchs_params_tuple_hits_by_identity_and_a_list_never_does(monkeypatch):
     """The batch columns' params tuple passed again is the last entry's without the ids' pass (the entry table
     may even be gone); other shares or another N are built anew; a list edited in place is never taken for the
