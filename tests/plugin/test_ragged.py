@@ -127,42 +127,29 @@ def test_paged_verify_args_compaction_matches_loops(prefix, n):
     assert got_mask.tolist() == want_mask
 
 
-def test_paged_verify_args_ignore_a_longer_kv_buffer_and_take_the_plans_sizes():
-    """SGLang may hand a longer ``kv_indices`` buffer than ``kv_indptr[-1]``: its tail is ignored; the plan's host
-    sizes give the same arguments as reading ``keep`` here, with one host read (``kv_indptr``) in all."""
-    from treespec_sglang.utils.syncs import count_ops
-
-    g = torch.Generator().manual_seed(7)
-    prefix, n = [4, 0, 6], 5
-    kv_indices, kv_indptr, mask = padded_paged_args(g, prefix, n)
-    keep = random_keep(g, len(prefix), n)
-    want = compact_paged_verify_args(kv_indices, kv_indptr, mask, keep)
-    longer = torch.cat([kv_indices, torch.full((5,), 999, dtype=torch.int32)])
-    host_lens = keep.sum(-1).tolist()
-    with count_ops() as c:
-        got = compact_paged_verify_args(longer, kv_indptr, mask, keep, host_lens)
-    assert all(torch.equal(a, b) for a, b in zip(got, want)) and 999 not in got[0].tolist()
-    assert c.reads == 1, c.names
-
-
 @pytest.mark.parametrize("prefix, n", [([4, 0, 6], 5), ([9], 1), ([2, 7, 0, 3], 4)])
-def test_paged_verify_args_from_host_prefixes_read_nothing(prefix, n):
-    """With the prefixes on the host (SGLang's ``seq_lens_cpu``) and the plan's sizes, the compaction makes no
-    host read at all and gives what reading ``kv_indptr`` gives; a prefix list of the wrong length is refused."""
+@pytest.mark.parametrize("host_prefix, reads", [(False, 1), (True, 0)])
+def test_paged_verify_args_ignore_a_longer_kv_buffer_and_take_the_plans_sizes(prefix, n, host_prefix, reads):
+    """SGLang may hand a longer ``kv_indices`` buffer than ``kv_indptr[-1]``: its tail is ignored; the plan's host
+    sizes give the same arguments as reading ``keep`` here, with one host read (``kv_indptr``) in all, and none
+    with the prefixes on the host too (SGLang's ``seq_lens_cpu``); a prefix list of the wrong length is refused."""
     from treespec_sglang.utils.syncs import count_ops
 
     g = torch.Generator().manual_seed(sum(prefix) + n)
     kv_indices, kv_indptr, mask = padded_paged_args(g, prefix, n)
     keep = random_keep(g, len(prefix), n)
     want = compact_paged_verify_args(kv_indices, kv_indptr, mask, keep)
-    longer = torch.cat([kv_indices, torch.full((3,), 999, dtype=torch.int32)])
+    longer = torch.cat([kv_indices, torch.full((5,), 999, dtype=torch.int32)])
     host_lens = keep.sum(-1).tolist()
+    on_host = tuple(prefix) if host_prefix else None
     with count_ops() as c:
-        got = compact_paged_verify_args(longer, kv_indptr, mask, keep, host_lens, tuple(prefix))
-    assert c.reads == 0, c.names
+        got = compact_paged_verify_args(longer, kv_indptr, mask, keep, host_lens, on_host)
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and 999 not in got[0].tolist()
-    with pytest.raises(ValueError, match=rf"^host_prefix has {len(prefix) + 1} lengths for a batch of {len(prefix)}$"):
-        compact_paged_verify_args(kv_indices, kv_indptr, mask, keep, host_lens, tuple(prefix) + (1,))
+    assert c.reads == reads, c.names
+    if host_prefix:
+        with pytest.raises(ValueError, match=rf"^host_prefix has {len(prefix) + 1} lengths for a batch of "
+                                             rf"{len(prefix)}$"):
+            compact_paged_verify_args(kv_indices, kv_indptr, mask, keep, host_lens, on_host + (1,))
 
 
 class LargestTensors(torch.utils._python_dispatch.TorchDispatchMode):
