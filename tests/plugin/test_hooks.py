@@ -203,6 +203,27 @@ def test_a_treespec_verify_forward_runs_ragged_and_records_its_tokens(monkeypatc
     assert recorded == [(reqs, ["talon", None], "treespec_verify_tokens", [3, 4])]
 
 
+@pytest.mark.parametrize("verified, graph, want", [([3, 4], True, False), ([4, 4], True, True),
+                                                    ([3, 4], False, False), (None, True, True)],
+                         ids=["ragged", "padded", "ragged, no graph anyway", "native round"])
+def test_a_round_whose_verify_ran_ragged_reports_no_cuda_graph(monkeypatch, verified, graph, want):
+    """SGLang decides the verify's graph before the forward (``eagle_prepare_for_verify``); a ragged verify then
+    runs eagerly, and the round's result says so (the decode log's ``cuda graph``, ``sglang:is_cuda_graph``)."""
+    monkeypatch.setattr(hooks, "ragged_verify_forward", lambda *a, **k: ("out", verified))
+    monkeypatch.setattr(hooks, "record_rounds", lambda *a: None)
+    result = SimpleNamespace(can_run_cuda_graph=graph)
+
+    def sglang_round(worker, batch):
+        if verified is not None:  # a treespec round: its selection kept some nodes
+            current().step = DraftStep([None, None], 4)
+            current().step.keep = torch.ones(2, 4, dtype=torch.bool)
+        assert hooks._runner_forward(lambda *a, **k: "out", "runner", verify_batch_mode(True)) == "out"
+        return result
+
+    assert hooks._eagle_round(sglang_round, "worker", SimpleNamespace(reqs=[native_req(), native_req()])) is result
+    assert result.can_run_cuda_graph is want
+
+
 def test_a_recording_chain_loop_records_every_step_but_the_last(monkeypatch):
     recorded = []
     loop = SimpleNamespace(i=0, steps=3)

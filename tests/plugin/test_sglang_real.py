@@ -59,6 +59,18 @@ def test_the_graph_counters_targets_take_the_forward_batch_second():
         assert params[:2] == ["self", "forward_batch"], (target, params)
 
 
+def test_a_rounds_result_has_the_graph_flag_the_round_hook_clears():
+    """``hooks._eagle_round`` sets ``can_run_cuda_graph`` False on a round whose verify ran ragged: a field of the
+    installed SGLang's round result, read by its batch result processor (the decode log, ``sglang:is_cuda_graph``)."""
+    import dataclasses
+
+    from sglang.srt.managers.scheduler_components import batch_result_processor
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    assert "can_run_cuda_graph" in {f.name for f in dataclasses.fields(GenerationBatchResult)}
+    assert "result.can_run_cuda_graph" in inspect.getsource(batch_result_processor)
+
+
 @pytest.mark.parametrize("topk,steps,N", [(3, 3, 8), (4, 4, 16), (2, 5, 9)])
 def test_sglang_draft_functions_agree_with_our_eagle2(loaded, topk, steps, N):
     from treespec_sglang.policies import grow_tree

@@ -76,8 +76,11 @@ def _capture_selections(result, self, *args, **kwargs):
 # ---------------------------------------------------------------------------- a round, as it runs
 def _eagle_round(original, self, batch, *args, **kwargs):
     # the round's state lives as long as this call: draft, verify, draft extend
-    with opened(getattr(batch, "reqs", None)):
-        return original(self, batch, *args, **kwargs)
+    with opened(getattr(batch, "reqs", None)) as r:
+        out = original(self, batch, *args, **kwargs)
+    if r.ragged:  # SGLang decided a graph before the ragged verify ran eagerly: its decode log and gauge say so
+        out.can_run_cuda_graph = False
+    return out
 
 
 def _draft(original, self, batch, *args, **kwargs):
@@ -219,9 +222,10 @@ def _runner_forward(original, self, forward_batch, *args, **kwargs):
     if r is not None and r.keep is not None and mode is not None and mode.is_target_verify():
         out, verified = ragged_verify_forward(original, self, forward_batch, r.keep, *args, **kwargs)
         _record_verify_tokens(r.reqs, verified)
+        r.ragged = ran_ragged(verified, r.keep.shape[1])  # any request ran fewer than N tokens
         series = scheduler_series()
-        if series is not None:  # ragged when any request ran fewer than N tokens
-            series.verify_forward(ran_ragged(verified, r.keep.shape[1]))
+        if series is not None:
+            series.verify_forward(r.ragged)
         return out
     out = original(self, forward_batch, *args, **kwargs)
     loop = recording_loop()
@@ -319,7 +323,8 @@ HOOKS_IN_ORDER: List[Hook] = [
          "DP attention in chain mode: a treespec batch votes for an eager draft before the ranks' votes are reduced"),
     Hook(f"{_SPEC}.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation", "AROUND", _eagle_round,
          ["self", "batch", "on_publish", "grammar_barrier", "pp_proxy_tensors"],
-         "opens the round (:class:`~.round.PluginRound`) for its draft, verify and draft extend"),
+         "opens the round (:class:`~.round.PluginRound`) for its draft, verify and draft extend; a ragged verify "
+         "ran eagerly: the result's ``can_run_cuda_graph`` is False"),
     Hook(f"{_SPEC}.eagle_worker_v2.EagleDraftWorker.draft", "AROUND", _draft, ["self", "batch", "with_topology"],
          "stages each request's policy for this draft step (``round.step``); native when none"),
     Hook(f"{_SPEC}.eagle_worker_v2.EAGLEWorkerV2._build_trivial_verify_input", "AFTER", _trivial_round,

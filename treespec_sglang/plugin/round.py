@@ -11,6 +11,7 @@ inside it read and fill that one object, in the order a round runs:
 | ``step`` | ``EagleDraftWorker.draft``: policies, shares, token cap; the graph runner (``prepare_for_draft``); ``keep`` after the selection (``build_eagle_verify_input``) | the draft hooks, the verify forward (ragged verify from ``keep``), the graph counter |
 | ``drafting`` | ``EagleDraftWorker.draft`` (True while SGLang's draft runs) | ``drafting_step()``: the draft loop, selection and verify-input hooks |
 | ``plan`` | the ragged verify forward | the attention hooks of that forward (``IntelAMXAttnBackend``, FlashInfer arguments, ``can_run_graph``) |
+| ``ragged`` | the verify forward (True when it ran the kept nodes only, eagerly) | ``forward_batch_generation``: the round's result reports no CUDA graph for the verify |
 
 Two things outlive a round on purpose and are not here: the draft-pool stash (:mod:`.draft_select`: buffers a
 captured CUDA graph writes on every replay) and the pending tree sizes (:mod:`.stats`: host copies that complete
@@ -95,6 +96,7 @@ class PluginRound:
     step: Optional[DraftStep] = None
     drafting: bool = False
     plan: object = None  # the ragged verify's RaggedVerify while its forward runs
+    ragged: bool = False  # the verify forward ran the kept nodes only (eagerly: no CUDA graph)
 
     @property
     def keep(self) -> Optional[torch.Tensor]:
