@@ -232,6 +232,31 @@ def statuses(work: str, env: dict) -> dict:
     return {m.strip(): st.strip() for m, _, st in (x.partition(":") for x in res.splitlines() if ":" in x)}
 
 
+def changed_sources(work: str) -> list:
+    """The package's files (``treespec_sglang/``) that differ between this checkout and a kept work dir's
+    unmutated copy, or exist in only one of them: a retest there would run today's tests on its old code."""
+    tracked = subprocess.run(["git", "ls-files", "treespec_sglang"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    here = {f for f in tracked if os.path.exists(os.path.join(ROOT, f))}
+    kept = {os.path.relpath(os.path.join(d, f), work) for d, _, fs in os.walk(os.path.join(work, "treespec_sglang"))
+            for f in fs if "__pycache__" not in d}
+
+    def same(f):
+        with open(os.path.join(ROOT, f), "rb") as a, open(os.path.join(work, f), "rb") as b:
+            return a.read() == b.read()
+    return sorted((here ^ kept) | {f for f in here & kept if not same(f)})
+
+
+def mutmut_run(work: str, env: dict, max_children: int, names=()) -> None:
+    """``mutmut run`` in ``work`` (every mutant, or ``names``); a run that stops early (its stats collection or
+    clean test run failed: it says which above) is refused, so no earlier result is reported as this run's."""
+    rc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *names],
+                        cwd=work, env=env).returncode
+    if rc != 0:
+        raise SystemExit(f"mutmut run in {work} exited {rc} before its mutants ran (its output above says why); "
+                         f"its results are not this run's")
+
+
 def spawned_tests(work: str, prefixes: list, env: dict) -> list:
     """Map every mutated function of a work dir to the collected tests under ``prefixes`` as well (in mutmut's
     stats file: its own tracing sees no call a spawned rank makes) and return the mutants to run again: those
@@ -260,9 +285,12 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
     env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     t0 = time.time()
     if not reuse:
-        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=work,
-                       env=env)
+        mutmut_run(work, env, max_children)
     elif retest:
+        changed = changed_sources(work)
+        if changed:
+            raise SystemExit(f"--retest: {work}'s mutants are of older code ({', '.join(changed)} changed since): "
+                             f"run the group afresh")
         for d in ("tests", "bench", "docs"):  # the current tests (and the docs they check), in the work dir and
             # in mutmut's copy of it
             for dst in (os.path.join(work, d), os.path.join(work, "mutants", d)):
@@ -271,13 +299,11 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
         before = statuses(work, env)
         again = [m for m, st in before.items() if st in ("survived", "no tests")]
         if again:
-            subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
-                           cwd=work, env=env)
+            mutmut_run(work, env, max_children, again)
     if (not reuse or retest) and group in SPAWNED:  # (a retest's new tests were mapped afresh: map these again)
         again = spawned_tests(work, SPAWNED[group], env)
         if again:
-            subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *again],
-                           cwd=work, env=env)
+            mutmut_run(work, env, max_children, again)
     wall = time.time() - t0
     subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=work, env=env, capture_output=True)
     stats_file = os.path.join(work, "mutants", "mutmut-cicd-stats.json")
@@ -300,6 +326,8 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
                other={k: v for k, v in stats.items() if k not in ("killed", "survived", "no_tests", "total") and v},
                score=round(killed / max(killed + len(real), 1), 3), survivors=real, equivalent_mutants=equiv,
                stale_equivalent=stale, no_tests=no_tests, diffs=diffs, workdir=work)
+    if reuse and not retest:  # a re-read: of the kept run's code, which may not be this checkout's any more
+        out["changed_since"] = changed_sources(work)
     if not keep and not reuse:
         shutil.rmtree(work, ignore_errors=True)
         out.pop("workdir")
@@ -314,9 +342,10 @@ def main(argv=None):
     ap.add_argument("--out", default="bench/results/mutation_score.json")
     ap.add_argument("--only", default="", help="comma-separated files of ONE group to mutate instead of all of "
                     "its files (a large group one file at a time)")
-    ap.add_argument("--reuse", default="", help="a kept work dir of ONE group: re-read its results (no new run)")
+    ap.add_argument("--reuse", default="", help="a kept work dir of ONE group: re-read its results (no new run; "
+                    "the package files changed since are named)")
     ap.add_argument("--retest", action="store_true", help="with --reuse: copy the current tests in and run the "
-                    "surviving mutants again")
+                    "surviving mutants again (refused when the package changed since the kept run)")
     a = ap.parse_args(argv)
     rows = []
     for g in a.groups.split(","):
@@ -333,6 +362,8 @@ def main(argv=None):
             print("  equivalent:", s)
         for s in r["stale_equivalent"]:
             print("  stale equivalent entry (diff changed, counted as survived):", s)
+        if r.get("changed_since"):
+            print("  these are results of older code: changed since the kept run:", ", ".join(r["changed_since"]))
     write_report(a.out, rows)
     return rows
 

@@ -1,9 +1,12 @@
 """``bench/mutation_score.py`` (mutmut, not in CI): the group's marker expression reaches mutmut's pytest
 arguments, a group whose tests run its code in spawned ranks maps every mutated function to those tests before
-the survivors run again, and survivors listed as equivalent count only while their mutated line still matches."""
+the survivors run again, survivors listed as equivalent count only while their mutated line still matches, and
+no earlier result passes for a run's: a mutmut run that stops early and a retest of a kept run of older code are
+refused, a re-read of one names the files changed since."""
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -66,3 +69,47 @@ def test_the_preload_imports_the_module_of_every_hook_target():
         obj = sys.modules[module]
         for name in target[len(module) + 1:].split("."):
             obj = getattr(obj, name)
+
+
+def test_a_kept_run_names_the_package_files_changed_since(tmp_path):
+    work = M.prepare("requests", str(tmp_path))
+    assert M.changed_sources(work) == []
+    (tmp_path / "treespec_sglang" / "plugin" / "config.py").write_text("# older code\n")
+    (tmp_path / "treespec_sglang" / "plugin" / "round.py").unlink()
+    (tmp_path / "treespec_sglang" / "gone.py").write_text("")
+    os.makedirs(tmp_path / "treespec_sglang" / "__pycache__")
+    (tmp_path / "treespec_sglang" / "__pycache__" / "x.pyc").write_text("")  # not a source
+    assert M.changed_sources(work) == ["treespec_sglang/gone.py", "treespec_sglang/plugin/config.py",
+                                       "treespec_sglang/plugin/round.py"]
+
+
+def test_a_retest_of_older_code_is_refused_before_mutmut_runs(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(M, "changed_sources", lambda work: ["treespec_sglang/plugin/pool.py"])
+    monkeypatch.setattr(M, "statuses", lambda *a: ran.append(a) or {})
+    monkeypatch.setattr(M.subprocess, "run", lambda *a, **k: ran.append(a))
+    with pytest.raises(SystemExit, match=r"older code \(treespec_sglang/plugin/pool.py changed since\)"):
+        M.run_group("pool", 2, False, reuse=str(tmp_path), retest=True)
+    assert ran == [] and not os.path.exists(tmp_path / "tests")  # nothing copied in, nothing run
+
+
+@pytest.mark.parametrize("rc", [0, 1])
+def test_a_mutmut_run_that_stops_early_is_refused(monkeypatch, rc):
+    calls = []
+    monkeypatch.setattr(M.subprocess, "run", lambda args, **k: calls.append((args, k["cwd"]))
+                        or subprocess.CompletedProcess(args, rc))
+    if rc:
+        with pytest.raises(SystemExit, match="exited 1 before its mutants ran"):
+            M.mutmut_run("w", {}, 2, ["a", "b"])
+    else:
+        assert M.mutmut_run("w", {}, 2, ["a", "b"]) is None
+    assert calls == [([sys.executable, "-m", "mutmut", "run", "--max-children", "2", "a", "b"], "w")]
+
+
+def test_a_reread_of_a_kept_run_says_which_files_changed_since(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(M, "changed_sources", lambda work: ["treespec_sglang/plugin/pool.py"])
+    monkeypatch.setattr(M, "statuses", lambda *a: {"m.x_f__mutmut_1": "killed"})
+    monkeypatch.setattr(M.subprocess, "run", lambda args, **k: subprocess.CompletedProcess(args, 0, stdout="{}"))
+    (row,) = M.main(["--groups", "pool", "--reuse", str(tmp_path), "--out", str(tmp_path / "r.json")])
+    assert row["changed_since"] == ["treespec_sglang/plugin/pool.py"]
+    assert "results of older code: changed since the kept run: treespec_sglang/plugin/pool.py" in capsys.readouterr().out
