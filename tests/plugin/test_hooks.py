@@ -224,6 +224,15 @@ def test_a_round_whose_verify_ran_ragged_reports_no_cuda_graph(monkeypatch, veri
     assert result.can_run_cuda_graph is want
 
 
+@pytest.mark.parametrize("batch", [SimpleNamespace(), SimpleNamespace(reqs=None)], ids=["no reqs", "reqs None"])
+def test_a_root_only_round_of_a_batch_without_requests_records_nothing(monkeypatch, batch):
+    """Adaptive speculation at 0 steps on a batch that carries no requests (as every draft hook reads them)."""
+    recorded = []
+    monkeypatch.setattr(hooks, "_record_sglangs_trees", lambda *a: recorded.append(a))
+    assert hooks._trivial_round("verify input", "worker", batch) == "verify input"
+    assert recorded == []
+
+
 def test_a_recording_chain_loop_records_every_step_but_the_last(monkeypatch):
     recorded = []
     loop = SimpleNamespace(i=0, steps=3)
