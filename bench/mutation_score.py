@@ -109,6 +109,14 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
                  "tests/plugin/test_draft_select_edges.py", "tests/plugin/test_metrics.py",
                  "tests/plugin/test_profile.py", "tests/plugin/test_columns.py", "tests/plugin/test_hooks.py",
                  "tests/plugin/test_server_hooks.py", "tests/plugin/test_register.py"]),
+    # the reference engine: a round's stages (draft expansion, tree verify, KV commit), the batch's ragged tails, the
+    # exactness checks, the token cap, requests, the engine's loop, and the dense attention oracle it verifies with
+    "engine": (["treespec_sglang/engine/round.py", "treespec_sglang/engine/expander.py",
+                "treespec_sglang/engine/kv_cache.py", "treespec_sglang/engine/batch_tail.py",
+                "treespec_sglang/engine/exactness.py", "treespec_sglang/engine/token_cap.py",
+                "treespec_sglang/engine/requests.py", "treespec_sglang/engine/engine.py",
+                "treespec_sglang/engine/calls.py", "treespec_sglang/attention/reference.py"],
+               ["tests/engine", "tests/attention", "tests/test_lossless_loop.py", "tests/cli/test_peers_exactness.py"]),
     # draft training: the objectives (KL, LK, TALF), TALF's target-built trees, the C2T classifier's data and
     # training, the truncated vocabulary's token map
     "training": (["treespec_sglang/training/losses.py", "treespec_sglang/training/talf.py",

@@ -57,7 +57,7 @@ def test_expansion_equals_branch_chain(tmp_path, spec, prune):
             committed_tok = x[1:] + [int(root[b])]
             committed_feat = [hidden[b, p] for p in range(L)]
             base = chain_draft(e, committed_tok, committed_feat)
-            torch.testing.assert_close(base[-1], f_root[b], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(base[-1], f_root[b], rtol=1e-5, atol=1e-5)
             memo = {0: f_root[b]}
 
             def feature(tree, u):
@@ -78,7 +78,7 @@ def test_expansion_equals_branch_chain(tmp_path, spec, prune):
                     if u < 0:
                         continue
                     ref = torch.log_softmax(e.target.lm_head(feature(tree, u)), -1)
-                    torch.testing.assert_close(out[b, w], ref, rtol=1e-4, atol=1e-4)
+                    torch.testing.assert_close(out[b, w], ref, rtol=1e-5, atol=1e-5)
                     checked += 1
             assert checked >= (2 if prune else 3)
 
@@ -125,6 +125,6 @@ def test_draft_extend_after_verify_equals_chain_over_committed_tokens(tmp_path, 
             h = e.target(ctx, p, cache.stores(p, pos), torch.ones(pos, pos, dtype=torch.bool).tril()[None])[0]
             f = chain_draft(e, seq[1:pos + 1], [h[i] for i in range(pos)])[-1]
             ref = torch.log_softmax(e.target.lm_head(f), -1)
-            torch.testing.assert_close(root_lp[0], ref, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(root_lp[0], ref, rtol=1e-5, atol=1e-5)
             if r < len(out.stats.accepted):
                 pos += 1 + out.stats.accepted[r]
