@@ -90,3 +90,52 @@ def test_a_token_cap_that_keeps_every_node_samples_as_the_padded_verify(aligned_
     ragged = aligned_engine.generate(ps, token_cap=1000, **kw)
     assert [r.token_ids for r in ragged] == padded
     assert sum(sum(r.stats.accepted) for r in ragged) > 0
+
+
+def test_real_tokens_reach_the_target_and_the_draft_as_they_are(tmp_path, monkeypatch):
+    """A tree's padding (-1) goes into the target's verify forward as some id, and an emitted row's padding into
+    the draft extend; every real token, id 0 included, goes in as it is (a clamp to 1 would turn token 0 into 1).
+    Token 0 is made the target's favourite: its head row is the most emitted token's, a little longer."""
+    import collections
+
+    import treespec_sglang.engine.engine as EN
+    from tests.engines import make_aligned_engine
+
+    engine = make_aligned_engine(tmp_path)
+    ps = prompts(8, seed=21)
+    counts = collections.Counter(t for r in engine.generate(ps, max_new_tokens=24, policy=None) for t in r.token_ids)
+    with torch.no_grad():
+        w = engine.target.lm_head.weight
+        w[0] = 1.05 * w[counts.most_common(1)[0][0]]
+
+    verified, extended = [], []
+
+    def capturing(model, store, call):
+        seen = []
+        handle = model.register_forward_pre_hook(lambda mod, args: seen.append(args[0].clone()))
+        try:
+            out = call()
+        finally:
+            handle.remove()
+        store.append((out, seen))
+        return out
+
+    real_verify, real_commit = EN.verify, EN.commit
+    monkeypatch.setattr(EN, "verify", lambda m, b, tree, rows, opts: capturing(
+        m.target, verified, lambda: (tree.tokens.clone(), real_verify(m, b, tree, rows, opts)))[1])
+    monkeypatch.setattr(EN, "commit", lambda m, b, tree, result, hidden: capturing(
+        m.draft, extended, lambda: real_commit(m, b, tree, result, hidden)))
+    engine.generate(ps, max_new_tokens=24, policy=POLICIES[0])
+    assert verified and extended
+    zeros = 0
+    for (tokens, _), seen in verified:  # the captured pair: (the tree's tokens, verify's result)
+        (fed,) = seen
+        real = tokens >= 0
+        assert torch.equal(fed[real], tokens[real]) and bool((fed >= 0).all())
+        zeros += int((tokens == 0).sum())
+    for em, seen in extended:
+        (fed,) = seen
+        real = em >= 0
+        assert torch.equal(fed[real], em[real]) and bool((fed >= 0).all())
+        zeros += int((em == 0).sum())
+    assert zeros > 0, "no token 0 drafted or emitted: the check is empty"
