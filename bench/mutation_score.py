@@ -240,6 +240,17 @@ def statuses(work: str, env: dict) -> dict:
     return {m.strip(): st.strip() for m, _, st in (x.partition(":") for x in res.splitlines() if ":" in x)}
 
 
+KEPT = "treespec-statuses.json"  # in a work dir: every mutant's status as this script last reported it
+
+
+def kept_statuses(work: str, env: dict) -> dict:
+    """:func:`statuses`, where a "not checked" mutant (a retest's new tests made mutmut collect stats again and
+    forget what it did not rerun) takes the status this script last reported for it in ``work``."""
+    path = os.path.join(work, KEPT)
+    saved = json.load(open(path)) if os.path.exists(path) else {}
+    return {m: saved.get(m, st) if st == "not checked" else st for m, st in statuses(work, env).items()}
+
+
 def changed_sources(work: str) -> list:
     """The package's files (``treespec_sglang/``) that differ between this checkout and a kept work dir's
     unmutated copy, or exist in only one of them: a retest there would run today's tests on its old code."""
@@ -304,7 +315,7 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
             for dst in (os.path.join(work, d), os.path.join(work, "mutants", d)):
                 shutil.copytree(os.path.join(ROOT, d), dst, dirs_exist_ok=True,
                                 ignore=shutil.ignore_patterns("__pycache__", "measured", "data"))
-        before = statuses(work, env)
+        before = kept_statuses(work, env)
         again = [m for m, st in before.items() if st in ("survived", "no tests")]
         if again:
             mutmut_run(work, env, max_children, again)
@@ -316,12 +327,15 @@ def run_group(group: str, max_children: int, keep: bool, only=None, reuse=None, 
     subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=work, env=env, capture_output=True)
     stats_file = os.path.join(work, "mutants", "mutmut-cicd-stats.json")
     stats = json.load(open(stats_file)) if os.path.exists(stats_file) else {}
-    now = statuses(work, env)
+    now = kept_statuses(work, env)
     if reuse and retest:
         # new tests make mutmut collect stats again and forget every result it did not rerun ("not checked"):
         # those keep the status they had before the rerun
         now = {m: before.get(m, st) if st == "not checked" else st for m, st in now.items()}
+    if reuse:
         stats = {"total": len(now), **collections.Counter(st.replace(" ", "_") for st in now.values())}
+    with open(os.path.join(work, KEPT), "w") as fh:  # what a later retest or re-read there starts from
+        json.dump(now, fh)
     survivors = [m for m, st in now.items() if st == "survived"]
     no_tests = [m for m, st in now.items() if st == "no tests"]
     diffs = json.loads(subprocess.run([sys.executable, "-c", _DIFFS, *survivors, *no_tests], cwd=work, env=env,

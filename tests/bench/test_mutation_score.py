@@ -113,3 +113,10 @@ def test_a_reread_of_a_kept_run_says_which_files_changed_since(tmp_path, monkeyp
     (row,) = M.main(["--groups", "pool", "--reuse", str(tmp_path), "--out", str(tmp_path / "r.json")])
     assert row["changed_since"] == ["treespec_sglang/plugin/pool.py"]
     assert "results of older code: changed since the kept run: treespec_sglang/plugin/pool.py" in capsys.readouterr().out
+
+
+def test_a_mutant_a_retest_forgot_keeps_the_status_last_reported(tmp_path, monkeypatch):
+    (tmp_path / M.KEPT).write_text(json.dumps({"a": "killed", "b": "survived", "c": "killed"}))
+    monkeypatch.setattr(M, "statuses", lambda work, env: {"a": "not checked", "b": "killed", "c": "survived",
+                                                          "d": "not checked"})
+    assert M.kept_statuses(str(tmp_path), {}) == {"a": "killed", "b": "killed", "c": "survived", "d": "not checked"}
