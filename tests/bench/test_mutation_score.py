@@ -112,7 +112,8 @@ def test_a_reread_of_a_kept_run_says_which_files_changed_since(tmp_path, monkeyp
     monkeypatch.setattr(M.subprocess, "run", lambda args, **k: subprocess.CompletedProcess(args, 0, stdout="{}"))
     (row,) = M.main(["--groups", "pool", "--reuse", str(tmp_path), "--out", str(tmp_path / "r.json")])
     assert row["changed_since"] == ["treespec_sglang/plugin/pool.py"]
-    assert "results of older code: changed since the kept run: treespec_sglang/plugin/pool.py" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "results of older code: changed since the kept run: treespec_sglang/plugin/pool.py" in out
 
 
 def test_a_mutant_a_retest_forgot_keeps_the_status_last_reported(tmp_path, monkeypatch):

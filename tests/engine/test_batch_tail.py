@@ -41,8 +41,8 @@ def test_rounds_that_cost_the_same_at_any_batch_wait_for_the_slowest_request():
 
 
 @pytest.mark.parametrize("bad,match", [(dict(bs=0), "bs must be"), (dict(bs=True), "bs must be"),
-                                       (dict(taus=[]), "^taus must hold at least one per-prompt tau$"), (dict(taus=[0.9, 2.0]), "every tau"),
-                                       (dict(taus=[float("nan")]), "every tau")])
+                                       (dict(taus=[]), "^taus must hold at least one per-prompt tau$"),
+                                       (dict(taus=[0.9, 2.0]), "every tau"), (dict(taus=[float("nan")]), "every tau")])
 def test_bad_input_is_refused(bad, match):
     args = dict(taus=[2.0], bs=2, c1=10.0, cb=12.0) | bad
     with pytest.raises(ValueError, match=match):

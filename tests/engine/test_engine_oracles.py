@@ -108,34 +108,28 @@ def test_real_tokens_reach_the_target_and_the_draft_as_they_are(tmp_path, monkey
         w = engine.target.lm_head.weight
         w[0] = 1.05 * w[counts.most_common(1)[0][0]]
 
-    verified, extended = [], []
+    fed = []  # (the call, its real tokens, what the model was fed)
 
-    def capturing(model, store, call):
+    def capturing(name, model, call, tokens):
         seen = []
         handle = model.register_forward_pre_hook(lambda mod, args: seen.append(args[0].clone()))
         try:
             out = call()
         finally:
             handle.remove()
-        store.append((out, seen))
+        (into,) = seen  # one forward a call
+        fed.append((name, tokens(out), into))
         return out
 
     real_verify, real_commit = EN.verify, EN.commit
     monkeypatch.setattr(EN, "verify", lambda m, b, tree, rows, opts: capturing(
-        m.target, verified, lambda: (tree.tokens.clone(), real_verify(m, b, tree, rows, opts)))[1])
+        "verify", m.target, lambda: real_verify(m, b, tree, rows, opts), lambda out: tree.tokens))
     monkeypatch.setattr(EN, "commit", lambda m, b, tree, result, hidden: capturing(
-        m.draft, extended, lambda: real_commit(m, b, tree, result, hidden)))
+        "commit", m.draft, lambda: real_commit(m, b, tree, result, hidden), lambda em: em))  # em: the emitted rows
     engine.generate(ps, max_new_tokens=24, policy=POLICIES[0])
-    assert verified and extended
-    zeros = 0
-    for (tokens, _), seen in verified:  # the captured pair: (the tree's tokens, verify's result)
-        (fed,) = seen
+    assert {name for name, _, _ in fed} == {"verify", "commit"}
+    for _, tokens, into in fed:
         real = tokens >= 0
-        assert torch.equal(fed[real], tokens[real]) and bool((fed >= 0).all())
-        zeros += int((tokens == 0).sum())
-    for em, seen in extended:
-        (fed,) = seen
-        real = em >= 0
-        assert torch.equal(fed[real], em[real]) and bool((fed >= 0).all())
-        zeros += int((em == 0).sum())
+        assert torch.equal(into[real], tokens[real]) and bool((into >= 0).all())
+    zeros = sum(int((tokens == 0).sum()) for _, tokens, _ in fed)
     assert zeros > 0, "no token 0 drafted or emitted: the check is empty"
