@@ -12,27 +12,67 @@ from treespec_sglang.models import LlamaModel
 from treespec_sglang.engine import KVCache, SpecEngine
 from treespec_sglang.engine.expander import TreeExpander
 from treespec_sglang.policies import grow_tree
+from treespec_sglang.tree import DraftTree
 
 pytest.importorskip("transformers")
+
+
+def _committed(e, ids):
+    """Prefill ``ids`` and the draft over them: (draft cache, lens, root features ``[bs, hidden]``, root log-probs,
+    roots ``[bs]``, each request's committed (tokens, target features) for the chain oracle)."""
+    cache, inp, hidden, lens, logits = e.calls.prefill(ids, 40)
+    dcfg = e.draft.config
+    dcache = KVCache(1, len(ids), dcfg.num_key_value_heads, 41, dcfg.head_dim, torch.float32, "cpu")
+    root = logits.argmax(-1)
+    toks = torch.cat([inp[:, 1:], torch.zeros_like(inp[:, :1])], dim=1)
+    toks.scatter_(1, (lens - 1)[:, None], root[:, None])
+    f_root, root_lp = e.calls.draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
+    committed = [(x[1:] + [int(root[b])], [hidden[b, p] for p in range(len(x))]) for b, x in enumerate(ids)]
+    for b, (tok, feat) in enumerate(committed):
+        torch.testing.assert_close(chain_draft(e, tok, feat)[-1], f_root[b], rtol=1e-5, atol=1e-5)
+    return dcache, lens, f_root, root_lp, root, committed
+
+
+def _branch_feature(e, tree, b, u, committed, memo, token_map=None):
+    """Node u's draft feature by the chain oracle: the draft from scratch over request b's committed pairs,
+    then the pairs on u's branch (parent's feature, u's target id: ``token_map[draft id]`` with a map).
+    ``memo`` starts as {0: the root's feature}."""
+    if u not in memo:
+        branch, i = [], u
+        while i > 0:
+            branch.append(i)
+            i = int(tree.parents[b, i])
+        branch.reverse()
+        ids = [int(tree.tokens[b, j]) for j in branch]
+        toks = committed[0] + (ids if token_map is None else [int(token_map[t]) for t in ids])
+        feats = committed[1] + [_branch_feature(e, tree, b, int(tree.parents[b, j]), committed, memo, token_map)
+                                for j in branch]
+        memo[u] = chain_draft(e, toks, feats)[-1]
+    return memo[u]
+
+
+def _oracle_logprobs(e, feature, token_map=None):
+    logits = e.target.lm_head(feature)
+    return torch.log_softmax(logits if token_map is None else logits[token_map], -1)
+
+
+@pytest.fixture(scope="module")
+def chain_engine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("expansion")
+    make_tiny_llama(path, vocab=40, hidden=32, layers=2, heads=4, kv_heads=2)
+    return SpecEngine.from_pretrained(str(path), draft=None, seed=5, dtype="float32")
 
 
 @pytest.mark.parametrize("prune", [False, True])
 @pytest.mark.parametrize("spec", [{"policy": "eagle2", "budget": 12, "topk": 3, "depth": 4},
                                   {"policy": "talon", "budget": 12, "topk": 3, "mu": 0.01}])
-def test_expansion_equals_branch_chain(tmp_path, spec, prune):
+def test_expansion_equals_branch_chain(chain_engine, spec, prune):
     """prune: draft pruning (grow_tree min_logprob) with the ragged expander, which runs the draft on the
     live frontier nodes only: every live node's output still equals the chain oracle, pruned rows are -inf."""
-    make_tiny_llama(tmp_path, vocab=40, hidden=32, layers=2, heads=4, kv_heads=2)
-    e = SpecEngine.from_pretrained(str(tmp_path), draft=None, seed=5, dtype="float32")
+    e = chain_engine
     ids = [[3, 7, 1, 9, 4], [5, 2]]
     with torch.no_grad():
-        cache, inp, hidden, lens, logits = e.calls.prefill(ids, 40)
-        dcfg = e.draft.config
-        dcache = KVCache(1, 2, dcfg.num_key_value_heads, 41, dcfg.head_dim, torch.float32, "cpu")
-        root = logits.argmax(-1)
-        toks = torch.cat([inp[:, 1:], torch.zeros_like(inp[:, :1])], dim=1)
-        toks.scatter_(1, (lens - 1)[:, None], root[:, None])
-        f_root, root_lp = e.calls.draft_extend(dcache, toks, hidden, torch.ones_like(lens), lens, kv=inp.shape[1] + 1)
+        dcache, lens, f_root, root_lp, root, committed = _committed(e, ids)
         exp = TreeExpander(e.calls, dcache, lens, f_root, max(len(x) for x in ids), ragged=prune)
         seen = []
 
@@ -52,35 +92,58 @@ def test_expansion_equals_branch_chain(tmp_path, spec, prune):
             assert any(bool((f < 0).any()) for _, f, _ in seen), "nothing was pruned: the ragged path is untested"
             for _, f, out in seen:
                 assert torch.isneginf(out[f < 0]).all()
-        for b, x in enumerate(ids):
-            L = len(x)
-            committed_tok = x[1:] + [int(root[b])]
-            committed_feat = [hidden[b, p] for p in range(L)]
-            base = chain_draft(e, committed_tok, committed_feat)
-            torch.testing.assert_close(base[-1], f_root[b], rtol=1e-5, atol=1e-5)
+        for b in range(len(ids)):
             memo = {0: f_root[b]}
-
-            def feature(tree, u):
-                if u not in memo:
-                    branch, i = [], u
-                    while i > 0:
-                        branch.append(i)
-                        i = int(tree.parents[b, i])
-                    branch.reverse()
-                    toks_ = committed_tok + [int(tree.tokens[b, j]) for j in branch]
-                    feats_ = committed_feat + [feature(tree, int(tree.parents[b, j])) for j in branch]
-                    memo[u] = chain_draft(e, toks_, feats_)[-1]
-                return memo[u]
-
             checked = 0
             for tree, frontier, out in seen:
                 for w, u in enumerate(frontier[b].tolist()):
                     if u < 0:
                         continue
-                    ref = torch.log_softmax(e.target.lm_head(feature(tree, u)), -1)
+                    ref = _oracle_logprobs(e, _branch_feature(e, tree, b, u, committed[b], memo))
                     torch.testing.assert_close(out[b, w], ref, rtol=1e-5, atol=1e-5)
                     checked += 1
             assert checked >= (2 if prune else 3)
+
+
+# draft ids 0..9 -> target ids; id 6 is target 0, no id is its own target id
+TOKEN_MAP = torch.tensor([17, 4, 29, 11, 35, 8, 0, 23, 2, 31])
+
+
+@pytest.mark.parametrize("token_map", [None, TOKEN_MAP], ids=["full-vocab", "token-map"])
+def test_hand_built_frontiers_equal_branch_chain(chain_engine, token_map):
+    """Frontiers the policies rarely hand over, each node against the chain oracle: a padding slot beside a
+    live node (its write-back must leave the root's feature slot as it was: a depth-1 node expanded in the
+    next call reads it), depth-1 nodes expanded after depth-2 ones exist, and token id 0 in the trees (as the
+    target's id 0, and with a reduced draft vocabulary, as draft id 0 and as the draft id that maps to target 0).
+    Every non-root token is a draft id mapped by the oracle itself, depth-1 nodes included."""
+    e = chain_engine
+    ids = [[3, 7, 1, 9, 4], [5, 2]]
+    # request 0: 1 and 2 under the root, 3 under 1, 4 under 3, 5 under 2; request 1: 1 under the root, 2 under 1
+    tokens = [[-7, 0, 6, 6, 3, 0], [-7, 6, 0]]
+    parents = [[-1, 0, 0, 1, 3, 2], [-1, 0, 1]]
+    frontiers = [[[1, -1], [-1, 1]],  # live nodes beside padding, in either slot
+                 [[3, 2], [2, -1]],  # a depth-2 node beside a depth-1 one
+                 [[-1, 5], [-1, -1]],  # a whole padding row
+                 [[4, -1], [-1, -1]]]
+    e.set_token_map(token_map)
+    try:
+        with torch.no_grad():
+            dcache, lens, f_root, _, root, committed = _committed(e, ids)
+            tree = DraftTree.from_lists(tokens, parents)
+            tree.tokens[:, 0] = root  # the root is a target id
+            exp = TreeExpander(e.calls, dcache, lens, f_root, max(len(x) for x in ids))
+            memos = [{0: f_root[b]} for b in range(len(ids))]
+            for fr in frontiers:
+                out = exp(tree, torch.tensor(fr))  # [bs, width, vocab_d]
+                for b, row in enumerate(fr):
+                    for w, u in enumerate(row):
+                        if u >= 0:
+                            ref = _oracle_logprobs(e, _branch_feature(e, tree, b, u, committed[b], memos[b], token_map),
+                                                   token_map)
+                            torch.testing.assert_close(out[b, w], ref, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(exp.feat[:, 0], f_root, rtol=0, atol=0)
+    finally:
+        e.set_token_map(None)
 
 
 def test_draft_extend_after_verify_equals_chain_over_committed_tokens(tmp_path, monkeypatch):

@@ -205,3 +205,33 @@ def test_auto_draft_pruning_is_lossless_and_drafts_less(aligned_engine, monkeypa
     assert runs[0.5][3].stats.tree_sizes[:k] == runs[0.0][3].stats.tree_sizes[:k]
     with pytest.raises(ValueError, match=r"draft_prune must be a number in \[0, 1\]"):
         aligned_engine.generate(ps, max_new_tokens=4, policy=mix, token_cap="auto", draft_prune=1.5)
+
+
+def test_draft_prunes_every_request_when_shares_are_unset(aligned_engine, monkeypatch):
+    """``RoundOptions.shares`` None means every request shares the token cap: the round's draft then prunes each
+    request as ``[True] * bs`` does, and not as ``[False] * bs`` (no request pruned) does."""
+    import dataclasses
+
+    from treespec_sglang.engine import engine as E
+    from treespec_sglang.engine import round as R
+    from treespec_sglang.engine.round_cost import RoundCost
+
+    deep = {"policy": "eagle2", "budget": 10, "topk": 3, "depth": 4}
+    monkeypatch.setattr(RoundCost, "marginal_value", lambda self: 0.6)
+    monkeypatch.setattr(E.SpecEngine, "_round_cost", lambda self: RoundCost(0.0, 10.0, strength=1e30, probes=(1.0,)))
+    trees = {}
+    real = R.draft
+
+    def spy(m, b, params, opts):
+        if not trees:  # the first round: the same batch drafted under each reading of shares
+            bs = b.root.shape[0]
+            for key, shares in (("unset", None), ("all", [True] * bs), ("none", [False] * bs)):
+                trees[key] = real(m, b, params, dataclasses.replace(opts, shares=shares))[0]
+        return real(m, b, params, opts)
+
+    monkeypatch.setattr(E, "draft", spy)
+    aligned_engine.generate(prompts(4, seed=23), max_new_tokens=4, policy=deep, token_cap="auto", draft_prune=0.5)
+    unset, every, none = trees["unset"], trees["all"], trees["none"]
+    for name in ("tokens", "parents", "size"):
+        assert torch.equal(getattr(unset, name), getattr(every, name)), name
+    assert bool((unset.size < none.size).any()) and bool((unset.size <= none.size).all())
