@@ -92,3 +92,81 @@ def test_talf_is_per_node_cross_entropy():
     mask = torch.tensor([[True, True, False]])  # node 2 is padding
     H_qq = -(Q * Q.log()).sum().item()
     assert talf_loss(t, d, mask).item() == pytest.approx((CE + H_qq) / 2, abs=1e-5)
+
+
+def _batch(seed=0, bs=2, n=3, vt=7):
+    """Random ``[bs, n, V_t]`` target and ``[bs, n, V_d]`` draft logits (V_d = 4 with ``D2T``), a mask with a
+    masked position unlike the kept ones."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(bs, n, vt, generator=g) * 2
+    mask = torch.ones(bs, n, dtype=torch.bool)
+    mask[0, 1] = False
+    t[0, 1] *= 10  # the masked position: far sharper, so letting it in moves every mean
+    return t, torch.randn(bs, n, vt, generator=g), torch.randn(bs, n, len(D2T), generator=g), mask
+
+
+D2T = torch.tensor([5, 0, 3, 6])
+
+
+def _restated(t, d, d2t=None):
+    """Per position (plain Python over one position at a time): alpha against the whole target law, KL and
+    cross-entropy against the target renormalised on the draft vocabulary."""
+    alpha, kl, ce = torch.zeros(t.shape[:-1]), torch.zeros(t.shape[:-1]), torch.zeros(t.shape[:-1])
+    for idx in torch.cartesian_prod(*[torch.arange(s) for s in t.shape[:-1]]).view(-1, t.dim() - 1).tolist():
+        p = torch.softmax(t[tuple(idx)].double(), -1)
+        q = torch.softmax(d[tuple(idx)].double(), -1)
+        pd = p if d2t is None else p[d2t]
+        alpha[tuple(idx)] = sum(min(float(pd[v]), float(q[v])) for v in range(len(q)))
+        pn = pd / pd.sum()
+        kl[tuple(idx)] = sum(float(pn[v]) * math.log(float(pn[v]) / float(q[v])) for v in range(len(q)))
+        ce[tuple(idx)] = -sum(float(pn[v]) * math.log(float(q[v])) for v in range(len(q)))
+    return alpha, kl, ce
+
+
+@pytest.mark.parametrize("truncated", [False, True], ids=["full", "d2t"])
+def test_losses_on_a_masked_batch_equal_the_restated_ones(truncated):
+    """[bs, n, V] logits with a mask and (d2t) a reduced draft vocabulary, every loss against its per-position
+    restatement and the mean over the kept positions only; LK^lambda's lambda from the kept positions' alpha, at a
+    given eta and at its default 3 (LK Eq. 4-6)."""
+    t, d_full, d_red, mask = _batch()
+    d, d2t = (d_red, D2T) if truncated else (d_full, None)
+    alpha, kl, ce = _restated(t, d, d2t)
+    k = mask
+    mean = lambda x: float(x[k].mean())  # noqa: E731
+    torch.testing.assert_close(acceptance_rate(t, d, d2t).double(), alpha.double(), rtol=0, atol=1e-6)
+    assert kl_loss(t, d, mask, d2t).item() == pytest.approx(mean(kl), abs=1e-6)
+    assert lk_alpha_loss(t, d, mask, d2t).item() == pytest.approx(mean(-torch.log(alpha + 1e-6)), abs=1e-5)
+    assert talf_loss(t, d, mask, d2t).item() == pytest.approx(mean(ce), abs=1e-5)
+    for eta, kw in ((3.0, {}), (1.5, {"eta": 1.5})):
+        lam = math.exp(-eta * mean(alpha))
+        assert lk_lambda(acceptance_rate(t, d, d2t), mask, **kw).item() == pytest.approx(lam, abs=1e-6)
+        want = lam * mean(kl) + (1 - lam) * mean(1 - alpha)
+        assert lk_lambda_loss(t, d, mask, d2t, **kw).item() == pytest.approx(want, abs=1e-5)
+
+
+def test_losses_with_zero_probability_tokens():
+    """A target token of probability 0 adds nothing to the cross-entropy; disjoint target and draft laws
+    (alpha 0) give LK^alpha -log(eps), not nan."""
+    t = torch.tensor([[0.0, 1.0, float("-inf"), float("-inf")]])
+    d = torch.tensor([[1.0, 0.0, 2.0, -1.0]])
+    lq = torch.log_softmax(d, -1)[0]
+    p = torch.softmax(t, -1)[0]
+    assert talf_loss(t, d, torch.tensor([True])).item() == pytest.approx(-float(p[0] * lq[0] + p[1] * lq[1]), abs=1e-6)
+    disjoint = torch.tensor([[float("-inf"), float("-inf"), 0.0, 0.0]])
+    assert acceptance_rate(t, disjoint).item() == 0.0
+    assert lk_alpha_loss(t, disjoint).item() == pytest.approx(-math.log(1e-6), rel=1e-6)
+    assert lk_alpha_loss(t, disjoint, eps=1e-3).item() == pytest.approx(-math.log(1e-3), rel=1e-6)
+
+
+def test_ttt_weights_bounds_and_the_gamma_passed_on():
+    assert ttt_weights(1).tolist() == [1.0]
+    assert ttt_weights(3, gamma=1.0).tolist() == [1.0, 1.0, 1.0]
+    assert ttt_weights(2).dtype == torch.float32
+    for bad in (0, -1, 2.0, "2"):
+        with pytest.raises(ValueError, match=r"^steps must be an integer >= 1, got " + repr(bad).replace(".", r"\.")):
+            ttt_weights(bad)
+    for bad in (0.0, 1.5, -0.2):
+        with pytest.raises(ValueError, match=r"^gamma must be in \(0, 1\], got "):
+            ttt_weights(2, gamma=bad)
+    steps = [torch.tensor(1.0), torch.tensor(2.0), torch.tensor(3.0)]
+    assert multi_step_loss(steps, gamma=0.5).item() == pytest.approx(1 + 1 + 0.75)

@@ -152,3 +152,74 @@ def test_target_trees_and_the_talf_pass_on_cuda_equal_the_cpu_ones(engine):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     _trees_and_pass_on(engine, "cuda")
+
+
+def test_talf_trees_manifest_defaults_and_resume(engine, tmp_path, capsys):
+    """Defaults: App. D's k = 4, depth 3, a progress bar over the sequences. The manifest names the data and
+    the shards, on disk as returned; the stored trees are the target's beams (node parents as int8). A run that
+    lost its second shard rebuilds that one only, the bar still counting every sequence once."""
+    import json
+    import os
+
+    e, d, t = engine, tmp_path / "d", tmp_path / "t"
+    distill_random_prompts(e, d, n=12, max_new_tokens=6)  # shards of 8 and 4 sequences
+    man = generate_talf_trees(e.target, str(d), str(t))
+    bar = capsys.readouterr().err
+    assert "talf trees" in bar and "12/12" in bar and "seq/s" in bar
+    names = ["trees-00000.safetensors", "trees-00001.safetensors"]
+    assert (man["format"], man["data"], man["topk"], man["depth"], man["shards"]) == (
+        "treespec-talf-trees-v1", os.path.abspath(d), 4, 3, names)
+    shard_bytes = sum(os.path.getsize(t / n) for n in names)
+    assert shard_bytes <= man["bytes"] <= shard_bytes + os.path.getsize(t / "trees.json")
+    assert json.loads((t / "trees.json").read_text()) == man
+    seqs = iter_sequences(load_shards(str(d)))
+    trees = load_trees(str(t))
+    assert len(trees) == len(seqs) == 12 and man["nodes"] == sum(len(x[0]) for x in trees) * 2 * 4
+    for (tok, _, msk), (nt, np_, nh) in zip(seqs, trees):
+        want = target_tree(e.target, tok, loss_positions(tok.shape[0], msk))
+        assert np_.dtype == torch.int8 and torch.equal(nt.long(), want[0]) and torch.equal(np_.long(), want[1])
+        torch.testing.assert_close(nh.float(), want[2], rtol=1e-3, atol=1e-3)  # stored as float16
+    first = os.path.getmtime(t / names[0])
+    (t / names[1]).unlink()
+    (t / "trees.json").write_text(json.dumps(dict(man, shards=names[:1])))
+    again = generate_talf_trees(e.target, str(d), str(t))
+    bar = capsys.readouterr().err
+    assert "12/12" in bar and "13/12" not in bar and again["shards"] == names
+    assert os.path.getmtime(t / names[0]) == first  # not rebuilt
+    for a, b in zip(load_trees(str(t)), trees):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_batch_trees_drop_the_positions_past_max_len(engine):
+    """A position t takes its tree only where x_{t+2} fits in ``max_len``: t < max_len - 2 (and t < n)."""
+    seq = torch.tensor(SEQ)
+    msk = torch.tensor([False] * 3 + [True] * (len(SEQ) - 3))
+    with torch.no_grad():
+        tree = target_tree(engine.target, seq, loss_positions(len(SEQ), msk), topk=2, depth=3)
+    h = target_hidden(engine.target, [SEQ])[0]
+    for max_len, n in ((8, 10), (64, 10), (64, 7)):
+        tok, par, hid, has = batch_trees([(seq, h, msk, tree)], n, max_len)
+        pos = [p for p in loss_positions(len(SEQ), msk).tolist() if p < min(n, max_len - 2)]
+        assert torch.nonzero(has[0]).flatten().tolist() == pos
+        for i, p in enumerate(pos):
+            assert torch.equal(tok[0, p], tree[0][i]) and torch.equal(par[0, p], tree[1][i])
+
+
+def test_talf_pass_takes_no_loss_past_a_sequence_and_runs_without_levels(engine):
+    """A root position past a sequence's length takes no loss even where its mask says otherwise; trees with no
+    level below the root give an empty level tensor of the right shape."""
+    e = engine
+    bs, T, k = 2, 8, 2
+    g = torch.Generator().manual_seed(0)
+    tok = torch.randint(0, 48, (bs, T), generator=g)
+    hid = torch.randn(bs, T, 32, generator=g)
+    mask = torch.ones(bs, T, dtype=torch.bool)
+    lens = torch.tensor([T, 5])
+    n = T - 2
+    for L in (1, 0):
+        nt = torch.randint(0, 48, (bs, n, L, k), generator=g)
+        npar = torch.zeros(bs, n, L, k, dtype=torch.long)
+        with torch.no_grad():
+            f0, ok, levels = talf_forward(e.draft, tok, hid, mask, lens, nt, npar, torch.ones(bs, n, dtype=torch.bool))
+        assert ok.tolist() == [[True] * n, [t + 2 < 5 for t in range(n)]]
+        assert f0.shape == (bs, n, 32) and levels.shape == (bs, n, L, k, 32)

@@ -72,21 +72,6 @@ def test_heldout_split_matches_bench_every(tmp_path):
                     "mtbench/86"]
 
 
-def test_token_map_keeps_frequent_answer_tokens_and_eos():
-    from treespec_sglang.training.vocab import build_token_map, coverage
-
-    def item(toks, n_prompt):
-        return (torch.tensor(toks), None, torch.tensor([False] * n_prompt + [True] * (len(toks) - n_prompt)))
-
-    seqs = [item([1, 1, 1, 5, 5, 7], 3), item([2, 7, 5, 3], 1)]  # answers: 5 x3, 7 x2, 3 x1
-    assert build_token_map(seqs, 2, vocab=10, always=[9]).tolist() == [9, 5]
-    assert build_token_map(seqs, 3, vocab=10).tolist() == [5, 7, 3]
-    assert build_token_map(seqs, 4, vocab=10).tolist() == [5, 7, 3, 1]  # then by overall count (1 x3)
-    assert coverage(seqs, torch.tensor([5, 7])) == 5 / 6
-    with pytest.raises(ValueError, match=r"size must be an integer in \[1, 10\]"):
-        build_token_map(seqs, 11, vocab=10)
-
-
 def test_training_with_a_token_map_raises_heldout_acceptance(engine, tmp_path):
     from treespec_sglang.training.vocab import build_token_map
 
