@@ -1,6 +1,8 @@
 """TALF: the target's trees == a brute-force beam over plain causal forwards; the draft's tree pass ==
 the inference-time draft chain along every branch; training on the trees raises held-out acceptance."""
 
+import re
+
 import pytest
 import torch
 
@@ -165,7 +167,7 @@ def test_talf_trees_manifest_defaults_and_resume(engine, tmp_path, capsys):
     distill_random_prompts(e, d, n=12, max_new_tokens=6)  # shards of 8 and 4 sequences
     man = generate_talf_trees(e.target, str(d), str(t))
     bar = capsys.readouterr().err
-    assert "talf trees" in bar and "12/12" in bar and "seq/s" in bar
+    assert re.search(r"(^|\r)talf trees: ", bar) and "12/12" in bar and "seq/s" in bar
     names = ["trees-00000.safetensors", "trees-00001.safetensors"]
     assert (man["format"], man["data"], man["topk"], man["depth"], man["shards"]) == (
         "treespec-talf-trees-v1", os.path.abspath(d), 4, 3, names)
@@ -188,6 +190,11 @@ def test_talf_trees_manifest_defaults_and_resume(engine, tmp_path, capsys):
     assert os.path.getmtime(t / names[0]) == first  # not rebuilt
     for a, b in zip(load_trees(str(t)), trees):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+    small = generate_talf_trees(e.target, str(d), str(tmp_path / "t2"), topk=2, depth=2, progress=False)
+    assert (small["topk"], small["depth"]) == (2, 2)
+    assert all(x[0].shape[1:] == (1, 2) for x in load_trees(str(tmp_path / "t2")))  # one level of 2 nodes
+    with pytest.raises(FileNotFoundError, match=r"t3: no TALF trees \(run `treespec train trees` first\)$"):
+        load_trees(str(tmp_path / "t3"))
 
 
 def test_batch_trees_drop_the_positions_past_max_len(engine):
