@@ -139,6 +139,7 @@ def test_training_batches_sample_negatives_per_positive(monkeypatch, neg_per_pos
 
 def test_training_is_seeded_and_holds_out_at_least_one_node():
     feats, labels = _synthetic(n=10 * 20)
+
     def same(a, b):
         return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
