@@ -226,3 +226,18 @@ def test_memory_estimate_scales_with_the_batch():
     assert half["total"] * 2 == pytest.approx(big["total"], rel=1e-9)
     plain = estimate_generate_bytes(t, None, bs=64, max_nodes=1, **kw)
     assert "draft_kv" not in plain and plain["total"] < big["total"] / 10  # the KV cache remains
+
+
+def test_plain_decoding_counts_its_forwards_and_samples_from_its_own_seed(engine):
+    """Plain decoding: one target forward per token (the prefill's included) and, at T > 0, draws from the
+    call's seeded generator only (torch's global generator moved in between changes nothing)."""
+    ps = prompts(3, seed=8)
+    out = engine.generate(ps, max_new_tokens=6, policy=None)
+    assert all(r.stats.rounds == len(r.token_ids) for r in out)
+    runs = []
+    for g in (0, 123):
+        torch.manual_seed(g)
+        runs.append([r.token_ids for r in engine.generate(ps, max_new_tokens=6, policy=None, temperature=1.0, seed=5)])
+    assert runs[0] == runs[1]
+    other = [r.token_ids for r in engine.generate(ps, max_new_tokens=6, policy=None, temperature=1.0, seed=6)]
+    assert other != runs[0]

@@ -42,6 +42,12 @@ def test_auto_token_cap_probes_scale_the_chosen_total():
     assert int(plan_round(tree, flat)[0].size.sum()) == int(tree.size.sum())
     half = AutoTokenCap(torch.full((33,), 10.0), probe=0.5)
     assert int(plan_round(tree, half)[0].size.sum()) == round(0.5 * int(tree.size.sum()))
+    for short in ([10.0, 10.0], [9.0, 10.0, 10.0]):  # a line shorter than the batch's nodes goes on flat past its end
+        n_all = int(tree.size.sum())
+        got = plan_round(tree, AutoTokenCap(torch.tensor(short)))
+        want = plan_round(tree, AutoTokenCap(torch.tensor(short + [short[-1]] * (4 * 8 + 1 - len(short)))))
+        assert int(got[0].size.sum()) == n_all and torch.equal(got[0].tokens, want[0].tokens)
+        assert torch.equal(got[1], want[1])
     with pytest.raises(ValueError, match="probe must be > 0"):
         AutoTokenCap(torch.ones(4), probe=0.0)
     with pytest.raises(ValueError, match=r"ms must be \[T_max \+ 1\]"):

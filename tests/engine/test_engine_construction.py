@@ -1,0 +1,131 @@
+"""Building a :class:`SpecEngine` by hand: what the constructor does to the models it is given (dtype, fused
+linears, the draft's shared embedding), the EOS ids, the attributes that live in its model calls, the token
+map's rules for an EAGLE-3 head, and the cost curve measured once per batch size."""
+
+import pytest
+import torch
+
+from tests.models.tiny import make_tiny_llama
+from treespec_sglang.engine import SpecEngine
+from treespec_sglang.models import Eagle3DraftHead, EagleDraftHead, LlamaModel
+
+pytest.importorskip("transformers")
+
+VOCAB = 48
+HOT = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5))[:32]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-build")
+    make_tiny_llama(path, vocab=VOCAB, hidden=32, layers=4, heads=4, kv_heads=2, seed=3)
+    return str(path)
+
+
+class Tokenizer:
+    def __init__(self, eos_token_id):
+        self.eos_token_id = eos_token_id
+
+
+def build(path, head="eagle", **kw):
+    target = LlamaModel.from_pretrained(path)
+    if head == "eagle":
+        draft = EagleDraftHead.for_target(target.config)
+    else:
+        draft = Eagle3DraftHead.for_target(target.config, HOT, target.lm_head.weight, target.model.norm.weight)
+    return SpecEngine(target, draft, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_constructor_casts_fuses_and_attaches(tiny, dtype):
+    e = build(tiny, dtype=dtype)
+    assert {p.dtype for p in e.target.parameters()} == {dtype} and {p.dtype for p in e.draft.parameters()} == {dtype}
+    assert e.dtype == dtype and e.device == torch.device("cpu") and not e.target.training and not e.draft.training
+    attn = e.target.model.layers[0].self_attn
+    assert hasattr(attn, "qkv_proj") and not hasattr(attn, "q_proj")  # fused by default
+    assert e.draft.embed is e.target.model.embed_tokens  # the draft reads the target's embedding
+    assert e.dtype_note.startswith("float32" if dtype == torch.float32 else "bfloat16")
+    plain = build(tiny, fuse=False, dtype_note="float32 (given)")
+    assert hasattr(plain.target.model.layers[0].self_attn, "q_proj") and plain.dtype_note == "float32 (given)"
+    with pytest.raises(ValueError, match=r"^pack=True needs fuse=True \(fuse=False keeps plain trainable modules\)$"):
+        build(tiny, fuse=False, pack=True)
+
+
+def test_eos_ids_are_the_config_s_and_the_tokenizer_s(tiny):
+    cfg_eos = set(LlamaModel.from_pretrained(tiny).config.eos_ids)
+    assert build(tiny).eos == cfg_eos
+    assert build(tiny, tokenizer=Tokenizer(None)).eos == cfg_eos
+    assert build(tiny, tokenizer=Tokenizer(7)).eos == cfg_eos | {7}
+
+
+def test_models_and_tokenizer_live_in_the_model_calls(tiny):
+    e = build(tiny, tokenizer=Tokenizer(None))
+    assert e.target is e.calls.target and e.draft is e.calls.draft and e.tokenizer is e.calls.tokenizer
+    tok = Tokenizer(3)
+    e.tokenizer = tok
+    assert e.calls.tokenizer is tok
+    e.draft = e.calls.draft
+    with pytest.raises(AttributeError):
+        e.token_map = HOT  # set_token_map checks and builds the head: the only way in
+    assert SpecEngine.target.__doc__ == "The target model." and "set_token_map" in SpecEngine.token_map.__doc__
+
+
+def test_a_one_id_token_map(tiny):
+    e = build(tiny)
+    e.set_token_map(torch.tensor([5]))
+    assert e.draft_vocab == 1 and e.calls.draft_head.weight.shape == (1, 32)
+    torch.testing.assert_close(e.calls.draft_head.weight[0], e.target.lm_head.weight[5], rtol=0, atol=0)
+    assert e.calls.draft_head.bias is None
+
+
+def test_an_eagle3_head_keeps_its_own_draft_vocabulary(tiny):
+    e = build(tiny, head="eagle3", fuse=False)
+    assert torch.equal(e.token_map, HOT) and e.calls.draft_head == e.draft.logits and e.draft_vocab == 32
+    e.set_token_map(HOT.tolist())  # exactly the head's: accepted
+    e.set_token_map(None)  # no map: the head's
+    assert torch.equal(e.token_map, HOT)
+    msg = r"^token_map: an EAGLE-3 head carries its own draft vocabulary \(d2t\); pass no token map, or exactly the head's$"
+    with pytest.raises(ValueError, match=msg):
+        e.set_token_map(HOT.flip(0))
+    assert torch.equal(e.token_map, HOT)
+
+
+def test_the_cost_curve_is_measured_once_per_batch_size(tiny, monkeypatch):
+    from treespec_sglang.engine import cost
+
+    calls = []
+
+    def fake(engine, cache_dir, model_id, bs=1):
+        calls.append((engine, model_id, bs))
+        return (f"curve {bs}", bs == 4)
+
+    monkeypatch.setattr(cost, "measure_cost_curve", fake)
+    e = build(tiny)
+    assert e.measured_cost_curve() == ("curve 1", False) and e.cost_curve == "curve 1"
+    assert e.measured_cost_curve(4) == ("curve 4", True) and e.measured_cost_curve(4) == ("curve 4", True)
+    assert e.measured_cost_curve() == ("curve 1", False)
+    assert calls == [(e, str(e.target.config), 1), (e, str(e.target.config), 4)]
+
+
+class ChatTokenizer(Tokenizer):
+    """Text -> ids: ``[len(text)]`` plainly, ``[1, 2, len(text)]`` through its chat template."""
+
+    chat_template = "stub"
+
+    def __init__(self):
+        super().__init__(None)
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        assert add_generation_prompt and tokenize and messages[0]["role"] == "user"
+        return [1, 2, len(messages[0]["content"])]
+
+    def __call__(self, text):
+        return {"input_ids": [len(text)] if text else []}
+
+
+def test_text_goes_through_the_chat_template_by_default(tiny):
+    e = build(tiny, tokenizer=ChatTokenizer())
+    assert e.encode(["abc", [4, 5]]) == [[1, 2, 3], [4, 5]] == e.calls.encode(["abc", [4, 5]])
+    assert e.encode(["abc"], chat=False) == [[3]] == e.calls.encode(["abc"], False)
+    with pytest.raises(ValueError, match=r"^prompt 1 is empty \(0 tokens\)$"):
+        e.encode(["a", ""], chat=False)
