@@ -2,6 +2,8 @@
 linears, the draft's shared embedding), the EOS ids, the attributes that live in its model calls, the token
 map's rules for an EAGLE-3 head, and the cost curve measured once per batch size."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -75,7 +77,7 @@ def test_a_one_id_token_map(tiny):
     e.set_token_map(torch.tensor([5]))
     assert e.draft_vocab == 1 and e.calls.draft_head.weight.shape == (1, 32)
     torch.testing.assert_close(e.calls.draft_head.weight[0], e.target.lm_head.weight[5], rtol=0, atol=0)
-    assert e.calls.draft_head.bias is None
+    assert e.calls.draft_head.bias is None and not e.calls.draft_head.weight.requires_grad
 
 
 def test_an_eagle3_head_keeps_its_own_draft_vocabulary(tiny):
@@ -129,3 +131,27 @@ def test_text_goes_through_the_chat_template_by_default(tiny):
     assert e.encode(["abc"], chat=False) == [[3]] == e.calls.encode(["abc"], False)
     with pytest.raises(ValueError, match=r"^prompt 1 is empty \(0 tokens\)$"):
         e.encode(["a", ""], chat=False)
+
+
+def test_an_eagle3_head_reads_the_target_layers_it_names(tiny):
+    """The target returns the residual streams the head names (SGLang's default capture points where it names
+    none); a head built for another target's width or naming a layer the target lacks is refused by name."""
+    from treespec_sglang.models.eagle3_head import default_aux_layers
+
+    target = LlamaModel.from_pretrained(tiny)
+    head = Eagle3DraftHead.for_target(target.config, HOT)
+    head.aux_layers = None
+    e = SpecEngine(target, head, fuse=False)
+    assert e.draft.aux_layers == default_aux_layers(4) == (2, 2, 1) and e.target.aux_layers == (2, 2, 1)
+    for aux in ((0, 1, 3), (0, 1, 2)):
+        head = Eagle3DraftHead.for_target(target.config, HOT)
+        head.aux_layers = aux
+        assert SpecEngine(LlamaModel.from_pretrained(tiny), head, fuse=False).target.aux_layers == aux
+    bad = Eagle3DraftHead.for_target(target.config, HOT)
+    bad.aux_layers = (0, 1, 4)
+    msg = r"^EAGLE-3 head reads 3 x 32 features from layers \(0, 1, 4\); the target has hidden 32 and 4 layers$"
+    with pytest.raises(ValueError, match=msg):
+        SpecEngine(LlamaModel.from_pretrained(tiny), bad, fuse=False)
+    wide = dataclasses.replace(LlamaModel.from_pretrained(tiny).config, hidden_size=48)
+    with pytest.raises(ValueError, match=r"^EAGLE-3 head reads 3 x 48 features from layers"):
+        SpecEngine(LlamaModel.from_pretrained(tiny), Eagle3DraftHead.for_target(wide, HOT), fuse=False)
