@@ -78,6 +78,8 @@ def test_a_one_id_token_map(tiny):
     assert e.draft_vocab == 1 and e.calls.draft_head.weight.shape == (1, 32)
     torch.testing.assert_close(e.calls.draft_head.weight[0], e.target.lm_head.weight[5], rtol=0, atol=0)
     assert e.calls.draft_head.bias is None and not e.calls.draft_head.weight.requires_grad
+    # draft id 0 -> target 5; the root (a target id already) and padding stay as they are
+    assert e.calls.to_target_ids(torch.tensor([[9, 0, -1]]), torch.tensor([[True, False, False]])).tolist() == [[9, 5, -1]]
 
 
 def test_an_eagle3_head_keeps_its_own_draft_vocabulary(tiny):
