@@ -79,7 +79,8 @@ def test_a_one_id_token_map(tiny):
     torch.testing.assert_close(e.calls.draft_head.weight[0], e.target.lm_head.weight[5], rtol=0, atol=0)
     assert e.calls.draft_head.bias is None and not e.calls.draft_head.weight.requires_grad
     # draft id 0 -> target 5; the root (a target id already) and padding stay as they are
-    assert e.calls.to_target_ids(torch.tensor([[9, 0, -1]]), torch.tensor([[True, False, False]])).tolist() == [[9, 5, -1]]
+    mapped = e.calls.to_target_ids(torch.tensor([[9, 0, -1]]), torch.tensor([[True, False, False]]))
+    assert mapped.tolist() == [[9, 5, -1]]
 
 
 def test_an_eagle3_head_keeps_its_own_draft_vocabulary(tiny):
@@ -88,7 +89,8 @@ def test_an_eagle3_head_keeps_its_own_draft_vocabulary(tiny):
     e.set_token_map(HOT.tolist())  # exactly the head's: accepted
     e.set_token_map(None)  # no map: the head's
     assert torch.equal(e.token_map, HOT)
-    msg = r"^token_map: an EAGLE-3 head carries its own draft vocabulary \(d2t\); pass no token map, or exactly the head's$"
+    msg = (r"^token_map: an EAGLE-3 head carries its own draft vocabulary \(d2t\); "
+           r"pass no token map, or exactly the head's$")
     with pytest.raises(ValueError, match=msg):
         e.set_token_map(HOT.flip(0))
     assert torch.equal(e.token_map, HOT)
@@ -140,20 +142,19 @@ def test_an_eagle3_head_reads_the_target_layers_it_names(tiny):
     none); a head built for another target's width or naming a layer the target lacks is refused by name."""
     from treespec_sglang.models.eagle3_head import default_aux_layers
 
-    target = LlamaModel.from_pretrained(tiny)
-    head = Eagle3DraftHead.for_target(target.config, HOT)
-    head.aux_layers = None
-    e = SpecEngine(target, head, fuse=False)
+    def engine(aux, cfg=None):
+        target = LlamaModel.from_pretrained(tiny)
+        head = Eagle3DraftHead.for_target(cfg or target.config, HOT)
+        head.aux_layers = aux
+        return SpecEngine(target, head, fuse=False)
+
+    e = engine(None)
     assert e.draft.aux_layers == default_aux_layers(4) == (2, 2, 1) and e.target.aux_layers == (2, 2, 1)
     for aux in ((0, 1, 3), (0, 1, 2)):
-        head = Eagle3DraftHead.for_target(target.config, HOT)
-        head.aux_layers = aux
-        assert SpecEngine(LlamaModel.from_pretrained(tiny), head, fuse=False).target.aux_layers == aux
-    bad = Eagle3DraftHead.for_target(target.config, HOT)
-    bad.aux_layers = (0, 1, 4)
+        assert engine(aux).target.aux_layers == aux
     msg = r"^EAGLE-3 head reads 3 x 32 features from layers \(0, 1, 4\); the target has hidden 32 and 4 layers$"
     with pytest.raises(ValueError, match=msg):
-        SpecEngine(LlamaModel.from_pretrained(tiny), bad, fuse=False)
+        engine((0, 1, 4))
     wide = dataclasses.replace(LlamaModel.from_pretrained(tiny).config, hidden_size=48)
     with pytest.raises(ValueError, match=r"^EAGLE-3 head reads 3 x 48 features from layers"):
-        SpecEngine(LlamaModel.from_pretrained(tiny), Eagle3DraftHead.for_target(wide, HOT), fuse=False)
+        engine(None, wide)

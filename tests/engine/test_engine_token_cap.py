@@ -170,19 +170,24 @@ def test_a_request_can_opt_out_of_the_token_cap(aligned_engine):
     assert "token_cap must be true" in bad[0].error and bad[1].error is None and bad[1].token_ids
 
 
+def pin_marginal_value(monkeypatch, value=0.6):
+    """Every round's marginal value ``value`` tokens per ms, on a round-cost line that never refits."""
+    from treespec_sglang.engine import engine as E
+    from treespec_sglang.engine.round_cost import RoundCost
+
+    monkeypatch.setattr(RoundCost, "marginal_value", lambda self: value)
+    monkeypatch.setattr(E.SpecEngine, "_round_cost", lambda self: RoundCost(0.0, 10.0, strength=1e30, probes=(1.0,)))
+
+
 def test_auto_draft_pruning_is_lossless_and_drafts_less(aligned_engine, monkeypatch):
     """token_cap="auto" with draft pruning: a pinned marginal value of 0.3 (no node below it could be
     worth verifying) drafts fewer forwards than no pruning, every expanded node at depth >= 2 hangs off a
     parent at or above the threshold, opted-out requests are never pruned, and greedy output == plain."""
-    from treespec_sglang.engine import engine as E
-    from treespec_sglang.engine.round_cost import RoundCost
-
     ps = prompts(4, seed=23)
     deep = {"policy": "eagle2", "budget": 10, "topk": 3, "depth": 4}
     mix = [deep, deep, deep, dict(deep, token_cap=False)]
     plain = aligned_engine.generate(ps, max_new_tokens=12, policy=None)
-    monkeypatch.setattr(RoundCost, "marginal_value", lambda self: 0.6)
-    monkeypatch.setattr(E.SpecEngine, "_round_cost", lambda self: RoundCost(0.0, 10.0, strength=1e30, probes=(1.0,)))
+    pin_marginal_value(monkeypatch)
     trees = []
     from treespec_sglang.engine import round as R
 
@@ -214,11 +219,9 @@ def test_draft_prunes_every_request_when_shares_are_unset(aligned_engine, monkey
 
     from treespec_sglang.engine import engine as E
     from treespec_sglang.engine import round as R
-    from treespec_sglang.engine.round_cost import RoundCost
 
     deep = {"policy": "eagle2", "budget": 10, "topk": 3, "depth": 4}
-    monkeypatch.setattr(RoundCost, "marginal_value", lambda self: 0.6)
-    monkeypatch.setattr(E.SpecEngine, "_round_cost", lambda self: RoundCost(0.0, 10.0, strength=1e30, probes=(1.0,)))
+    pin_marginal_value(monkeypatch)
     trees = {}
     real = R.draft
 

@@ -1,6 +1,8 @@
 """TALF: the target's trees == a brute-force beam over plain causal forwards; the draft's tree pass ==
 the inference-time draft chain along every branch; training on the trees raises held-out acceptance."""
 
+import json
+import os
 import re
 
 import pytest
@@ -160,9 +162,6 @@ def test_talf_trees_manifest_defaults_and_resume(engine, tmp_path, capsys):
     """Defaults: App. D's k = 4, depth 3, a progress bar over the sequences. The manifest names the data and
     the shards, on disk as returned; the stored trees are the target's beams (node parents as int8). A run that
     lost its second shard rebuilds that one only, the bar still counting every sequence once."""
-    import json
-    import os
-
     e, d, t = engine, tmp_path / "d", tmp_path / "t"
     distill_random_prompts(e, d, n=12, max_new_tokens=6)  # shards of 8 and 4 sequences
     man = generate_talf_trees(e.target, str(d), str(t))
