@@ -18,6 +18,29 @@ POLICIES = [
 ]
 
 
+class Tokenizer:
+    """A tokenizer stand-in that only names its EOS id (or None)."""
+
+    def __init__(self, eos_token_id):
+        self.eos_token_id = eos_token_id
+
+
+class ChatTokenizer(Tokenizer):
+    """Text -> ids: ``[len(text)]`` plainly, ``[1, 2, len(text)]`` through its chat template."""
+
+    chat_template = "stub"
+
+    def __init__(self):
+        super().__init__(None)
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        assert add_generation_prompt and tokenize and messages[0]["role"] == "user"
+        return [1, 2, len(messages[0]["content"])]
+
+    def __call__(self, text):
+        return {"input_ids": [len(text)] if text else []}
+
+
 def make_aligned_engine(path):
     """A target whose draft is the target itself one layer down: accepts often, exercising
     deep paths and KV compaction (a random head rarely gets past the root)."""

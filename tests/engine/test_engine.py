@@ -241,3 +241,45 @@ def test_plain_decoding_counts_its_forwards_and_samples_from_its_own_seed(engine
     assert runs[0] == runs[1]
     other = [r.token_ids for r in engine.generate(ps, max_new_tokens=6, policy=None, temperature=1.0, seed=6)]
     assert other != runs[0]
+
+
+@pytest.mark.parametrize("policy", [None, POLICIES[0]])
+def test_progress_hears_each_round_s_new_tokens(engine, policy):
+    """``progress`` is called once per round, the prefill's first tokens included, with the tokens the round
+    added across the batch: the calls sum to every request's output."""
+    ps = prompts(3, seed=4)
+    seen = []
+    res = engine.generate(ps, max_new_tokens=7, policy=policy, progress=seen.append)
+    assert len(seen) == max(r.stats.rounds for r in res) and seen[0] == len(ps)
+    assert all(isinstance(n, int) and n >= 1 for n in seen) and sum(seen) == sum(len(r.token_ids) for r in res)
+
+
+@pytest.mark.parametrize("token_cap", [None, 5])
+def test_only_an_auto_token_cap_measures_the_round_cost(engine, monkeypatch, token_cap):
+    def boom(self, *a):
+        raise AssertionError("a round cost was measured without token_cap='auto'")
+
+    monkeypatch.setattr(SpecEngine, "_round_cost", boom)
+    monkeypatch.setattr(SpecEngine, "measured_cost_curve", boom)
+    res = engine.generate(prompts(2), max_new_tokens=4, policy=POLICIES[0], token_cap=token_cap)
+    assert all(r.error is None and len(r.token_ids) == 4 for r in res)
+
+
+def test_the_observer_sees_each_verified_tree_its_entropies_and_result(engine):
+    """``engine.observer(tree, parent_entropy, result)`` after every verify (what C2T's data collection reads):
+    the round's tree, each node's parent-distribution entropy (the root's for every depth-1 node, within
+    [0, log vocab]) and the round's accepted count."""
+    import math
+
+    seen = []
+    engine.observer = lambda tree, entropy, result: seen.append((tree, entropy, result))
+    try:
+        (r,) = engine.generate(prompts(1, seed=5), max_new_tokens=8, policy=POLICIES[1])
+    finally:
+        engine.observer = None
+    assert len(seen) == len(r.stats.accepted) >= 2
+    for (tree, entropy, result), accepted, size in zip(seen, r.stats.accepted, r.stats.tree_sizes):
+        assert int(result.num_accepted[0]) == accepted and int(tree.size[0]) == size
+        assert entropy.shape == tree.tokens.shape and entropy.dtype.is_floating_point
+        first = entropy[0][tree.depth[0] == 1]
+        assert len(first) >= 1 and bool((first == first[0]).all()) and 0 <= float(first[0]) <= math.log(64) + 1e-5

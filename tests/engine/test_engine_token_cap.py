@@ -238,3 +238,51 @@ def test_draft_prunes_every_request_when_shares_are_unset(aligned_engine, monkey
     for name in ("tokens", "parents", "size"):
         assert torch.equal(getattr(unset, name), getattr(every, name)), name
     assert bool((unset.size < none.size).any()) and bool((unset.size <= none.size).all())
+
+
+def test_a_capped_verify_runs_the_kept_nodes_only(aligned_engine, monkeypatch):
+    """Under a token cap the target's verify forward takes the kept nodes' rows: each round's T tokens (the
+    requests' tree sizes summed), not bs x the widest tree."""
+    calls, rows = aligned_engine.calls, []
+    target = calls.target
+
+    class Recording:  # the target, recording the rows of every forward
+        def __getattr__(self, name):
+            return getattr(target, name)
+
+        def __call__(self, *a, **k):
+            rows.append(k.get("rows"))
+            return target(*a, **k)
+
+    monkeypatch.setattr(calls, "target", Recording())
+    ps = prompts(4, seed=29)
+    res = aligned_engine.generate(ps, max_new_tokens=10, policy=POLICIES[:4], token_cap=9)
+    monkeypatch.undo()
+    sizes = [r.stats.tree_sizes for r in res]
+    verified = [sum(s[i] for s in sizes if len(s) > i) for i in range(max(map(len, sizes)))]
+    assert [len(x) for x in rows if x is not None] == verified and rows[0] is None  # the prefill: every token
+    assert [r.token_ids for r in res] == [r.token_ids for r in aligned_engine.generate(ps, max_new_tokens=10)]
+
+
+def test_each_round_reports_its_tokens_time_and_draft_forwards(aligned_engine, monkeypatch):
+    """What the decode loop tells the token cap plan after each round, against the requests' own stats: the
+    tokens verified, the round's wall time in ms (a clock that ticks 2 s per read: whole multiples of 2000 ms), the
+    requests running, the tokens committed and the round's draft forwards."""
+    import itertools
+
+    from treespec_sglang.engine import engine as E
+    from treespec_sglang.engine.token_cap import TokenCapPlan
+
+    seen, ticks = [], itertools.count()
+    monkeypatch.setattr(TokenCapPlan, "observe", lambda self, *a: seen.append(a))
+    monkeypatch.setattr(E.time, "perf_counter", lambda: 2.0 * next(ticks))
+    res = aligned_engine.generate(prompts(3, seed=23), max_new_tokens=12, policy=POLICIES[:3])
+    monkeypatch.undo()
+    assert len(seen) == max(len(r.stats.accepted) for r in res) >= 2
+    for i, (verified, ms, running, committed, steps) in enumerate(seen):
+        live = [r.stats for r in res if len(r.stats.accepted) > i]
+        assert (verified, running) == (sum(s.tree_sizes[i] for s in live), len(live))
+        assert committed == sum(s.accepted[i] + 1 for s in live) and steps >= 1
+        assert ms >= 2000 and ms % 2000 == 0
+    longest = max(res, key=lambda r: len(r.stats.accepted)).stats
+    assert sum(a[4] for a in seen) == longest.draft_forwards

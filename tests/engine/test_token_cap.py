@@ -2,6 +2,7 @@
 and the calibration's weights reaching the allocation (against a brute force over closed subsets of values
 restated from their definition)."""
 
+import math
 import random
 
 import pytest
@@ -111,6 +112,41 @@ def test_plan_round_keeps_the_best_nodes_under_the_calibration(seed, total):
 
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_auto_token_cap_maximises_tokens_per_ms_under_opt_outs_and_the_calibration(seed, calibrated):
+    """T chosen by an AutoTokenCap with an opted-out request and a calibration: the kept trees' expected tokens
+    (one per root + the kept nodes' values) per ms of ``ms[T]`` is the best over every T of the brute-force
+    allocation under it, the opted-out tree whole (against the definitions: values from a plain loop)."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    tree = path_logprobs(random_batch(rng, [6, 6, 6], vocab=9, max_children=2), g)
+    accepted, predicted = [0.0, 1.0, 0.0, 4.0], [0.0, 0.0, 18.0, 0.0]
+    cal = frozen_calibration(accepted, predicted, 3) if calibrated else None
+    values = oracle_node_values(tree, calibration_weights(tree, accepted, predicted, cal.prior, 3) if cal else None)
+    shares = [True, False, True]
+    floor = [1, int(tree.size[1]), 1]
+    ms = torch.arange(19, dtype=torch.float32) * 0.5 + 4.0  # 4 ms a round + 0.5 ms a token
+
+    def rate(t):
+        best = best_allocation(tree, values, t, floor=floor)
+        return -math.inf if best is None else (tree.bs + best[0]) / float(ms[t])
+
+    out, _ = plan_round(tree, AutoTokenCap(ms), cal, shares)
+    kept = kept_indices(tree, out)
+    got = (tree.bs + sum(values[b][i] for b, k in enumerate(kept) for i in k[1:])) / float(ms[int(out.size.sum())])
+    assert len(kept[1]) == int(tree.size[1])  # the opted-out tree whole
+    assert got == pytest.approx(max(rate(t) for t in range(tree.bs, int(tree.size.sum()) + 1)), abs=1e-6)
+
+
+def test_a_probe_factor_scales_the_chosen_total():
+    """Every probe factor scales T, 2.0 included (a steep line chooses the roots alone: 4 -> 8)."""
+    tree = random_batch(random.Random(3), [8, 8, 8, 8], vocab=30)
+    steep = torch.arange(33, dtype=torch.float32)  # no fixed cost: the 4 roots alone earn the most per ms
+    assert int(plan_round(tree, AutoTokenCap(steep))[0].size.sum()) == 4
+    for probe, want in ((2.0, 8), (1.5, 6)):
+        assert int(plan_round(tree, AutoTokenCap(steep, probe=probe))[0].size.sum()) == want
+
+
 def test_the_token_cap_plan_scales_a_fixed_cap_and_feeds_an_auto_one_its_rounds():
     """A fixed T shrinks with the running requests (ceil(T * running / bs)); "auto" asks its round-cost line for
     each round's AutoTokenCap and reports every finished round to it; None is no cap."""
@@ -119,7 +155,7 @@ def test_the_token_cap_plan_scales_a_fixed_cap_and_feeds_an_auto_one_its_rounds(
     fixed = TokenCapPlan(10, bs=4, max_nodes=8)
     assert [fixed.cap(r) for r in (4, 3, 1)] == [10, 8, 3]
     assert TokenCapPlan(None, bs=4, max_nodes=8).cap(2) is None
-    with pytest.raises(ValueError, match="needs a round-cost line"):
+    with pytest.raises(ValueError, match=r'^token_cap="auto" needs a round-cost line \(cost=\)$'):
         TokenCapPlan("auto", bs=4, max_nodes=8)
 
     class Line:  # a RoundCost stand-in that records what the plan asks and reports
@@ -144,3 +180,5 @@ def test_the_token_cap_plan_scales_a_fixed_cap_and_feeds_an_auto_one_its_rounds(
     assert cap.ms.shape == (25,)  # 3 running x 8 nodes + 1
     auto.observe(17, 42.0, 3, 9, 4)
     assert Line.seen == [("costs", 24), ("observe", 17, 42.0, 3, 9, 4)]
+    unpruned = TokenCapPlan("auto", bs=4, max_nodes=8, cost=Line())  # prune's default: the draft is not pruned
+    assert unpruned.cap(3).min_prob == 0.0

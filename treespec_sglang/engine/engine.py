@@ -35,15 +35,23 @@ from .token_cap import TokenCapPlan
 __all__ = ["SpecEngine", "GenerationResult", "RequestStats"]
 
 
-def _in_calls(name: str, doc: str, settable: bool = True) -> property:
-    """An engine attribute that lives in its :class:`ModelCalls` (one copy: the stages read the same object)."""
-    def get(self):
-        return getattr(self.calls, name)
+class _InCalls:
+    """An engine attribute that lives in its :class:`ModelCalls` (one copy: the stages read the same object);
+    ``settable=False``: read-only here (another method sets it)."""
 
-    def put(self, value) -> None:
-        setattr(self.calls, name, value)
+    def __init__(self, doc: str, settable: bool = True):
+        self.__doc__, self.settable = doc, settable
 
-    return property(get, put if settable else None, doc=doc)
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, engine, owner=None):
+        return self if engine is None else getattr(engine.calls, self.name)
+
+    def __set__(self, engine, value) -> None:
+        if not self.settable:
+            raise AttributeError(f"SpecEngine.{self.name} is read-only: set it with set_token_map")
+        setattr(engine.calls, self.name, value)
 
 
 class SpecEngine:
@@ -56,8 +64,8 @@ class SpecEngine:
         if fuse:  # the engine only runs the target forward: fused q/k/v and gate/up matmuls
             target.fuse_()
         draft = draft.to(device=device, dtype=dtype).eval().attach(target.model.embed_tokens)
-        # the model calls every stage takes (ModelCalls); the draft head and token map are set by set_token_map
-        self.calls = ModelCalls(target, draft, target.lm_head, None, tokenizer, torch.device(device), dtype)
+        # the model calls every stage takes (ModelCalls); its draft head and token map: set_token_map, below
+        self.calls = ModelCalls(target, draft, None, None, tokenizer, torch.device(device), dtype)
         self._connect_features(target, self.draft)  # the target returns the states the draft reads
         # oneDNN-prepacked linears where the kernel passes its probe (bf16: bit-identical; float32:
         # batch-invariant, ~1.5-2.5x faster small-M linears on AVX2): ``models/packing.py``. Inference
@@ -85,11 +93,11 @@ class SpecEngine:
         self.set_token_map(token_map)
 
     # the models, the tokenizer and the draft vocabulary live in ``calls`` (the object the stages take)
-    token_map = _in_calls("token_map", "``[vocab_d]`` target id of each draft id, or None (set with "
-                          ":meth:`set_token_map`)", settable=False)
-    target = _in_calls("target", "The target model.")
-    draft = _in_calls("draft", "The draft head.")
-    tokenizer = _in_calls("tokenizer", "The target's tokenizer, or None (token ids only).")
+    token_map = _InCalls("``[vocab_d]`` target id of each draft id, or None (set with :meth:`set_token_map`)",
+                         settable=False)
+    target = _InCalls("The target model.")
+    draft = _InCalls("The draft head.")
+    tokenizer = _InCalls("The target's tokenizer, or None (token ids only).")
 
     def set_token_map(self, token_map: Optional[torch.Tensor]) -> None:
         """Restrict the draft to a reduced vocabulary (FR-Spec; SGLang's ``--speculative-token-map``).
@@ -285,10 +293,9 @@ class SpecEngine:
                 stats[r].rounds += 1
 
     # ------------------------------------------------------------------ speculative decoding
-    def _speculative(self, ids, params, stats, max_new, sampling, gen, progress, token_cap=None, calibration=None,
-                     shares=None, prune: float = 0.0):
+    def _speculative(self, ids, params, stats, max_new, sampling, gen, progress, *, token_cap, calibration, shares,
+                     prune: float):
         bs, dev = len(ids), self.device
-        shares = [True] * bs if shares is None else shares
         max_nodes = max(p.max_nodes for p in params)
         caps = TokenCapPlan(token_cap, bs, max_nodes, self._round_cost() if token_cap == "auto" else None, prune)
         max_len = max(len(x) for x in ids) + max_new + max_nodes + 2
