@@ -1,6 +1,7 @@
 """SpecEngine end to end on a tiny random Llama: greedy speculative == plain greedy, per policy
 and for mixed batches; sampling matches plain sampling in distribution; errors stay per request."""
 
+import math
 from collections import Counter
 
 import pytest
@@ -269,8 +270,6 @@ def test_the_observer_sees_each_verified_tree_its_entropies_and_result(engine):
     """``engine.observer(tree, parent_entropy, result)`` after every verify (what C2T's data collection reads):
     the round's tree, each node's parent-distribution entropy (the root's for every depth-1 node, within
     [0, log vocab]) and the round's accepted count."""
-    import math
-
     seen = []
     engine.observer = lambda tree, entropy, result: seen.append((tree, entropy, result))
     try:

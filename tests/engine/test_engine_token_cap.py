@@ -2,6 +2,8 @@
 round-cost line, a request's opt-out) and auto draft pruning: greedy output == plain greedy in every case, and
 each round's trees keep the cap and the allocation a brute force restated from the definitions finds."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -268,8 +270,6 @@ def test_each_round_reports_its_tokens_time_and_draft_forwards(aligned_engine, m
     """What the decode loop tells the token cap plan after each round, against the requests' own stats: the
     tokens verified, the round's wall time in ms (a clock that ticks 2 s per read: whole multiples of 2000 ms), the
     requests running, the tokens committed and the round's draft forwards."""
-    import itertools
-
     from treespec_sglang.engine import engine as E
     from treespec_sglang.engine.token_cap import TokenCapPlan
 
