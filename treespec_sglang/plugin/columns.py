@@ -18,7 +18,7 @@ from .pool import keeps_native_tree
 from .rows import by_id
 from .round import same_requests
 from .server_hooks import _req_params, _req_shares
-from .stats import policy_name
+from .stats import _where, policy_name
 
 __all__ = ["BatchColumns", "batch_columns", "DRAFTED"]
 
@@ -66,14 +66,19 @@ class BatchColumns:
         lives."""
         key = (num_draft_tokens, num_steps)
         if self._selection is None or self._selection[0] != key:
-            capped = self.defaults.token_cap is not None
             # per parameter set (requests share theirs: .request._interned), then mapped over the rows in C
             ids, of = by_id(self.params)
-            served = {(i, s): None if of[i] is None or (keeps_native_tree(of[i], *key) and not (capped and s))
-                      else of[i] for i, s in dict.fromkeys(zip(ids, self.shares))}
-            params = tuple(map(served.__getitem__, zip(ids, self.shares)))
-            native = not any(map(operator.is_not, params, _NONES))
-            self._selection = (key, None, self.whole_trees(num_draft_tokens)) if native else (key, params, None)
+            keeps = {i: p is None or keeps_native_tree(p, *key) for i, p in of.items()}
+            if self.defaults.token_cap is None:  # a set's rows are served alike, shared or not
+                served = None if all(keeps.values()) else {i: None if keeps[i] else p for i, p in of.items()}
+                params = None if served is None else tuple(map(served.__getitem__, ids))
+            else:  # the cap may cut a shared row's tree: it keeps its selection
+                served = {(i, s): None if of[i] is None or (keeps[i] and not s) else of[i]
+                          for i, s in dict.fromkeys(zip(ids, self.shares))}
+                params = tuple(map(served.__getitem__, zip(ids, self.shares)))
+            if params is not None and not any(map(operator.is_not, params, _NONES)):
+                params = None  # every row native: the round is SGLang's own
+            self._selection = (key, None, self.whole_trees(num_draft_tokens)) if params is None else (key, params, None)
         return self._selection[1:]
 
     def drafted(self) -> tuple:
@@ -103,7 +108,9 @@ def batch_columns(reqs, defaults) -> BatchColumns:
     if last is not None and last.defaults is defaults:
         return last
     key = tuple(reqs)
-    entries = [getattr(r, _ENTRY, None) or _entry(r, defaults) for r in key]
+    entries = list(map(getattr, key, itertools.repeat(_ENTRY), _NONES))  # in C: most are resolved already
+    for j in _where(map(operator.is_, entries, _NONES)):
+        entries[j] = _entry(key[j], defaults)
     params, shares = (tuple(c) for c in zip(*entries)) if entries else ((), ())
     cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(map(operator.is_not, params, _NONES)))
     return cols

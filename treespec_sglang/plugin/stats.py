@@ -192,10 +192,11 @@ class RequestStats:
 class _Members:
     """The requests of a batch (``reqs``, the same objects in order) that are ours under ``policies`` (names; None:
     not ours): ``stats`` their :class:`RequestStats` (a request's first round creates it), ``pick`` (None: all
-    are ours) takes theirs from a round's values, ``groups`` policy -> the positions among ours (None: all). One
-    batch's three keys share it: built once in O(bs) Python when the batch's requests or policies change."""
+    are ours) takes theirs from a round's values, ``groups`` policy -> the positions among ours (None: all),
+    ``lists`` each one's :attr:`RequestStats.lists` (read once, for every key). One batch's three keys share it:
+    built once in O(bs) Python when the batch's requests or policies change."""
 
-    __slots__ = ("reqs", "policies", "stats", "pick", "groups")
+    __slots__ = ("reqs", "policies", "stats", "pick", "groups", "_lists")
 
     def __init__(self, reqs: tuple, policies: tuple):
         self.reqs, self.policies = reqs, policies
@@ -206,8 +207,21 @@ class _Members:
         series = scheduler_series()
         for j in _where(map(operator.is_, self.stats, _NONES)):  # a request's first round
             self.stats[j] = RequestStats(reqs[j], names[j], series)
-        groups = {name: _where(map(operator.eq, names, itertools.repeat(name))) for name in set(names)}
-        self.groups = {name: (None if len(ix) == len(names) else _getter(ix)) for name, ix in groups.items()}
+        kinds = set(names)
+        if len(kinds) == 1:  # one policy (a server default's, say): its group is every member, found without a pass
+            self.groups = dict.fromkeys(kinds)
+        else:
+            groups = {name: _where(map(operator.eq, names, itertools.repeat(name))) for name in kinds}
+            self.groups = {name: (None if len(ix) == len(names) else _getter(ix)) for name, ix in groups.items()}
+        self._lists = None
+
+    @property
+    def lists(self) -> list:
+        """Each member's :attr:`RequestStats.lists` (a dict that lives as long as its request), read in C the first
+        time a key looks its sinks up."""
+        if self._lists is None:
+            self._lists = list(map(_LISTS, self.stats))
+        return self._lists
 
     def holds(self, reqs: Sequence, policies: Sequence[Optional[str]]) -> bool:
         """Whether these are the members of ``reqs`` (the same objects, in order: identity in C) under
@@ -251,7 +265,7 @@ class BatchStats:
         """The sinks again: each member's visible list while every one is below the cap (in C), else each one's
         :meth:`RequestStats.sink`."""
         stats = self.members.stats
-        visible = list(map(operator.itemgetter(self.key), map(_LISTS, stats)))
+        visible = list(map(operator.itemgetter(self.key), self.members.lists))
         longest = max(map(len, visible), default=0)
         if longest < self.cap:
             self.sinks, self.room = visible, self.cap - longest
