@@ -164,6 +164,9 @@ def test_a_batch_of_native_trees_is_served_as_sglangs_own_round(built):
     capped = ServerDefaults(token_cap=16)
     assert columns.batch_columns(shared, capped).selection(N, S)[0] == (parse_spec(eagle2),)
     assert columns.batch_columns(shared, ServerDefaults()).selection(N, S)[0] is None
+    # under the cap a request that does not share it keeps SGLang's tree: with a native one, SGLang's own round
+    unshared = [SimpleNamespace(_treespec_params=parse_spec(eagle2), _treespec_shares=False), req(None)]
+    assert columns.batch_columns(unshared, capped).selection(N, S) == (None, [N, N])
 
 
 def test_a_native_tree_round_drafts_natively_and_records_the_policies_stats(built, series):

@@ -207,6 +207,33 @@ def test_a_decided_ragged_bucket_passes_nothing_on():
     assert turns(t, 2, [False, False, True]) == [1, 1, 0]  # verifies 3, 4 ragged (ran padded), 5 explores
 
 
+def test_a_failed_verify_is_no_sample_and_gives_its_clock_pair_back():
+    """A verify forward that raises inside ``timed``: the error reaches the caller, the clock's pair is cancelled
+    (a device clock's two events are used again) and no sample is ended."""
+    class Recording(FakeClock):
+        def __init__(self):
+            super().__init__(padded=10.0, ragged=5.0)
+            self.begun, self.cancelled = 0, []
+
+        def begin(self):
+            self.begun += 1
+            return ("pair", self.begun)
+
+        def cancel(self, pair):
+            self.cancelled.append(pair)
+
+    clock = Recording()
+    t = RaggedTuner(TunerOptions(warmup=2), clock=clock)
+    t.choose(2, N)
+    with pytest.raises(RuntimeError, match="verify failed"):
+        with t.timed(2, N, False, "cpu"):
+            raise RuntimeError("verify failed")
+    assert clock.cancelled == [("pair", 1)] and clock.pending == []
+    with t.timed(2, N, False, "cpu"):
+        pass
+    assert clock.cancelled == [("pair", 1)] and len(clock.pending) == 1  # a forward that returns is a sample
+
+
 def test_a_rank_out_of_step_raises_at_the_agreement():
     opts = TunerOptions(warmup=1, agree_every=2)
     bus = Bus()

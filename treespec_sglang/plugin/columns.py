@@ -70,14 +70,14 @@ class BatchColumns:
             ids, of = by_id(self.params)
             keeps = {i: p is None or keeps_native_tree(p, *key) for i, p in of.items()}
             if self.defaults.token_cap is None:  # a set's rows are served alike, shared or not
-                served = None if all(keeps.values()) else {i: None if keeps[i] else p for i, p in of.items()}
-                params = None if served is None else tuple(map(served.__getitem__, ids))
+                params = None if all(keeps.values()) else tuple(map(
+                    {i: None if keeps[i] else p for i, p in of.items()}.__getitem__, ids))
             else:  # the cap may cut a shared row's tree: it keeps its selection
                 served = {(i, s): None if of[i] is None or (keeps[i] and not s) else of[i]
                           for i, s in dict.fromkeys(zip(ids, self.shares))}
                 params = tuple(map(served.__getitem__, zip(ids, self.shares)))
-            if params is not None and not any(map(operator.is_not, params, _NONES)):
-                params = None  # every row native: the round is SGLang's own
+                if not any(map(operator.is_not, params, _NONES)):
+                    params = None  # every row native: the round is SGLang's own
             self._selection = (key, None, self.whole_trees(num_draft_tokens)) if params is None else (key, params, None)
         return self._selection[1:]
 

@@ -223,7 +223,11 @@ class RaggedTuner:
             self.clock = clock_for(device)
         start = self.clock.begin()
         sample = SimpleNamespace(kept=True)
-        yield sample
+        try:
+            yield sample
+        except BaseException:  # a failed forward is no sample: its clock pair (a device's two events) goes back
+            self.clock.cancel(start)
+            raise
         key = bucket(bs, n)
         b = self.buckets.get(key)
         if sample.kept:

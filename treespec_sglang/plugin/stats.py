@@ -210,9 +210,8 @@ class _Members:
         kinds = set(names)
         if len(kinds) == 1:  # one policy (a server default's, say): its group is every member, found without a pass
             self.groups = dict.fromkeys(kinds)
-        else:
-            groups = {name: _where(map(operator.eq, names, itertools.repeat(name))) for name in kinds}
-            self.groups = {name: (None if len(ix) == len(names) else _getter(ix)) for name, ix in groups.items()}
+        else:  # each policy a part of them
+            self.groups = {name: _getter(_where(map(operator.eq, names, itertools.repeat(name)))) for name in kinds}
         self._lists = None
 
     @property
