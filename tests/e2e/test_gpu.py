@@ -213,6 +213,47 @@ def test_chain_mode_policies_equal_plain_greedy(chain_engine, prompt_ids, gpu_pl
                 assert all(1 <= t <= top for t in meta["treespec_tree_sizes"]), (label, s, meta)
 
 
+@pytest.fixture
+def ragged_engine(demo_target_dir, gpu_plain, graph_dir):
+    """An engine (EAGLE 4/3/8) verifying compactable batches ragged (``TREESPEC_RAGGED_VERIFY=1``, read by its
+    processes at start), FlashInfer only: the ragged verify on a GPU is FlashInfer's paged ``plan()`` over the
+    compacted arguments. Shut down after its test."""
+    if ATTENTION != "flashinfer":
+        pytest.skip("a GPU verifies ragged through FlashInfer only (TREESPEC_GPU_ATTENTION=flashinfer)")
+    sgl = _require_sglang()
+    os.environ["TREESPEC_RAGGED_VERIFY"] = "1"  # inherited by the engine's scheduler processes
+    try:
+        llm = sgl.Engine(**gpu_engine_kwargs(demo_target_dir, **eagle_kwargs(shipped_draft(), 4, 3, 8)))
+    finally:
+        os.environ.pop("TREESPEC_RAGGED_VERIFY", None)
+    yield llm
+    llm.shutdown()
+
+
+def test_flashinfer_ragged_verify_runs_each_tree_at_its_size(ragged_engine, prompt_ids, gpu_plain, hf_target,
+                                                             graph_dir):
+    """Small trees (a 2-token chain, speculation off, a 3-node TALON) beside native requests, verified ragged
+    through FlashInfer: plain greedy (or a documented bf16 near-tie), each treespec request verified exactly its
+    own tree each round (never padded to N), and the target's verify counted eager in those rounds (its graph
+    holds bs * N tokens) while the draft graph still replays."""
+    specs = [{"policy": "chain", "length": 2}, {"policy": "none"}, None,
+             {"policy": "talon", "budget": 3, "topk": 4, "mu": 0.03}]
+    before = read_counts(graph_dir)
+    ids = [p for p in prompt_ids for _ in specs]
+    outs = ragged_engine.generate(input_ids=ids, sampling_params=[greedy_params(s) for _ in prompt_ids for s in specs])
+    check_equal(outs, [r for r in gpu_plain for _ in specs], ids, hf_target, "flashinfer ragged")
+    for o, s in zip(outs, specs * len(prompt_ids)):
+        if s is None:
+            continue
+        sizes, verified = o["meta_info"]["treespec_tree_sizes"], o["meta_info"]["treespec_verify_tokens"]
+        assert sizes and len(verified) == len(sizes), (s, sizes, verified)
+        assert all(v == t <= 3 for t, v in zip(sizes, verified)), (s, sizes, verified)
+    counts = read_counts(graph_dir) - before
+    print(f"flashinfer ragged graph decisions: {dict(counts)}", file=sys.stderr)
+    assert counts["DecodeCudaGraphRunner|TARGET_VERIFY|False|ts"] > 0, counts
+    assert counts["EAGLEDraftCudaGraphRunner|DECODE|True|ts"] > 0, counts
+
+
 def test_sampled_tokens_follow_the_target_law(spec, sample_law):
     """T = 1, a treespec policy (talon) in SGLang's GPU sampling verify: the first two tokens' joint law and the
     second token's temperature match the float32 target's (the CPU test's chi-square and z tests)."""
