@@ -18,7 +18,7 @@ from .pool import keeps_native_tree
 from .rows import by_id
 from .round import same_requests
 from .server_hooks import _req_params, _req_shares
-from .stats import _where, policy_name
+from .stats import policy_name
 
 __all__ = ["BatchColumns", "batch_columns", "DRAFTED"]
 
@@ -108,9 +108,7 @@ def batch_columns(reqs, defaults) -> BatchColumns:
     if last is not None and last.defaults is defaults:
         return last
     key = tuple(reqs)
-    entries = list(map(getattr, key, itertools.repeat(_ENTRY), _NONES))  # in C: most are resolved already
-    for j in _where(map(operator.is_, entries, _NONES)):
-        entries[j] = _entry(key[j], defaults)
+    entries = [getattr(r, _ENTRY, None) or _entry(r, defaults) for r in key]
     params, shares = (tuple(c) for c in zip(*entries)) if entries else ((), ())
     cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(map(operator.is_not, params, _NONES)))
     return cols
