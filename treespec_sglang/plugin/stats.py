@@ -192,11 +192,12 @@ class RequestStats:
 class _Members:
     """The requests of a batch (``reqs``, the same objects in order) that are ours under ``policies`` (names; None:
     not ours): ``stats`` their :class:`RequestStats` (a request's first round creates it), ``pick`` (None: all
-    are ours) takes theirs from a round's values, ``groups`` policy -> the positions among ours (None: all),
-    ``lists`` each one's :attr:`RequestStats.lists` (read once, for every key). One batch's three keys share it:
-    built once in O(bs) Python when the batch's requests or policies change."""
+    are ours) takes theirs from a round's values, ``groups`` policy -> the positions among ours (None: all) for
+    the metrics, ``lists`` each one's :attr:`RequestStats.lists` (both read the first time they are asked for:
+    once for the three keys, and never without the metrics). One batch's three keys share it: built once in O(bs)
+    Python when the batch's requests or policies change."""
 
-    __slots__ = ("reqs", "policies", "stats", "pick", "groups", "_lists")
+    __slots__ = ("reqs", "policies", "stats", "pick", "_names", "_groups", "_lists")
 
     def __init__(self, reqs: tuple, policies: tuple):
         self.reqs, self.policies = reqs, policies
@@ -207,12 +208,19 @@ class _Members:
         series = scheduler_series()
         for j in _where(map(operator.is_, self.stats, _NONES)):  # a request's first round
             self.stats[j] = RequestStats(reqs[j], names[j], series)
-        kinds = set(names)
-        if len(kinds) == 1:  # one policy (a server default's, say): its group is every member, found without a pass
-            self.groups = dict.fromkeys(kinds)
-        else:  # each policy a part of them
-            self.groups = {name: _getter(_where(map(operator.eq, names, itertools.repeat(name)))) for name in kinds}
-        self._lists = None
+        self._names, self._groups, self._lists = names, None, None
+
+    @property
+    def groups(self) -> dict:
+        """Policy name -> a getter of its members' values from ours (None: every member is of that policy)."""
+        if self._groups is None:
+            kinds, names = set(self._names), self._names
+            if len(kinds) == 1:  # one policy (a server default's, say): every member, found without a pass
+                self._groups = dict.fromkeys(kinds)
+            else:  # each policy a part of them
+                self._groups = {name: _getter(_where(map(operator.eq, names, itertools.repeat(name))))
+                                for name in kinds}
+        return self._groups
 
     @property
     def lists(self) -> list:
