@@ -145,7 +145,9 @@ def first_child_parents(k: int, steps: int) -> list:
     """A parent table of SGLang's layout (:attr:`PoolView.parent_list`, one row: ``1 + (steps - 1) k`` entries) for a
     draft of ``steps`` steps at top-k ``k`` whose beam expanded, at every step after the first, each expanded node's
     first child: a valid pool for any scores, where a pool of the server's shape is needed without a draft (the
-    kernel's warm-up at server start, benchmarks). k = 2, steps = 3: ``[-1, 0, 1, 2, 4]``."""
+    kernel's warm-up at server start, benchmarks). k = 2, steps = 3: ``[-1, 0, 1, 2, 4]``. At one step it is
+    ``[-1, 0, ..., k-1]`` (1 + k entries, where SGLang's table is empty): every node then hangs off the root, and
+    no entry is read."""
     return [-1] + list(range(k)) + [k + (i - 1) * k * k + j * k for i in range(1, steps - 1) for j in range(k)]
 
 
