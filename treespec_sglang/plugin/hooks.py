@@ -50,7 +50,8 @@ from .server_hooks import (_add_cli_args, _create_generation_req, _draft_graph_v
                            _from_cli_args, _handle_batch_request, _request_level_key,
                            _scheduler_metrics, _server_info, _tokenizer_metrics, _verify_sampling_params,
                            _verify_uses_greedy)
-from .stats import PendingSizes, record_rounds, stream_accept, uncommitted
+from .pending import PendingSizes
+from .stats import record_rounds, stream_accept, uncommitted
 
 logger = logging.getLogger("treespec_sglang.plugin")
 
