@@ -73,6 +73,24 @@ def test_models_and_tokenizer_live_in_the_model_calls(tiny):
     assert SpecEngine.tokenizer.__doc__.startswith("The target's tokenizer") and SpecEngine.draft.name == "draft"
 
 
+def test_a_read_only_model_call_names_its_own_setter():
+    """The read-only message names the method that sets the attribute, not one method for every attribute."""
+    from types import SimpleNamespace
+
+    from treespec_sglang.engine.engine import _InCalls
+
+    class Holder:
+        head = _InCalls("A head.", setter="set_head")
+        note = _InCalls("A note.")
+
+    h = Holder()
+    h.calls = SimpleNamespace(head=1, note=2)
+    with pytest.raises(AttributeError, match=r"^SpecEngine\.head is read-only: set it with set_head$"):
+        h.head = 3
+    h.note = 4
+    assert (h.head, h.note, h.calls.note) == (1, 4, 4)
+
+
 def test_a_one_id_token_map(tiny):
     e = build(tiny)
     e.set_token_map(torch.tensor([5]))

@@ -37,10 +37,10 @@ __all__ = ["SpecEngine", "GenerationResult", "RequestStats"]
 
 class _InCalls:
     """An engine attribute that lives in its :class:`ModelCalls` (one copy: the stages read the same object);
-    ``settable=False``: read-only here (another method sets it)."""
+    ``setter``: the name of the method that sets it, which makes it read-only here (None: assignable)."""
 
-    def __init__(self, doc: str, settable: bool = True):
-        self.__doc__, self.settable = doc, settable
+    def __init__(self, doc: str, setter: Optional[str] = None):
+        self.__doc__, self.setter = doc, setter
 
     def __set_name__(self, owner, name: str) -> None:
         self.name = name
@@ -49,8 +49,8 @@ class _InCalls:
         return self if engine is None else getattr(engine.calls, self.name)
 
     def __set__(self, engine, value) -> None:
-        if not self.settable:
-            raise AttributeError(f"SpecEngine.{self.name} is read-only: set it with set_token_map")
+        if self.setter is not None:
+            raise AttributeError(f"SpecEngine.{self.name} is read-only: set it with {self.setter}")
         setattr(engine.calls, self.name, value)
 
 
@@ -94,7 +94,7 @@ class SpecEngine:
 
     # the models, the tokenizer and the draft vocabulary live in ``calls`` (the object the stages take)
     token_map = _InCalls("``[vocab_d]`` target id of each draft id, or None (set with :meth:`set_token_map`)",
-                         settable=False)
+                         setter="set_token_map")
     target = _InCalls("The target model.")
     draft = _InCalls("The draft head.")
     tokenizer = _InCalls("The target's tokenizer, or None (token ids only).")
