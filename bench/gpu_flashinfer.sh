@@ -3,8 +3,9 @@
 # FlashInfer, the GPU machine's image has none and no network, and SGLang's FlashInfer backend (our custom-mask
 # verify path) needs it; FlashInfer also has no float32 kernels, so its runs are bf16.
 #
-#   bash bench/gpu_flashinfer.sh pack      # here, from the repository root: gpu/fi1 (5 MB, beside gpu/s1) and
-#       # gpu/fi2 (~10 MB, beside gpu/s2), git-ignored: flashinfer-python 0.7.2 with its attention modules compiled
+#   bash bench/gpu_flashinfer.sh pack      # here, from the repository root: gpu/fi1 (5 MB, beside gpu/s2) and
+#       # gpu/fi2 (~10 MB, in the paired call), git-ignored (the calls: bench/gpu_calls.py): flashinfer-python 0.7.2
+#       # with its attention modules compiled
 #       # here for sm_90a (bench/gpu_flashinfer_aot.py; loaded as is there), without the sources of the kernel
 #       # families SGLang's attention never builds (MoE, GEMM, comm, ...). About 6 minutes the first time.
 #   bash bench/gpu_flashinfer.sh install   # there, in every call that carries a piece: stages it in $STAGE; once
@@ -15,7 +16,7 @@
 # SITE (default /root/site-flashinfer), STAGE (default /root/stage/fi), FIRST_MB and REST_MB (the pieces' sizes).
 set -euo pipefail
 VERSION=0.7.2
-FIRST_MB=${FIRST_MB:-5}  # the first piece's size (beside gpu/s1 in a call); the others up to REST_MB each
+FIRST_MB=${FIRST_MB:-5}  # the first piece's size (beside gpu/s2 in a call); the others up to REST_MB each
 REST_MB=${REST_MB:-32}
 cmd=${1:-}
 
@@ -60,8 +61,8 @@ pack)
     rm -rf "$T/pkg/flashinfer/data/cutlass/examples"
     find "$T/pkg" -name __pycache__ -type d -prune -exec rm -rf {} +
     tar -C "$T/pkg" -cf - flashinfer "flashinfer_python-$VERSION.dist-info" | xz -T0 -6 > "$T/fi.tar.xz"
-    # a call carries the checkout (~33 MB) and at most 64 MiB in all: the pieces ride beside gpu/s1 (~27 MB with
-    # gpu/jit) and gpu/s2 (19 MB), so FlashInfer costs no call of its own
+    # a call carries the checkout (35 MB) and at most 64 MiB in all: the pieces ride beside gpu/s2 (20 MB) and in
+    # the paired call (gpu/tools alone), so FlashInfer costs no call of its own (bench/gpu_calls.py checks the sizes)
     rm -rf "$REPO"/gpu/fi[0-9]*
     head -c $((FIRST_MB * 1000000)) "$T/fi.tar.xz" > "$T/fi.tar.xz.part00"
     tail -c +$((FIRST_MB * 1000000 + 1)) "$T/fi.tar.xz" | split -b $((REST_MB * 1000000)) -d -a 2 \

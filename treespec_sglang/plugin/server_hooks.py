@@ -241,7 +241,9 @@ def _draft_graph_vote(result, local_batch, *args, **kwargs):
     # ranks. Tree mode keeps the graph (the selection runs after it); in chain mode a batch whose C2T stop reads
     # the draft's steps (a chain with a beta) that the graph does not record (TREESPEC_CHAIN_STOP_GRAPH off) votes
     # no, so every rank agrees to draft eagerly: exactly where the draft hook turns the graph off without DP
-    # attention (after the vote, turning it off on one rank would desynchronise the collectives)
+    # attention (after the vote, turning it off on one rank would desynchronise the collectives). The vote does not
+    # read the step count (adaptive speculation moves it after the vote): at one step, where the stop reads
+    # nothing, SGLang captures no draft decode graph, so voting no there changes nothing
     if not result or local_batch is None or not getattr(local_batch, "reqs", None) \
             or not local_batch.forward_mode.is_decode() or _DRAFT_TOPK.get("topk", 1) > 1 or chain_graph_enabled():
         return result

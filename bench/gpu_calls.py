@@ -1,0 +1,133 @@
+"""The next GPU session's device calls (docs/gpu.md, "The next GPU session, call by call"), each with what it carries,
+checked against the device tool's limits here, before any device time is spent.
+
+Every call sends the checkout (tracked files and untracked ones git does not ignore) plus the folders it carries, at
+most 64 MiB in all; at most 8 carried paths, a command of at most 2000 characters, a limit of 1-600 s. The stack
+(``gpu/s1``, ``gpu/s2``: the test bed's ``build_carry.sh``) and FlashInfer (``gpu/fi1``, ``gpu/fi2``:
+``bash bench/gpu_flashinfer.sh pack``) are too large for one call beside the checkout, so their pieces ride in
+different calls; each piece is staged in the call that carries it and installed once all are there.
+
+    python bench/gpu_calls.py           # each call's size against 64 MiB, then its carry, limit and command
+    python bench/gpu_calls.py --json    # the calls as the device tool's arguments (carry, command, timeout_s)
+
+Exits 1, naming the call, when one is over the size limit or a folder it carries is missing (build it first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Iterable, List, Sequence, Tuple
+
+LIMIT_BYTES = 64 * 2 ** 20  # what one call may send: the checkout and its carried paths together
+MAX_CARRY = 8
+MAX_COMMAND = 2000
+MAX_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Call:
+    """One device call: ``carry`` the git-ignored folders it takes beside the checkout, ``command`` run from the
+    repository's root there, ``timeout_s`` its limit."""
+
+    name: str
+    carry: Tuple[str, ...]
+    command: str
+    timeout_s: int
+
+    def __post_init__(self):
+        if not 1 <= len(self.carry) <= MAX_CARRY:
+            raise ValueError(f"Call {self.name!r}: carry names 1 to {MAX_CARRY} paths, got {len(self.carry)}")
+        if not 0 < len(self.command) <= MAX_COMMAND:
+            raise ValueError(f"Call {self.name!r}: command must be 1 to {MAX_COMMAND} characters, "
+                             f"got {len(self.command)}")
+        if not 1 <= self.timeout_s <= MAX_TIMEOUT_S:
+            raise ValueError(f"Call {self.name!r}: timeout_s must be in [1, {MAX_TIMEOUT_S}], got {self.timeout_s}")
+
+
+# In order of need, back to back (the machine is handed back after ~30 s idle, losing what was staged). The stack's
+# halves install once both are staged (setup.sh returns 2 until then; call.sh's stage exits 0 on it); FlashInfer's
+# install exits 2 while a piece is missing, so no call's later commands wait on it.
+CALLS = (
+    Call("stage", ("gpu/tools", "gpu/jit", "gpu/s1"), "bash gpu/tools/call.sh stage 60", 120),
+    Call("tests", ("gpu/tools", "gpu/s2", "gpu/fi1"),
+         "source gpu/tools/setup.sh && { bash bench/gpu_flashinfer.sh install; "
+         "STEPS=tests,host bash bench/gpu_session.sh; }", 440),
+    Call("paired", ("gpu/tools", "gpu/fi2"),
+         "source gpu/tools/setup.sh && { bash bench/gpu_flashinfer.sh install; "
+         "STEPS=paired bash bench/gpu_session.sh; }", 450),
+    Call("firandom", ("gpu/tools",), "source gpu/tools/setup.sh && STEPS=fi,firandom bash bench/gpu_session.sh", 450),
+)
+
+
+def _git_files(repo: str, *args: str) -> List[str]:
+    out = subprocess.run(["git", "-C", repo, "ls-files", "-z", *args], check=True, capture_output=True).stdout
+    return [f for f in out.decode().split("\0") if f]
+
+
+def _bytes(paths: Iterable[str]) -> int:
+    """The summed sizes of ``paths`` (files, or folders walked; a link counts as itself)."""
+    total = 0
+    for p in paths:
+        if os.path.isdir(p) and not os.path.islink(p):
+            for root, _, files in os.walk(p):
+                total += sum(os.lstat(os.path.join(root, f)).st_size for f in files)
+        elif os.path.lexists(p):
+            total += os.lstat(p).st_size
+    return total
+
+
+def tree_bytes(repo: str) -> int:
+    """What every call sends of the checkout: its tracked files and the untracked ones git does not ignore."""
+    files = _git_files(repo) + _git_files(repo, "--others", "--exclude-standard")
+    return _bytes(os.path.join(repo, f) for f in files)
+
+
+def call_sizes(repo: str, calls: Sequence[Call]) -> List[dict]:
+    """Per call: its name, the checkout's bytes, each carried path's bytes (None: missing), the total, and whether
+    it fits (every path there and the total within :data:`LIMIT_BYTES`)."""
+    tree = tree_bytes(repo)
+    rows = []
+    for call in calls:
+        carried = {p: (_bytes([os.path.join(repo, p)]) if os.path.exists(os.path.join(repo, p)) else None)
+                   for p in call.carry}
+        total = tree + sum(b for b in carried.values() if b is not None)
+        fits = None not in carried.values() and total <= LIMIT_BYTES
+        rows.append(dict(name=call.name, tree=tree, carried=carried, total=total, fits=fits))
+    return rows
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def main(argv=None, repo: str = None, calls: Sequence[Call] = CALLS) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="the calls as the device tool's arguments")
+    a = ap.parse_args(argv)
+    repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = call_sizes(repo, calls)
+    if a.json:
+        print(json.dumps([dict(carry=list(c.carry), command=c.command, timeout_s=c.timeout_s) for c in calls],
+                         indent=1))
+    else:
+        for call, row in zip(calls, rows):
+            parts = " + ".join(f"{p} {'MISSING' if b is None else _mb(b)}" for p, b in row["carried"].items())
+            print(f"{call.name}: {row['total'] / 2 ** 20:.1f} MiB of {LIMIT_BYTES // 2 ** 20} "
+                  f"(checkout {_mb(row['tree'])} + {parts}){'' if row['fits'] else '  <- DOES NOT FIT'}")
+            print(f"    carry {json.dumps(list(call.carry))}  timeout_s {call.timeout_s}\n    {call.command}")
+    bad = [r for r in rows if not r["fits"]]
+    for r in bad:
+        missing = [p for p, b in r["carried"].items() if b is None]
+        why = f"missing {', '.join(missing)}" if missing else \
+            f"{r['total']} bytes, over {LIMIT_BYTES} by {r['total'] - LIMIT_BYTES}"
+        print(f"gpu_calls: call {r['name']!r} cannot be made: {why}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
