@@ -10,7 +10,9 @@ different calls; each piece is staged in the call that carries it and installed 
     python bench/gpu_calls.py           # each call's size against 64 MiB, then its carry, limit and command
     python bench/gpu_calls.py --json    # the calls as the device tool's arguments (carry, command, timeout_s)
 
-Exits 1, naming the call, when one is over the size limit or a folder it carries is missing (build it first).
+Exits 1, naming the call, when one is over the size limit, a folder it carries is missing (build it first), or
+the steps it names (bench/gpu_session.sh) could outlast its timeout at their limits (the last one killed with the
+call, its results lost).
 """
 
 from __future__ import annotations
@@ -18,15 +20,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 LIMIT_BYTES = 64 * 2 ** 20  # what one call may send: the checkout and its carried paths together
 MAX_CARRY = 8
 MAX_COMMAND = 2000
 MAX_TIMEOUT_S = 600
+SESSION_S = 900  # a session's device time, starts and idle waits included
+SESSION_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_session.sh")
 
 
 @dataclass(frozen=True)
@@ -53,15 +58,31 @@ class Call:
 # halves install once both are staged (setup.sh returns 2 until then; call.sh's stage exits 0 on it); FlashInfer's
 # install exits 2 while a piece is missing, so no call's later commands wait on it.
 CALLS = (
-    Call("stage", ("gpu/tools", "gpu/jit", "gpu/s1"), "bash gpu/tools/call.sh stage 60", 120),
-    Call("tests", ("gpu/tools", "gpu/s2", "gpu/fi1"),
+    Call("stage", ("gpu/tools", "gpu/s1"), "bash gpu/tools/call.sh stage 60", 120),
+    # gpu/jit (SGLang's JIT kernels, compiled ahead) rides where the stack installs: setup.sh restores it only then
+    Call("tests", ("gpu/tools", "gpu/jit", "gpu/s2", "gpu/fi1"),
          "source gpu/tools/setup.sh && { bash bench/gpu_flashinfer.sh install; "
-         "STEPS=tests,host bash bench/gpu_session.sh; }", 440),
+         "STEPS=tests,host bash bench/gpu_session.sh; }", 520),
     Call("paired", ("gpu/tools", "gpu/fi2"),
          "source gpu/tools/setup.sh && { bash bench/gpu_flashinfer.sh install; "
-         "STEPS=paired bash bench/gpu_session.sh; }", 450),
-    Call("firandom", ("gpu/tools",), "source gpu/tools/setup.sh && STEPS=fi,firandom bash bench/gpu_session.sh", 450),
+         "STEPS=paired bash bench/gpu_session.sh; }", 500),
+    Call("firandom", ("gpu/tools",), "source gpu/tools/setup.sh && STEPS=fi,firandom bash bench/gpu_session.sh", 600),
 )
+STEP_GRACE_S = 20  # gpu_session.sh's step(): timeout -k 20, a step that ignores the TERM is killed 20 s after it
+SETUP_S = 60  # a call's own work besides its steps: setup.sh (the stack's install: 12-35 s), FlashInfer's unpacking
+
+
+def step_limits(script: str) -> Dict[str, int]:
+    """``{step: its time limit in seconds}`` as ``bench/gpu_session.sh`` (``script``) defines them."""
+    with open(script) as f:
+        return {m.group(1): int(m.group(2)) for m in re.finditer(r"^step (\w+) (\d+) ", f.read(), flags=re.M)}
+
+
+def worst_case_s(call: Call, limits: Dict[str, int]) -> int:
+    """The longest ``call`` can run: each gpu_session.sh step it names at its limit and its kill grace, plus the
+    call's own work (:data:`SETUP_S`). A step a call names that the script does not define raises KeyError."""
+    steps = [s for m in re.findall(r"STEPS=([\w,]+)", call.command) for s in m.split(",")]
+    return SETUP_S + sum(limits[s] + STEP_GRACE_S for s in steps)
 
 
 def _git_files(repo: str, *args: str) -> List[str]:
@@ -111,22 +132,32 @@ def main(argv=None, repo: str = None, calls: Sequence[Call] = CALLS) -> int:
     a = ap.parse_args(argv)
     repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rows = call_sizes(repo, calls)
+    limits = step_limits(SESSION_SCRIPT)
+    late = {c.name: worst_case_s(c, limits) for c in calls if worst_case_s(c, limits) > c.timeout_s}
     if a.json:
         print(json.dumps([dict(carry=list(c.carry), command=c.command, timeout_s=c.timeout_s) for c in calls],
                          indent=1))
     else:
         for call, row in zip(calls, rows):
             parts = " + ".join(f"{p} {'MISSING' if b is None else _mb(b)}" for p, b in row["carried"].items())
+            flag = ("" if row["fits"] else "  <- DOES NOT FIT") + ("  <- ITS STEPS OUTLAST IT" if call.name in late else "")
             print(f"{call.name}: {row['total'] / 2 ** 20:.1f} MiB of {LIMIT_BYTES // 2 ** 20} "
-                  f"(checkout {_mb(row['tree'])} + {parts}){'' if row['fits'] else '  <- DOES NOT FIT'}")
-            print(f"    carry {json.dumps(list(call.carry))}  timeout_s {call.timeout_s}\n    {call.command}")
+                  f"(checkout {_mb(row['tree'])} + {parts}){flag}")
+            print(f"    carry {json.dumps(list(call.carry))}  timeout_s {call.timeout_s} (its steps at their "
+                  f"limits: {worst_case_s(call, limits)} s)\n    {call.command}")
+        print(f"all calls at their limits: {sum(c.timeout_s for c in calls)} s of device time, machine start not "
+              f"included; a session has {SESSION_S} s: the calls are in order of need, and the last gets what is left")
     bad = [r for r in rows if not r["fits"]]
     for r in bad:
         missing = [p for p, b in r["carried"].items() if b is None]
         why = f"missing {', '.join(missing)}" if missing else \
             f"{r['total']} bytes, over {LIMIT_BYTES} by {r['total'] - LIMIT_BYTES}"
         print(f"gpu_calls: call {r['name']!r} cannot be made: {why}", file=sys.stderr)
-    return 1 if bad else 0
+    for name, worst in late.items():  # its last step would be killed with the call, its results lost
+        timeout = next(c.timeout_s for c in calls if c.name == name)
+        print(f"gpu_calls: call {name!r}: its steps at their limits take {worst} s, over its timeout_s {timeout}",
+              file=sys.stderr)
+    return 1 if bad or late else 0
 
 
 if __name__ == "__main__":

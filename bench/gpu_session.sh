@@ -25,7 +25,8 @@ OUT=${OUT:-bench/measured/gpu-run}
 STEPS=${STEPS:-tests,host,random,paired,fi,firandom,profile,flashinfer,bf16,eagle3}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/card.txt" 2>&1 || true
-PROFILE=(python bench/plugin_round_profile.py --device cuda --bs 1,16,64 --prompts 64 --no-ops)
+# PROFILE_BS: the concurrencies every profile step serves (fewer when a session's device time runs short)
+PROFILE=(python bench/plugin_round_profile.py --device cuda --bs "${PROFILE_BS:-1,16,64}" --prompts 64 --no-ops)
 
 step() {  # step NAME SECONDS COMMAND...: run it when STEPS names it; its output on stdout and in $OUT/NAME.log
     local name=$1 limit=$2
@@ -47,7 +48,7 @@ step paired 420 "${PROFILE[@]}" --target random --select auto --max-new-tokens 1
     --sets native,eagle2,eagle2-small,mix --out "$OUT/paired.json"
 # FlashInfer (carried: bench/gpu_flashinfer.sh) sits in a site of its own, on the path of its steps only
 WITH_FI=(env "PYTHONPATH=${FI_SITE:-/root/site-flashinfer}${PYTHONPATH:+:$PYTHONPATH}")
-step fi 120 bash bench/gpu_flashinfer.sh install
+step fi 60 bash bench/gpu_flashinfer.sh install  # joins, checks and unpacks the staged pieces: ~15 s
 step firandom 420 "${WITH_FI[@]}" "${PROFILE[@]}" --target random --attention flashinfer --dtype bfloat16 --plain \
     --select auto --max-new-tokens 16 --out "$OUT/flashinfer_random.json"
 step profile 540 "${PROFILE[@]}" --plain --select auto,torch --out "$OUT/profile.json"

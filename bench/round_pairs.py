@@ -8,7 +8,9 @@ block's gap (the set's mean ms per decode round minus native's) holds the set's 
 of native against itself (set ``native``) is the control: its gaps are the noise floor the other gaps are read
 against. Per set the blocks' gaps are summarised by their median and range, and by the wall time's ratio (the set's
 seconds over native's in each block: tokens per second where, as on a random target, both runs emit the same
-tokens).
+tokens). The runs' greedy outputs are checked too: each of the set's two runs against the block's first native
+run on the same prompts (SGLang's own EAGLE, so a step that times the rounds also checks that the sets change no
+output; native against itself: the engine's own determinism).
 
 ``bench/plugin_round_profile.py --paired K --sets eagle2,eagle2-small,mix`` runs it (K blocks per set and
 concurrency; at concurrency bs block j serves ``--paired-batches`` B full batches, the prompts ``j * bs * B`` on,
@@ -21,7 +23,9 @@ taken in turn from the prompt list, so every concurrency is served at its width 
 from __future__ import annotations
 
 import statistics
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from bench.profile_rows import differences
 
 NATIVE = "native"
 DECODE_KINDS = ("ts", NATIVE)  # the profiler's decode-round kinds (a prefill or idle call is a round of its own)
@@ -49,11 +53,13 @@ def decode_ms(prof: dict) -> float:
     return 1e3 * seconds / rounds if rounds else float("nan")
 
 
-def paired(run: Callable[[int, str], Tuple[float, float]], sets: Sequence[str], blocks: int) -> Dict[str, dict]:
-    """Run :func:`abba`'s schedule with ``run(block, set) -> (ms per decode round, wall seconds)`` and summarise
-    each set: ``{"gaps": [per block: set's mean ms - native's], "median", "lo", "hi", "wall_ratio": [per block:
-    set's seconds / native's], "native_ms": [per block: native's mean], "set_ms": [...]}``."""
-    got: Dict[Tuple[int, str], Dict[str, Tuple[float, float]]] = {}
+def paired(run: Callable[[int, str], tuple], sets: Sequence[str], blocks: int) -> Dict[str, dict]:
+    """Run :func:`abba`'s schedule with ``run(block, set) -> (ms per decode round, wall seconds[, outputs])`` and
+    summarise each set: ``{"gaps": [per block: set's mean ms - native's], "median", "lo", "hi", "wall_ratio": [per
+    block: set's seconds / native's], "native_ms": [per block: native's mean], "set_ms": [...], "differing": [per
+    block: its requests whose output in the set's run b1 or b2 is not native's in a1, as (run, request, position,
+    token, native's token) at the first differing token] or None (no outputs)}``."""
+    got: Dict[Tuple[int, str], Dict[str, tuple]] = {}
     for j, name, place in abba(sets, blocks):
         got.setdefault((j, name), {})[place] = run(j, NATIVE if place[0] == "a" else name)
     out = {}
@@ -64,8 +70,23 @@ def paired(run: Callable[[int, str], Tuple[float, float]], sets: Sequence[str], 
         gaps = [b - a for a, b in zip(nat, own)]
         wall = [(r["b1"][1] + r["b2"][1]) / (r["a1"][1] + r["a2"][1]) for r in rows]
         out[name] = {"gaps": gaps, "median": statistics.median(gaps), "lo": min(gaps), "hi": max(gaps),
-                     "wall_ratio": wall, "native_ms": nat, "set_ms": own}
+                     "wall_ratio": wall, "native_ms": nat, "set_ms": own, "differing": _differing(rows)}
     return out
+
+
+def _differing(rows: Sequence[Dict[str, tuple]]) -> Optional[List[list]]:
+    """Per block, the set's runs' outputs against native's first run (None when a run gave no outputs)."""
+    if any(len(r[p]) < 3 or r[p][2] is None for r in rows for p in ("a1", "b1", "b2")):
+        return None
+    return [[(p,) + d for p in ("b1", "b2") for d in differences(r[p][2], r["a1"][2])] for r in rows]
+
+
+def differing_requests(r: dict) -> Optional[int]:
+    """How many (block, request) pairs of a set's summary differ from native's output in either run (None: not
+    checked)."""
+    if r.get("differing") is None:
+        return None
+    return sum(len({d[1] for d in block}) for block in r["differing"])
 
 
 def table(results: Dict[int, Dict[str, dict]], label: str) -> str:
@@ -74,12 +95,13 @@ def table(results: Dict[int, Dict[str, dict]], label: str) -> str:
     lines = []
     for bs, sets in results.items():
         lines += [f"\n{label}, bs {bs}: ABBA blocks, ms per decode round (native against itself: the noise floor)", "",
-                  "| set | blocks | native ms | set ms | gap median (range) | wall time / native's |",
-                  "|---|---|---|---|---|---|"]
+                  "| set | blocks | native ms | set ms | gap median (range) | wall time / native's | outputs != native's |",
+                  "|---|---|---|---|---|---|---|"]
         for name, r in sets.items():
             lines.append(f"| {name} | {len(r['gaps'])} | {statistics.median(r['native_ms']):.3f} | "
                          f"{statistics.median(r['set_ms']):.3f} | {r['median']:+.3f} ({r['lo']:+.3f} .. "
-                         f"{r['hi']:+.3f}) | {statistics.median(r['wall_ratio']):.3f} |")
+                         f"{r['hi']:+.3f}) | {statistics.median(r['wall_ratio']):.3f} | "
+                         f"{'-' if differing_requests(r) is None else differing_requests(r)} |")
     return "\n".join(lines)
 
 
@@ -107,13 +129,13 @@ def run_paired(a, prompt_ids, label: str, env: dict) -> Dict[int, Dict[str, dict
                 ids = share(prompt_ids, j, bs, a.paired_batches)
                 before = read_profile(d)
                 sp = params_for(every[name], len(ids), a.max_new_tokens, a.target == "random")
-                seconds, _ = generated(generate, ids, sp, bs)
-                return decode_ms(delta(read_profile(d), before)), seconds
+                seconds, outs = generated(generate, ids, sp, bs)
+                return decode_ms(delta(read_profile(d), before)), seconds, [list(o["output_ids"]) for o in outs]
 
             out[bs] = paired(run, names, k)
             for name, r in out[bs].items():
                 print(f"{label} paired bs {bs} {name}: gap {r['median']:+.3f} ms ({r['lo']:+.3f} .. {r['hi']:+.3f}) "
-                      f"over {k} blocks", flush=True)
+                      f"over {k} blocks, outputs != native's: {differing_requests(r)}", flush=True)
     finally:
         stop()
     return out

@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from bench import gpu_calls
-from bench.gpu_calls import CALLS, LIMIT_BYTES, Call, call_sizes, main
+from bench.gpu_calls import (CALLS, LIMIT_BYTES, SESSION_SCRIPT, SETUP_S, STEP_GRACE_S, Call, call_sizes, main,
+                              step_limits, worst_case_s)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -17,6 +18,36 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _steps_defined() -> set:
     with open(os.path.join(ROOT, "bench", "gpu_session.sh")) as f:
         return set(re.findall(r"^step (\w+) ", f.read(), flags=re.M))
+
+
+def test_the_step_limits_are_gpu_sessions_own(tmp_path):
+    script = tmp_path / "s.sh"
+    script.write_text("step tests 330 env X=1 bash t.sh\n# step gone 5 x\nstep host 90 python h.py\n")
+    assert step_limits(str(script)) == {"tests": 330, "host": 90}
+    assert set(step_limits(SESSION_SCRIPT)) == _steps_defined()
+
+
+def test_no_call_of_the_plan_can_be_outlasted_by_its_own_steps():
+    """A call's steps at their limits (each with the script's 20 s kill grace) and its own set-up fit its timeout:
+    otherwise the call's end would kill its last step and lose that step's results."""
+    limits = step_limits(SESSION_SCRIPT)
+    for call in CALLS:
+        assert worst_case_s(call, limits) <= call.timeout_s, call.name
+    call = Call("c", ("gpu/tools",), "STEPS=tests,host bash bench/gpu_session.sh", 600)
+    assert worst_case_s(call, {"tests": 100, "host": 50}) == SETUP_S + 100 + 50 + 2 * STEP_GRACE_S
+    with pytest.raises(KeyError):
+        worst_case_s(call, {"tests": 100})
+
+
+def test_a_call_its_steps_could_outlast_is_named_and_fails(tmp_path, capsys):
+    repo = _repo(tmp_path)
+    limits = step_limits(SESSION_SCRIPT)
+    need = worst_case_s(Call("p", ("gpu/a",), "STEPS=paired x", 600), limits)
+    assert main([], repo=str(repo), calls=[Call("p", ("gpu/a",), "STEPS=paired x", need)]) == 0
+    assert main([], repo=str(repo), calls=[Call("p", ("gpu/a",), "STEPS=paired x", need - 1)]) == 1
+    out, err = capsys.readouterr()
+    assert f"call 'p': its steps at their limits take {need} s, over its timeout_s {need - 1}" in err
+    assert "ITS STEPS OUTLAST IT" in out
 
 
 def test_every_step_a_call_names_is_one_gpu_session_runs():
@@ -79,7 +110,7 @@ def _repo(tmp_path):
 def test_a_calls_size_is_the_checkout_plus_what_it_carries(tmp_path):
     repo = _repo(tmp_path)
     tree = 1000 + 300 + len("/gpu/\n")
-    rows = call_sizes(str(repo), [Call("one", ("gpu/a",), "true", 1), Call("two", ("gpu/a", "gpu/b"), "true", 1)])
+    rows = call_sizes(str(repo), [Call("one", ("gpu/a",), "true", 600), Call("two", ("gpu/a", "gpu/b"), "true", 600)])
     assert [r["tree"] for r in rows] == [tree, tree]
     assert [r["total"] for r in rows] == [tree + 4000, tree + 6000]
     assert rows[1]["carried"] == {"gpu/a": 4000, "gpu/b": 2000} and all(r["fits"] for r in rows)
@@ -87,13 +118,13 @@ def test_a_calls_size_is_the_checkout_plus_what_it_carries(tmp_path):
 
 def test_a_call_over_the_limit_or_missing_a_folder_is_named_and_fails(tmp_path, monkeypatch, capsys):
     repo = _repo(tmp_path)
-    calls = [Call("fine", ("gpu/a",), "true", 1), Call("gone", ("gpu/a", "gpu/nowhere"), "true", 1)]
+    calls = [Call("fine", ("gpu/a",), "true", 600), Call("gone", ("gpu/a", "gpu/nowhere"), "true", 600)]
     assert main([], repo=str(repo), calls=calls) == 1
     err = capsys.readouterr().err
     assert "call 'gone' cannot be made: missing gpu/nowhere" in err and "'fine'" not in err
     tree = 1000 + 300 + len("/gpu/\n")
     monkeypatch.setattr(gpu_calls, "LIMIT_BYTES", tree + 4000)  # exactly the first call's size: it still fits
-    calls = [Call("edge", ("gpu/a",), "true", 1), Call("over", ("gpu/a", "gpu/b"), "true", 1)]
+    calls = [Call("edge", ("gpu/a",), "true", 600), Call("over", ("gpu/a", "gpu/b"), "true", 600)]
     assert main([], repo=str(repo), calls=calls) == 1
     out, err = capsys.readouterr()
     assert f"call 'over' cannot be made: {tree + 6000} bytes, over {tree + 4000} by 2000" in err
@@ -106,8 +137,8 @@ def test_the_json_gives_each_calls_device_arguments(tmp_path, capsys):
     import json
 
     repo = _repo(tmp_path)
-    assert main(["--json"], repo=str(repo), calls=[Call("c", ("gpu/a",), "echo hi", 30)]) == 0
-    assert json.loads(capsys.readouterr().out) == [dict(carry=["gpu/a"], command="echo hi", timeout_s=30)]
+    assert main(["--json"], repo=str(repo), calls=[Call("c", ("gpu/a",), "echo hi", 90)]) == 0
+    assert json.loads(capsys.readouterr().out) == [dict(carry=["gpu/a"], command="echo hi", timeout_s=90)]
 
 
 def test_the_limit_is_the_device_tools():

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from bench.plugin_round_profile import parse_args
-from bench.round_pairs import abba, decode_ms, paired, share, table
+from bench.round_pairs import abba, decode_ms, differing_requests, paired, share, table
 
 
 def test_every_block_serves_native_the_set_the_set_native_on_its_own_share():
@@ -48,7 +48,34 @@ def test_the_gaps_summary_is_the_median_and_range_over_blocks():
     assert r["gaps"] == pytest.approx([0.3, -0.1, 0.05])
     assert (r["median"], r["lo"], r["hi"]) == pytest.approx((0.05, -0.1, 0.3)) and r["wall_ratio"] == [2.0] * 3
     text = table({16: {"eagle2": r}}, "auto")
-    assert "| eagle2 | 3 | 1.000 | 1.050 | +0.050 (-0.100 .. +0.300) | 2.000 |" in text and "bs 16" in text
+    assert "| eagle2 | 3 | 1.000 | 1.050 | +0.050 (-0.100 .. +0.300) | 2.000 | - |" in text and "bs 16" in text
+
+
+def test_each_sets_outputs_are_checked_against_natives_in_its_block():
+    """The set's two runs against the block's first native run on the same prompts: a request whose output differs
+    is named at its first differing token (once per request however many runs differ); native against itself
+    differs nowhere when the engine is deterministic; a run without outputs leaves the check off."""
+    base = {0: [[1, 2, 3], [4, 5, 6]], 1: [[7, 8, 9], [1, 1, 1]]}  # block -> native's outputs on its prompts
+
+    def run(j, name):
+        outs = [list(o) for o in base[j]]
+        if name == "mix" and j == 1:
+            outs[1][2] = 0  # request 1 of block 1 leaves native's at position 2, in both of the set's runs
+        if name == "talon" and j == 0 and run.calls.count((0, "talon")) == 1:
+            outs[0] = [1, 2]  # the second of its runs stops short: the length differs at position 2
+        run.calls.append((j, name))
+        return 1.0, 1.0, outs
+
+    run.calls = []
+    got = paired(run, ["native", "mix", "talon"], 2)
+    assert got["native"]["differing"] == [[], []] and differing_requests(got["native"]) == 0
+    assert got["mix"]["differing"] == [[], [("b1", 1, 2, 0, 1), ("b2", 1, 2, 0, 1)]]
+    assert differing_requests(got["mix"]) == 1
+    assert got["talon"]["differing"] == [[("b2", 0, 2, -1, 3)], []] and differing_requests(got["talon"]) == 1
+    assert "| mix | 2 | 1.000 | 1.000 | +0.000 (+0.000 .. +0.000) | 1.000 | 1 |" in table({1: got}, "auto")
+    unchecked = paired(lambda j, name: (1.0, 1.0), ["eagle2"], 1)["eagle2"]
+    assert unchecked["differing"] is None and differing_requests(unchecked) is None
+    assert table({1: {"eagle2": unchecked}}, "auto").splitlines()[-1].endswith("| 1.000 | - |")
 
 
 def test_a_block_serves_full_batches_in_turn_through_the_prompts():
