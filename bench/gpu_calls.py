@@ -140,7 +140,8 @@ def main(argv=None, repo: str = None, calls: Sequence[Call] = CALLS) -> int:
     else:
         for call, row in zip(calls, rows):
             parts = " + ".join(f"{p} {'MISSING' if b is None else _mb(b)}" for p, b in row["carried"].items())
-            flag = ("" if row["fits"] else "  <- DOES NOT FIT") + ("  <- ITS STEPS OUTLAST IT" if call.name in late else "")
+            flag = ("" if row["fits"] else "  <- DOES NOT FIT") \
+                + ("  <- ITS STEPS OUTLAST IT" if call.name in late else "")
             print(f"{call.name}: {row['total'] / 2 ** 20:.1f} MiB of {LIMIT_BYTES // 2 ** 20} "
                   f"(checkout {_mb(row['tree'])} + {parts}){flag}")
             print(f"    carry {json.dumps(list(call.carry))}  timeout_s {call.timeout_s} (its steps at their "

@@ -91,12 +91,13 @@ def differing_requests(r: dict) -> Optional[int]:
 
 def table(results: Dict[int, Dict[str, dict]], label: str) -> str:
     """Markdown per concurrency: each set's native and own ms per decode round (medians over blocks), the gap's
-    median and range, and the wall-time ratio's median."""
+    median and range, the wall-time ratio's median, and how many requests' outputs differ from native's (-: not
+    checked)."""
     lines = []
     for bs, sets in results.items():
         lines += [f"\n{label}, bs {bs}: ABBA blocks, ms per decode round (native against itself: the noise floor)", "",
-                  "| set | blocks | native ms | set ms | gap median (range) | wall time / native's | outputs != native's |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| set | blocks | native ms | set ms | gap median (range) | wall time / native's "
+                  "| outputs != native's |", "|---|---|---|---|---|---|---|"]
         for name, r in sets.items():
             lines.append(f"| {name} | {len(r['gaps'])} | {statistics.median(r['native_ms']):.3f} | "
                          f"{statistics.median(r['set_ms']):.3f} | {r['median']:+.3f} ({r['lo']:+.3f} .. "
