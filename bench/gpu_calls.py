@@ -114,8 +114,8 @@ def call_sizes(repo: str, calls: Sequence[Call]) -> List[dict]:
     tree = tree_bytes(repo)
     rows = []
     for call in calls:
-        carried = {p: (_bytes([os.path.join(repo, p)]) if os.path.exists(os.path.join(repo, p)) else None)
-                   for p in call.carry}
+        paths = {p: os.path.join(repo, p) for p in call.carry}
+        carried = {p: _bytes([path]) if os.path.exists(path) else None for p, path in paths.items()}
         total = tree + sum(b for b in carried.values() if b is not None)
         fits = None not in carried.values() and total <= LIMIT_BYTES
         rows.append(dict(name=call.name, tree=tree, carried=carried, total=total, fits=fits))
@@ -133,7 +133,8 @@ def main(argv=None, repo: str = None, calls: Sequence[Call] = CALLS) -> int:
     repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rows = call_sizes(repo, calls)
     limits = step_limits(SESSION_SCRIPT)
-    late = {c.name: worst_case_s(c, limits) for c in calls if worst_case_s(c, limits) > c.timeout_s}
+    worst = {c.name: worst_case_s(c, limits) for c in calls}
+    late = [c for c in calls if worst[c.name] > c.timeout_s]  # its last step would be killed with the call
     if a.json:
         print(json.dumps([dict(carry=list(c.carry), command=c.command, timeout_s=c.timeout_s) for c in calls],
                          indent=1))
@@ -141,11 +142,11 @@ def main(argv=None, repo: str = None, calls: Sequence[Call] = CALLS) -> int:
         for call, row in zip(calls, rows):
             parts = " + ".join(f"{p} {'MISSING' if b is None else _mb(b)}" for p, b in row["carried"].items())
             flag = ("" if row["fits"] else "  <- DOES NOT FIT") \
-                + ("  <- ITS STEPS OUTLAST IT" if call.name in late else "")
+                + ("  <- ITS STEPS OUTLAST IT" if call in late else "")
             print(f"{call.name}: {row['total'] / 2 ** 20:.1f} MiB of {LIMIT_BYTES // 2 ** 20} "
                   f"(checkout {_mb(row['tree'])} + {parts}){flag}")
             print(f"    carry {json.dumps(list(call.carry))}  timeout_s {call.timeout_s} (its steps at their "
-                  f"limits: {worst_case_s(call, limits)} s)\n    {call.command}")
+                  f"limits: {worst[call.name]} s)\n    {call.command}")
         print(f"all calls at their limits: {sum(c.timeout_s for c in calls)} s of device time, machine start not "
               f"included; a session has {SESSION_S} s: the calls are in order of need, and the last gets what is left")
     bad = [r for r in rows if not r["fits"]]
@@ -154,10 +155,9 @@ def main(argv=None, repo: str = None, calls: Sequence[Call] = CALLS) -> int:
         why = f"missing {', '.join(missing)}" if missing else \
             f"{r['total']} bytes, over {LIMIT_BYTES} by {r['total'] - LIMIT_BYTES}"
         print(f"gpu_calls: call {r['name']!r} cannot be made: {why}", file=sys.stderr)
-    for name, worst in late.items():  # its last step would be killed with the call, its results lost
-        timeout = next(c.timeout_s for c in calls if c.name == name)
-        print(f"gpu_calls: call {name!r}: its steps at their limits take {worst} s, over its timeout_s {timeout}",
-              file=sys.stderr)
+    for c in late:
+        print(f"gpu_calls: call {c.name!r}: its steps at their limits take {worst[c.name]} s, over its timeout_s "
+              f"{c.timeout_s}", file=sys.stderr)
     return 1 if bad or late else 0
 
 

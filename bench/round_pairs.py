@@ -99,10 +99,11 @@ def table(results: Dict[int, Dict[str, dict]], label: str) -> str:
                   "| set | blocks | native ms | set ms | gap median (range) | wall time / native's "
                   "| outputs != native's |", "|---|---|---|---|---|---|---|"]
         for name, r in sets.items():
+            n = differing_requests(r)
             lines.append(f"| {name} | {len(r['gaps'])} | {statistics.median(r['native_ms']):.3f} | "
                          f"{statistics.median(r['set_ms']):.3f} | {r['median']:+.3f} ({r['lo']:+.3f} .. "
                          f"{r['hi']:+.3f}) | {statistics.median(r['wall_ratio']):.3f} | "
-                         f"{'-' if differing_requests(r) is None else differing_requests(r)} |")
+                         f"{'-' if n is None else n} |")
     return "\n".join(lines)
 
 
