@@ -1,5 +1,5 @@
 """``columns.batch_columns``: a decode batch's per-request policy columns, built once and reused while the batch holds
-the same requests in the same order under the same defaults; rebuilt on any change."""
+the same requests in the same order under the same defaults; carried over when it changes by a few runs."""
 
 from types import SimpleNamespace
 
@@ -237,3 +237,56 @@ def test_selection_and_names_equal_a_row_by_row_reading(built, seed, cap):
         assert tokens is None and all(a is b for a, b in zip(params, want)) and len(params) == len(want)
     assert cols.drafted() == tuple(names)
     assert [getattr(r, columns.DRAFTED) for r in reqs] == names
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("cap", [None, 16])
+def test_a_changing_batch_carries_its_columns_as_a_row_by_row_reading(built, seed, cap):
+    """Over 80 rounds of a batch SGLang's way (finished requests filtered out, new ones appended, now and then a
+    reorder or a long run of rounds without change), the columns carried over from the batch before equal each
+    request's own reading: params, shares, ids, the selection at one or another N, the names drafted (and set on
+    every request); only a new request's entry is read (no request is parsed twice)."""
+    import random
+
+    rng = random.Random(seed)
+    specs = NATIVE_TREES + OWN_TREES + [None, {"policy": "none"}]
+    shared = {i: parse_spec(s) for i, s in enumerate(specs) if s is not None}
+
+    def arrival():
+        i = rng.randrange(len(specs))
+        p = None if specs[i] is None else shared[i] if rng.random() < 0.5 else parse_spec(specs[i])
+        r = SimpleNamespace(_treespec_params=p, _treespec_shares=rng.random() < 0.5)
+        r.want = (None if specs[i] is None else specs[i]["policy"], specs[i] in NATIVE_TREES)
+        return r
+
+    d = ServerDefaults(token_cap=cap)
+    batch, carried = [arrival() for _ in range(rng.randint(0, 40))], 0
+    for _ in range(80):
+        if rng.random() < 0.8:
+            batch = [r for r in batch if rng.random() > 0.1] + [arrival() for _ in range(rng.choice([0, 1, 1, 3]))]
+            if rng.random() < 0.1 and len(batch) > 1:
+                rng.shuffle(batch)
+        last = columns._COLUMNS[0]
+        cols = columns.batch_columns(batch, d)
+        carried += cols._carried is not None
+        assert cols.reqs == tuple(batch) and cols.ids == tuple(map(id, batch))
+        assert all(p is r._treespec_params for p, r in zip(cols.params, batch)) and len(cols.params) == len(batch)
+        shares = [r._treespec_params is not None and r.want[0] != "none" and r._treespec_shares for r in batch]
+        assert cols.shares == tuple(shares) and cols.any_policy == any(r._treespec_params is not None for r in batch)
+        if last is not None and len(batch) == len(last.reqs) and all(map(lambda a, b: a is b, batch, last.reqs)):
+            assert cols is last
+        for n in rng.sample([N, N + 1], rng.randint(0, 2)):  # asked at one N, both, or not at all this round
+            want = tuple(None if r._treespec_params is None or (r.want[1] and not (cap is not None and s))
+                         else r._treespec_params for r, s in zip(batch, shares))
+            if n == N + 1:  # another shape: built for it (and the next batch's carried from it or not)
+                assert cols.selection(n, S)[0] is cols.selection(n, S)[0]
+                continue
+            params, tokens = cols.selection(n, S)
+            if all(w is None for w in want):
+                assert params is None and tokens == [n] * len(batch)
+            else:
+                assert tokens is None and len(params) == len(want) and all(a is b for a, b in zip(params, want))
+        if rng.random() < 0.7:
+            assert cols.drafted() == tuple(r.want[0] for r in batch)
+            assert [getattr(r, columns.DRAFTED) for r in batch] == [r.want[0] for r in batch]
+    assert carried > 20 and len(built) == len({id(r) for r in built})

@@ -277,6 +277,29 @@ def test_a_steady_batch_keeps_its_columns_and_looks_its_sinks_up_only_when_a_lis
     assert b._treespec_stats.summary()["tree_nodes"] == 10 * sum(range(1, 12))
 
 
+def test_a_changing_batch_carries_its_sinks_and_a_new_cap_looks_them_up(monkeypatch):
+    """A request leaves and another joins: the batch's sinks are carried over (no look-up), the new request's
+    looked up alone, and every value lands in its request's list. Once the cap changes (the settings read
+    again), a changed batch looks every sink up: a list already at the new cap takes no more values."""
+    monkeypatch.setenv(S.ENV_MAX_ROUNDS, "8")
+    monkeypatch.setattr(S, "_LAST", {})
+    looked, real = [], S.BatchStats._look_up
+    monkeypatch.setattr(S.BatchStats, "_look_up", lambda self: looked.append(1) or real(self))
+    a, b, c, d = (Client(p) for p in ("talon", "salf", "talon", "salf"))
+    key = "treespec_tree_sizes"
+    for r in range(3):
+        S.record_rounds((a, b), ("talon", "salf"), key, [r, 10 + r])
+    for r in range(3, 5):
+        S.record_rounds((a, c), ("talon", "talon"), key, [r, 20 + r])
+    assert len(looked) == 1 and a.customized_info[key] == [0, 1, 2, 3, 4]
+    assert b.customized_info[key] == [10, 11, 12] and c.customized_info[key] == [23, 24]
+    monkeypatch.setenv(S.ENV_MAX_ROUNDS, "3")
+    S.record_rounds((a, c, d), ("talon", "talon", "salf"), key, [5, 25, 35])
+    assert len(looked) == 2
+    assert a.customized_info[key] == [0, 1, 2, 3, 4] and c.customized_info[key] == [23, 24, 25]
+    assert d.customized_info[key] == [35] and a._treespec_stats.summary()["tree_nodes"] == sum(range(6))
+
+
 def test_a_request_without_customized_info_gets_one():
     req = SimpleNamespace()  # no customized_info attribute at all
     S.record_rounds([req], ["talon"], "treespec_tree_sizes", [3])

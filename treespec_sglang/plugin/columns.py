@@ -15,6 +15,7 @@ from typing import List, Optional
 from ..policies.params import NoneParams
 from .chain_stop import ChainStopper
 from .pool import keeps_native_tree
+from .batch_diff import diff
 from .rows import by_id
 from .round import same_requests
 from .server_hooks import _req_params, _req_shares
@@ -30,18 +31,22 @@ class BatchColumns:
     """A decode batch's per-request policy columns: ``params`` (None: native), ``shares`` (under the token cap),
     and once drafted the policies' names (tuples: the per-batch caches, :func:`.rows.per_batch`, hit a steady
     batch's by identity). SGLang keeps a decode batch's requests from round to round and a
-    request's policy never changes, so the columns are built once (O(bs) Python) and reused while the batch holds
-    the same requests in the same order under the same defaults (an O(bs) identity check in C)."""
+    request's policy never changes, so the columns are built once and reused while the batch holds the same
+    requests in the same order under the same defaults (an O(bs) identity check in C). When the batch changes
+    (requests leave, others join: :mod:`.batch_diff`) the last batch's columns are carried over by slicing, and
+    only the new requests' entries are read."""
 
     reqs: tuple
     defaults: object  # the ServerDefaults they were resolved under
     params: tuple
     shares: tuple
     any_policy: bool
+    ids: tuple = ()  # id(req) of each request: the next change is found through them
     names: Optional[tuple] = None
     stopper: Optional[ChainStopper] = None
-    _selection: Optional[tuple] = None  # ((N, S), params for the selection or None, [bs] tree sizes or None)
+    _selection: Optional[tuple] = None  # ((N, S), each row's params for the selection or None, whether any is not)
     _whole: Optional[tuple] = None  # (N, [N] * bs): every tree SGLang's own
+    _carried: Optional[tuple] = None  # (the last batch's names, its selection, the change): carried when asked
 
     def whole_trees(self, num_draft_tokens: int) -> list:
         """``[N] * bs``: each request's tree size and verify tokens in a round that is SGLang's own (the host list
@@ -63,33 +68,69 @@ class BatchColumns:
         and that the token cap does not cut, ``tokens`` None; or, when that leaves no policy, ``(None, tokens)``:
         the round is SGLang's own (nothing to select, nothing to unlink) and every request's tree is N nodes,
         ``tokens`` the host list of them (its tree sizes and verify tokens). Built once per (N, S) while the batch
-        lives."""
+        lives; carried over from the last batch's when it was built for the same (N, S)."""
         key = (num_draft_tokens, num_steps)
         if self._selection is None or self._selection[0] != key:
-            # per parameter set (requests share theirs: .request._interned), then mapped over the rows in C
-            ids, of = by_id(self.params)
-            keeps = {i: p is None or keeps_native_tree(p, *key) for i, p in of.items()}
-            if self.defaults.token_cap is None:  # a set's rows are served alike, shared or not
-                params = None if all(keeps.values()) else tuple(map(
-                    {i: None if keeps[i] else p for i, p in of.items()}.__getitem__, ids))
-            else:  # the cap may cut a shared row's tree: it keeps its selection
-                served = {(i, s): None if of[i] is None or (keeps[i] and not s) else of[i]
-                          for i, s in dict.fromkeys(zip(ids, self.shares))}
-                params = tuple(map(served.__getitem__, zip(ids, self.shares)))
-                if not any(map(operator.is_not, params, _NONES)):
-                    params = None  # every row native: the round is SGLang's own
-            self._selection = (key, None, self.whole_trees(num_draft_tokens)) if params is None else (key, params, None)
-        return self._selection[1:]
+            base = None if self._carried is None else self._carried[1]
+            if base is not None and base[0] == key:
+                change, cap = self._carried[2], self.defaults.token_cap
+                served = change.apply(base[1], lambda i, j: [_served(p, s, key, cap) for p, s in
+                                                             zip(self.params[i:j], self.shares[i:j])])
+            else:
+                served = self._served_column(key)
+            self._selection = (key, served, any(map(operator.is_not, served, _NONES)))
+        _, served, any_served = self._selection
+        return (served, None) if any_served else (None, self.whole_trees(num_draft_tokens))
+
+    def _served_column(self, key: tuple) -> tuple:
+        """Each row's params for the selection at ``key`` = (N, S), None where the round serves SGLang's own tree:
+        per parameter set (requests share theirs: .request._interned), then mapped over the rows in C."""
+        ids, of = by_id(self.params)
+        cap = self.defaults.token_cap
+        served = {(i, s): _served(of[i], s, key, cap) for i, s in dict.fromkeys(zip(ids, self.shares))}
+        return tuple(map(served.__getitem__, zip(ids, self.shares)))
 
     def drafted(self) -> tuple:
         """Each request's policy name (None: native), kept on each request (:data:`DRAFTED`: its stats are ours
-        to keep) the first time."""
+        to keep) the first time: for every request, or, carried over from the last batch's, for the new ones."""
         if self.names is None:
-            ids, of = by_id(self.params)
-            names = {i: None if p is None else policy_name(p) for i, p in of.items()}
-            self.names = tuple(map(names.__getitem__, ids))
-            collections.deque(map(setattr, self.reqs, itertools.repeat(DRAFTED), self.names), maxlen=0)  # in C
+            base = None if self._carried is None else self._carried[0]
+            if base is not None:
+                change = self._carried[2]
+                self.names = change.apply(base, lambda i, j: list(map(_name, self.params[i:j])))
+                for i, j in change.fresh():
+                    collections.deque(map(setattr, self.reqs[i:j], itertools.repeat(DRAFTED), self.names[i:j]),
+                                      maxlen=0)
+            else:
+                ids, of = by_id(self.params)
+                names = {i: _name(p) for i, p in of.items()}
+                self.names = tuple(map(names.__getitem__, ids))
+                collections.deque(map(setattr, self.reqs, itertools.repeat(DRAFTED), self.names), maxlen=0)  # in C
         return self.names
+
+    def carried(self, reqs: tuple, change) -> "BatchColumns":
+        """The columns of ``reqs``, the batch this one's requests became by ``change`` (a :class:`.batch_diff.
+        BatchDiff`): its columns sliced, the new requests' entries read (parsed on arrival)."""
+        fresh = {(i, j): [getattr(r, _ENTRY, None) or _entry(r, self.defaults) for r in reqs[i:j]]
+                 for i, j in change.fresh()}
+        params = change.apply(self.params, lambda i, j: [e[0] for e in fresh[i, j]])
+        shares = change.apply(self.shares, lambda i, j: [e[1] for e in fresh[i, j]])
+        ids = change.apply(self.ids, lambda i, j: map(id, reqs[i:j]))
+        return BatchColumns(reqs, self.defaults, params, shares, any(map(operator.is_not, params, _NONES)), ids,
+                            _carried=(self.names, self._selection, change))
+
+
+def _name(p) -> Optional[str]:
+    """A row's policy name for its stats (None: native)."""
+    return None if p is None else policy_name(p)
+
+
+def _served(p, shared: bool, key: tuple, token_cap) -> object:
+    """A row's params for the selection at ``key`` = (N, S): None for a native row, and for one whose policy keeps
+    SGLang's own tree there unless the token cap (on) may cut its tree (a sharing row keeps its selection)."""
+    if p is None or (keeps_native_tree(p, *key) and (token_cap is None or not shared)):
+        return None
+    return p
 
 
 _COLUMNS: List[Optional[BatchColumns]] = [None]  # the last batch's (one decode batch per scheduler process)
@@ -103,14 +144,19 @@ def _last_columns(reqs) -> Optional[BatchColumns]:
 
 def batch_columns(reqs, defaults) -> BatchColumns:
     """The columns of the batch ``reqs`` (:class:`BatchColumns`): the last batch's when it holds the same
-    requests, else built."""
-    last = _last_columns(reqs)
+    requests, carried over from them when it changed by a few runs (:func:`.batch_diff.diff`), else built."""
+    last, key = _COLUMNS[0], tuple(reqs)
     if last is not None and last.defaults is defaults:
-        return last
-    key = tuple(reqs)
+        change = diff(last.reqs, key, last.ids)  # one identity pass when the batch is the same
+        if change is not None:
+            if change.same:
+                return last
+            cols = _COLUMNS[0] = last.carried(key, change)
+            return cols
     entries = [getattr(r, _ENTRY, None) or _entry(r, defaults) for r in key]
     params, shares = (tuple(c) for c in zip(*entries)) if entries else ((), ())
-    cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(map(operator.is_not, params, _NONES)))
+    cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(map(operator.is_not, params, _NONES)),
+                                      tuple(map(id, key)))
     return cols
 
 

@@ -45,8 +45,12 @@ def same_requests(reqs, held: tuple) -> bool:
     """Whether ``reqs`` are the requests ``held``, in order: by identity (SGLang's ``Req`` has no ``__eq__``; a
     stand-in's value equality must not pass for it), one C-level pass. What the per-batch caches key on: a decode
     batch keeps its requests from round to round. ``held`` itself (a tuple: it cannot change) is decided without
-    the pass."""
-    return reqs is held or (len(reqs) == len(held) and all(map(operator.is_, reqs, held)))
+    the pass, and a batch whose last request differs (SGLang appends new requests) without it."""
+    if reqs is held:
+        return True
+    n = len(held)
+    # the last request first: a batch that changed has a new one there (SGLang appends those) or fewer requests
+    return len(reqs) == n and (n == 0 or reqs[-1] is held[-1]) and all(map(operator.is_, reqs, held))
 
 
 @dataclass

@@ -33,6 +33,7 @@ import itertools
 import operator
 from typing import Deque, Dict, Optional, Sequence
 
+from .batch_diff import diff
 from .metrics import scheduler_series
 from .round import same_requests
 from .settings import derived, env
@@ -90,7 +91,7 @@ def record_rounds(reqs: Sequence, policies: Sequence[Optional[str]], key: str, v
         return
     cap, last = max_rounds(), _LAST.get(key)
     if last is None or not last.holds(reqs, policies, cap):
-        last = _LAST[key] = BatchStats(key, reqs, policies, cap)
+        last = _LAST[key] = BatchStats(key, reqs, policies, cap, last)
     last.record(values, scheduler_series())
 
 
@@ -194,17 +195,27 @@ class _Members:
     once for the three keys, and never without the metrics). One batch's three keys share it: built once in O(bs)
     Python when the batch's requests or policies change."""
 
-    __slots__ = ("reqs", "policies", "stats", "pick", "_names", "_groups", "_lists")
+    __slots__ = ("reqs", "policies", "stats", "pick", "ours", "_names", "_groups", "_lists")
 
-    def __init__(self, reqs: tuple, policies: tuple):
+    def __init__(self, reqs: tuple, policies: tuple, base: Optional["_Members"] = None):
         self.reqs, self.policies = reqs, policies
-        ours = _where(map(operator.is_not, policies, _NONES))
-        self.pick = None if len(ours) == len(policies) else _getter(ours)  # ours from a round's values, when not all
-        reqs, names = (reqs, policies) if self.pick is None else (self.pick(reqs), self.pick(policies))
-        self.stats = list(map(getattr, reqs, itertools.repeat(_STATS), _NONES))  # in C: most have theirs already
+        if policies.count(None):  # names are str: compared in C
+            ours = _where(map(operator.is_not, policies, _NONES))
+            self.pick = _getter(ours) if ours else _NOTHING  # ours from a round's values, when not all
+        else:
+            self.pick = None
+        self.ours, names = (reqs, policies) if self.pick is None else (self.pick(reqs), self.pick(policies))
         series = scheduler_series()
-        for j in _where(map(operator.is_, self.stats, _NONES)):  # a request's first round
-            self.stats[j] = RequestStats(reqs[j], names[j], series)
+        change = None if base is None else diff(base.ours, self.ours)
+        if change is not None:  # the batch before's members, changed by a few runs (.batch_diff): theirs sliced,
+            # the new ones' read (a request's policy never changes: one kept is ours under the same name)
+            self.stats = change.apply(base.stats, lambda i, j: map(_stats_of, self.ours[i:j], names[i:j],
+                                                                  itertools.repeat(series)))
+        else:
+            stats = list(map(getattr, self.ours, itertools.repeat(_STATS), _NONES))  # in C: most have theirs already
+            for j in _where(map(operator.is_, stats, _NONES)):  # a request's first round
+                stats[j] = RequestStats(self.ours[j], names[j], series)
+            self.stats = stats
         self._names, self._groups, self._lists = names, None, None
 
     @property
@@ -238,12 +249,21 @@ _MEMBERS: Deque[_Members] = collections.deque(maxlen=2)  # the last batches' (a 
 
 def _members(reqs: Sequence, policies: Sequence[Optional[str]]) -> _Members:
     """The members of ``reqs`` under ``policies``: a recent batch's when it holds them, else built."""
-    for m in tuple(_MEMBERS):  # a snapshot: never iterated while another caller appends
+    recent = tuple(_MEMBERS)  # a snapshot: never iterated while another caller appends
+    for m in recent:
         if m.holds(reqs, policies):
             return m
-    m = _Members(tuple(reqs), tuple(policies))
+    m = _Members(tuple(reqs), tuple(policies), recent[-1] if recent else None)
     _MEMBERS.append(m)
     return m
+
+
+def _stats_of(req, policy: str, series) -> "RequestStats":
+    """The request's :class:`RequestStats`, made at its first round."""
+    return getattr(req, _STATS, None) or RequestStats(req, policy, series)
+
+
+_NOTHING = operator.itemgetter(slice(0, 0))  # no request of the batch is ours: () from a round's values
 
 
 _LISTS = operator.attrgetter("lists")
@@ -257,9 +277,27 @@ class BatchStats:
 
     __slots__ = ("key", "cap", "members", "sinks", "room")
 
-    def __init__(self, key: str, reqs: Sequence, policies: Sequence[Optional[str]], cap: int):
+    def __init__(self, key: str, reqs: Sequence, policies: Sequence[Optional[str]], cap: int,
+                 last: Optional["BatchStats"] = None):
         self.key, self.cap, self.members = key, cap, _members(reqs, policies)
-        self.sinks, self.room = [], 0
+        self.sinks, self.room = (), 0
+        if last is not None and last.cap == cap:
+            change = diff(last.members.ours, self.members.ours)
+            if change is not None:  # the key's batch before, changed by a few runs: its sinks sliced
+                self._carry(last, change)
+
+    def _carry(self, last: "BatchStats", change) -> None:
+        """The sinks of ``last`` (this key's batch before, ``change`` away) for the members it kept, the new
+        members' looked up; the room what both still take."""
+        stats, rooms = self.members.stats, [last.room]
+
+        def fresh(i, j):
+            looked = [st.sink(self.key, self.cap) for st in stats[i:j]]
+            rooms.extend(n for _, n in looked)
+            return [s for s, _ in looked]
+
+        self.sinks = change.apply(last.sinks, fresh)
+        self.room = min(rooms)
 
     def holds(self, reqs: Sequence, policies: Sequence[Optional[str]], cap: int) -> bool:
         """Whether this is the batch of ``reqs`` (the same objects, in order: identity in C) under ``policies``."""

@@ -1,0 +1,110 @@
+"""How a decode batch's requests came from the batch before it (no sglang import): runs of the old batch kept in
+order, and the positions that are new, so a per-batch column is carried over by slicing instead of rebuilt.
+
+SGLang's scheduler changes a running decode batch between rounds by ``filter_batch`` (finished requests out, the
+rest kept in order) and ``merge_batch`` (new requests appended at the end); a retraction may reorder it. At high
+concurrency the batch changes most rounds, and a column rebuilt per request costs O(bs) passes each time; carried
+over, it costs one identity pass to find the change (C-level, stopping at each difference) plus a slice per
+run, and Python only for the requests that are new. Worked example: old ``(a, b, c, d)``, new ``(a, c, d, e)``
+-> kept ``old[0:1]``, kept ``old[2:4]``, new ``[3:4]``; a column ``(A, B, C, D)`` becomes ``(A, C, D, E)`` with
+``E`` computed for ``e`` alone.
+
+Requests are matched by identity (SGLang's ``Req`` has no ``__eq__``; a stand-in's value equality must not pass
+for it), through the old batch's ids. A change of more pieces than :data:`MOST` or a quarter of the batch,
+whichever is more (a reordered batch; each piece costs a slice per column, each request of a rebuild a pass),
+is no diff: the caller builds its columns again.
+
+>>> a, b, c, d, e = (object() for _ in range(5))
+>>> change = diff((a, b, c, d), (a, c, d, e))
+>>> change.pieces
+((True, 0, 1), (True, 2, 4), (False, 3, 4))
+>>> change.apply(("A", "B", "C", "D"), lambda i, j: ("E",) * (j - i))
+('A', 'C', 'D', 'E')
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import operator
+from typing import Callable, Deque, List, Optional, Sequence, Tuple
+
+__all__ = ["BatchDiff", "diff", "MOST"]
+
+MOST = 8  # pieces past which a change is rebuilt, not carried over (or a quarter of the batch, when more)
+
+
+class BatchDiff:
+    """The new batch as ``pieces`` in its order: ``(True, i, j)`` the old batch's positions ``[i, j)``, kept in
+    order; ``(False, i, j)`` the new batch's positions ``[i, j)``, requests the old batch did not hold there.
+    Kept pieces come in increasing old order (an old request that moved back is a new position here)."""
+
+    __slots__ = ("pieces", "old_len", "new_len")
+
+    def __init__(self, pieces: tuple, old_len: int, new_len: int):
+        self.pieces, self.old_len, self.new_len = pieces, old_len, new_len
+
+    @property
+    def same(self) -> bool:
+        """Whether the new batch is the old one (every request kept, in order)."""
+        return self.old_len == self.new_len and (self.new_len == 0 or self.pieces == ((True, 0, self.old_len),))
+
+    def apply(self, old: Sequence, fresh: Callable[[int, int], Sequence]) -> tuple:
+        """The new batch's column from the old batch's ``old`` (one value per old request): kept runs sliced, the
+        new positions ``[i, j)`` from ``fresh(i, j)`` (``j - i`` values)."""
+        parts = [tuple(old[i:j]) if kept else tuple(fresh(i, j)) for kept, i, j in self.pieces]
+        return parts[0] if len(parts) == 1 else sum(parts, ())  # a few concatenations: copies of pointers
+
+    def fresh(self) -> List[Tuple[int, int]]:
+        """The new batch's positions ``(i, j)`` that are not kept runs of the old one."""
+        return [(i, j) for kept, i, j in self.pieces if not kept]
+
+
+def _agree(new: Sequence, i: int, old: Sequence, j: int) -> int:
+    """How many requests from ``new[i]`` on are ``old``'s from ``old[j]`` on, the same objects in order (a C-level
+    pass that stops at the first difference)."""
+    n = min(len(new) - i, len(old) - j)
+    pairs = map(operator.is_not, new[i:] if i else new, old[j:] if j else old)  # slices copy pointers: cheaper than
+    return next(itertools.compress(itertools.count(), pairs), n)  # an islice, which walks up to its start
+
+
+# (old, new, diff): the last changes, asked again by each per-batch cache (the batch's, and its members' when some
+# requests are native)
+_LAST: Deque[tuple] = collections.deque(maxlen=2)
+
+
+def diff(old: tuple, new: tuple, old_ids: Optional[tuple] = None) -> Optional[BatchDiff]:
+    """How ``new`` (the batch's requests now) came from ``old`` (the batch before; both tuples), or None when the
+    change takes more than :data:`MOST` pieces (or a quarter of ``new``, when more). ``old_ids`` (``tuple(map(id, old))``) when the caller keeps them;
+    found here otherwise, once a request differs. The last answer is kept: a batch's caches ask for the same
+    change in turn."""
+    for held, now, answer in tuple(_LAST):  # a snapshot: never iterated while another caller appends
+        if held is old and now is new:
+            return answer
+    m, n = len(new), len(old)
+    most = max(MOST, m // 4)
+    pieces: list = []
+    i = j = 0
+    while i < m and len(pieces) <= most:
+        k = _agree(new, i, old, j)
+        if k:
+            pieces.append((True, j, j + k))
+            i, j = i + k, j + k
+            continue
+        if j < n:  # new[i] is not old[j]: an old request further on (those between left), or one old did not hold
+            if old_ids is None:
+                old_ids = tuple(map(id, old))
+            try:
+                j = old_ids.index(id(new[i]), j + 1)
+                continue
+            except ValueError:
+                pass
+        stop = i + 1 if j < n else m  # the old batch used up: the rest is new
+        if pieces and not pieces[-1][0]:  # pieces tile the new batch in order: the last one ends at i
+            pieces[-1] = (False, pieces[-1][1], stop)
+        else:
+            pieces.append((False, i, stop))
+        i = stop
+    out = BatchDiff(tuple(pieces), n, m) if len(pieces) <= most else None
+    _LAST.append((old, new, out))
+    return out
