@@ -25,7 +25,9 @@ class Req:
 
 @pytest.fixture(autouse=True)
 def no_memo(monkeypatch):
+    """No change remembered from another test; any batch size carried (the small-batch rule has its own test)."""
     monkeypatch.setattr(batch_diff, "_LAST", type(batch_diff._LAST)(maxlen=2))
+    monkeypatch.setattr(batch_diff, "FEWEST", 0)
 
 
 class Made(list):
@@ -136,6 +138,24 @@ def test_a_large_batch_carries_more_pieces():
     change = batch_diff.diff(reqs, new)
     assert change is not None and len(change.pieces) == 12 > batch_diff.MOST
     check(reqs, new, change)
+
+
+@pytest.mark.parametrize("fewest", [1, 5, 32])
+def test_a_change_that_keeps_fewer_than_fewest_requests_is_no_diff(monkeypatch, fewest):
+    """Batches of up to 40 requests, one leaving and one joining each time: a change is given exactly when it
+    keeps at least FEWEST requests (either batch smaller than that keeps fewer)."""
+    monkeypatch.setattr(batch_diff, "FEWEST", fewest)
+    for size in range(0, 41):
+        reqs = tuple(Req(str(i)) for i in range(size))
+        for gone in {0, size // 2, size - 1} if size else {0}:
+            new = reqs[:gone] + reqs[gone + 1:] + (Req("new"),)
+            kept = max(size - 1, 0)
+            change = batch_diff.diff(reqs, new)
+            assert (change is not None) == (kept >= fewest), (size, gone)
+            if change is not None:
+                check(reqs, new, change)
+        replaced = tuple(Req(f"other{i}") for i in range(size))  # every request new: nothing to keep
+        assert (batch_diff.diff(reqs, replaced) is None) == (fewest > 0)
 
 
 def test_the_last_changes_are_kept_by_identity():

@@ -40,17 +40,21 @@ def oracle_summary(values):
     return dict(totals, rounds=len(values["treespec_accept_lengths"]), lists_truncated=False)
 
 
+@pytest.mark.parametrize("fewest", [0, 32])  # a changed batch's members and sinks carried over, or built
 @pytest.mark.parametrize("cap,fold", [(4096, 4096), (3, 2), (0, 2), (1, 5)])
 @pytest.mark.parametrize("seed", range(3))
-def test_batched_rounds_equal_a_plain_per_request_record(monkeypatch, series, cap, fold, seed):
+def test_batched_rounds_equal_a_plain_per_request_record(monkeypatch, series, cap, fold, seed, fewest):
     """Rounds of batches whose requests come and go (kept for several rounds, reordered, some native; a request
     that finishes commits nothing that round and leaves, its tree size and verify tokens of that round recorded
     or not, as under SGLang's overlap scheduler): every request's lists are its first ``cap`` values of its
     committed rounds, its summary counts every committed round (past the cap and folded too), the series' sums
     equal every value recorded, native requests stay untouched."""
+    from treespec_sglang.plugin import batch_diff
+
     s, reg = series
     monkeypatch.setenv(S.ENV_MAX_ROUNDS, str(cap))
     monkeypatch.setattr(S, "FOLD", fold)
+    monkeypatch.setattr(batch_diff, "FEWEST", fewest)
     rng = random.Random(seed)
     clients = [Client(rng.choice(["talon", "salf", None])) for _ in range(12)]
     seen = {id(c): {k: [] for k in KEYS} for c in clients}
@@ -281,8 +285,11 @@ def test_a_changing_batch_carries_its_sinks_and_a_new_cap_looks_them_up(monkeypa
     """A request leaves and another joins: the batch's sinks are carried over (no look-up), the new request's
     looked up alone, and every value lands in its request's list. Once the cap changes (the settings read
     again), a changed batch looks every sink up: a list already at the new cap takes no more values."""
+    from treespec_sglang.plugin import batch_diff
+
     monkeypatch.setenv(S.ENV_MAX_ROUNDS, "8")
     monkeypatch.setattr(S, "_LAST", {})
+    monkeypatch.setattr(batch_diff, "FEWEST", 1)  # two requests carried
     looked, real = [], S.BatchStats._look_up
     monkeypatch.setattr(S.BatchStats, "_look_up", lambda self: looked.append(1) or real(self))
     a, b, c, d = (Client(p) for p in ("talon", "salf", "talon", "salf"))

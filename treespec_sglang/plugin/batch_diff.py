@@ -5,21 +5,25 @@ SGLang's scheduler changes a running decode batch between rounds by ``filter_bat
 rest kept in order) and ``merge_batch`` (new requests appended at the end); a retraction may reorder it. At high
 concurrency the batch changes most rounds, and a column rebuilt per request costs O(bs) passes each time; carried
 over, it costs one identity pass to find the change (C-level, stopping at each difference) plus a slice per
-run, and Python only for the requests that are new. Worked example: old ``(a, b, c, d)``, new ``(a, c, d, e)``
--> kept ``old[0:1]``, kept ``old[2:4]``, new ``[3:4]``; a column ``(A, B, C, D)`` becomes ``(A, C, D, E)`` with
-``E`` computed for ``e`` alone.
+run, and Python only for the requests that are new. Worked example: old ``(a, b, c, d, ...)``, new ``(a, c, d,
+..., e)`` -> kept ``old[0:1]``, kept ``old[2:n]``, new ``[n-1:n]``; a column ``(A, B, C, D, ...)`` becomes ``(A,
+C, D, ..., E)`` with ``E`` computed for ``e`` alone.
 
 Requests are matched by identity (SGLang's ``Req`` has no ``__eq__``; a stand-in's value equality must not pass
 for it), through the old batch's ids. A change of more pieces than :data:`MOST` or a quarter of the batch,
 whichever is more (a reordered batch; each piece costs a slice per column, each request of a rebuild a pass),
-is no diff: the caller builds its columns again.
+is no diff, nor is one that keeps fewer than :data:`FEWEST` requests (a small batch, or one replaced): the caller
+builds its columns again.
 
->>> a, b, c, d, e = (object() for _ in range(5))
->>> change = diff((a, b, c, d), (a, c, d, e))
+>>> reqs = [object() for _ in range(40)]
+>>> new = object()
+>>> change = diff(tuple(reqs), tuple(reqs[:1] + reqs[2:] + [new]))
 >>> change.pieces
-((True, 0, 1), (True, 2, 4), (False, 3, 4))
->>> change.apply(("A", "B", "C", "D"), lambda i, j: ("E",) * (j - i))
-('A', 'C', 'D', 'E')
+((True, 0, 1), (True, 2, 40), (False, 39, 40))
+>>> change.apply(tuple(range(40)), lambda i, j: ["new"] * (j - i))[:3], change.fresh()
+((0, 2, 3), [(39, 40)])
+>>> diff(tuple(reqs[:4]), tuple(reqs[1:4])) is None  # few requests: rebuilt
+True
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Callable, Deque, List, Optional, Sequence, Tuple
 __all__ = ["BatchDiff", "diff", "MOST"]
 
 MOST = 8  # pieces past which a change is rebuilt, not carried over (or a quarter of the batch, when more)
+FEWEST = 32  # requests kept below which a change is rebuilt: a carry's fixed cost is some 25 requests' rebuild
 
 
 class BatchDiff:
@@ -39,10 +44,11 @@ class BatchDiff:
     order; ``(False, i, j)`` the new batch's positions ``[i, j)``, requests the old batch did not hold there.
     Kept pieces come in increasing old order (an old request that moved back is a new position here)."""
 
-    __slots__ = ("pieces", "old_len", "new_len")
+    __slots__ = ("pieces", "old_len", "new_len", "old_ids")
 
-    def __init__(self, pieces: tuple, old_len: int, new_len: int):
+    def __init__(self, pieces: tuple, old_len: int, new_len: int, old_ids: Optional[tuple] = None):
         self.pieces, self.old_len, self.new_len = pieces, old_len, new_len
+        self.old_ids = old_ids  # id() of each old request, when the change needed them (carried over with the rest)
 
     @property
     def same(self) -> bool:
@@ -75,13 +81,16 @@ _LAST: Deque[tuple] = collections.deque(maxlen=2)
 
 def diff(old: tuple, new: tuple, old_ids: Optional[tuple] = None) -> Optional[BatchDiff]:
     """How ``new`` (the batch's requests now) came from ``old`` (the batch before; both tuples), or None when the
-    change takes more than :data:`MOST` pieces (or a quarter of ``new``, when more). ``old_ids`` (``tuple(map(id, old))``) when the caller keeps them;
+    change takes more than :data:`MOST` pieces (or a quarter of ``new``, when more) or keeps fewer than
+    :data:`FEWEST` requests. ``old_ids`` (``tuple(map(id, old))``) when the caller keeps them;
     found here otherwise, once a request differs. The last answer is kept: a batch's caches ask for the same
     change in turn."""
+    m, n = len(new), len(old)
+    if m < FEWEST or n < FEWEST:  # too few to keep: the caller's rebuild costs less than a carry
+        return None
     for held, now, answer in tuple(_LAST):  # a snapshot: never iterated while another caller appends
         if held is old and now is new:
             return answer
-    m, n = len(new), len(old)
     most = max(MOST, m // 4)
     pieces: list = []
     i = j = 0
@@ -105,6 +114,7 @@ def diff(old: tuple, new: tuple, old_ids: Optional[tuple] = None) -> Optional[Ba
         else:
             pieces.append((False, i, stop))
         i = stop
-    out = BatchDiff(tuple(pieces), n, m) if len(pieces) <= most else None
+    kept = sum(j - i for carried, i, j in pieces if carried)
+    out = BatchDiff(tuple(pieces), n, m, old_ids) if len(pieces) <= most and kept >= FEWEST else None
     _LAST.append((old, new, out))
     return out

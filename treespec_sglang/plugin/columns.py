@@ -15,6 +15,7 @@ from typing import List, Optional
 from ..policies.params import NoneParams
 from .chain_stop import ChainStopper
 from .pool import keeps_native_tree
+from . import batch_diff
 from .batch_diff import diff
 from .rows import by_id
 from .round import same_requests
@@ -33,20 +34,24 @@ class BatchColumns:
     batch's by identity). SGLang keeps a decode batch's requests from round to round and a
     request's policy never changes, so the columns are built once and reused while the batch holds the same
     requests in the same order under the same defaults (an O(bs) identity check in C). When the batch changes
-    (requests leave, others join: :mod:`.batch_diff`) the last batch's columns are carried over by slicing, and
-    only the new requests' entries are read."""
+    (requests leave, others join) ``params`` and ``shares`` are read again off the requests (their entries: one
+    C-level pass each, as cheap as a carry), and the columns that cost more, the names drafted and the
+    selection's, are carried over from the last batch's by slicing when first asked for (:mod:`.batch_diff`),
+    only the new requests' worked out."""
 
     reqs: tuple
     defaults: object  # the ServerDefaults they were resolved under
     params: tuple
     shares: tuple
     any_policy: bool
-    ids: tuple = ()  # id(req) of each request: the next change is found through them
+    ids: Optional[tuple] = None  # id(req) of each request once a change found them: the next one is found by them
     names: Optional[tuple] = None
     stopper: Optional[ChainStopper] = None
     _selection: Optional[tuple] = None  # ((N, S), each row's params for the selection or None, whether any is not)
     _whole: Optional[tuple] = None  # (N, [N] * bs): every tree SGLang's own
-    _carried: Optional[tuple] = None  # (the last batch's names, its selection, the change): carried when asked
+    # (the last batch's requests, their ids, names and selection): what an ask carries over (held, not the last
+    # batch's columns: no chain of batches stays alive)
+    _last: Optional[tuple] = None
 
     def whole_trees(self, num_draft_tokens: int) -> list:
         """``[N] * bs``: each request's tree size and verify tokens in a round that is SGLang's own (the host list
@@ -71,9 +76,11 @@ class BatchColumns:
         lives; carried over from the last batch's when it was built for the same (N, S)."""
         key = (num_draft_tokens, num_steps)
         if self._selection is None or self._selection[0] != key:
-            base = None if self._carried is None else self._carried[1]
+            base, change = None if self._last is None else self._last[3], None
             if base is not None and base[0] == key:
-                change, cap = self._carried[2], self.defaults.token_cap
+                change = self._change()
+            if change is not None:
+                cap = self.defaults.token_cap
                 served = change.apply(base[1], lambda i, j: [_served(p, s, key, cap) for p, s in
                                                              zip(self.params[i:j], self.shares[i:j])])
             else:
@@ -87,6 +94,8 @@ class BatchColumns:
         per parameter set (requests share theirs: .request._interned), then mapped over the rows in C."""
         ids, of = by_id(self.params)
         cap = self.defaults.token_cap
+        if cap is None:  # a set's rows are served alike, shared or not
+            return tuple(map({i: _served(p, False, key, cap) for i, p in of.items()}.__getitem__, ids))
         served = {(i, s): _served(of[i], s, key, cap) for i, s in dict.fromkeys(zip(ids, self.shares))}
         return tuple(map(served.__getitem__, zip(ids, self.shares)))
 
@@ -94,30 +103,30 @@ class BatchColumns:
         """Each request's policy name (None: native), kept on each request (:data:`DRAFTED`: its stats are ours
         to keep) the first time: for every request, or, carried over from the last batch's, for the new ones."""
         if self.names is None:
-            base = None if self._carried is None else self._carried[0]
-            if base is not None:
-                change = self._carried[2]
+            base = None if self._last is None else self._last[2]
+            change = None if base is None else self._change()
+            if change is not None:
                 self.names = change.apply(base, lambda i, j: list(map(_name, self.params[i:j])))
                 for i, j in change.fresh():
                     collections.deque(map(setattr, self.reqs[i:j], itertools.repeat(DRAFTED), self.names[i:j]),
                                       maxlen=0)
             else:
                 ids, of = by_id(self.params)
-                names = {i: _name(p) for i, p in of.items()}
+                names = {i: None if p is None else policy_name(p) for i, p in of.items()}
                 self.names = tuple(map(names.__getitem__, ids))
                 collections.deque(map(setattr, self.reqs, itertools.repeat(DRAFTED), self.names), maxlen=0)  # in C
         return self.names
 
-    def carried(self, reqs: tuple, change) -> "BatchColumns":
-        """The columns of ``reqs``, the batch this one's requests became by ``change`` (a :class:`.batch_diff.
-        BatchDiff`): its columns sliced, the new requests' entries read (parsed on arrival)."""
-        fresh = {(i, j): [getattr(r, _ENTRY, None) or _entry(r, self.defaults) for r in reqs[i:j]]
-                 for i, j in change.fresh()}
-        params = change.apply(self.params, lambda i, j: [e[0] for e in fresh[i, j]])
-        shares = change.apply(self.shares, lambda i, j: [e[1] for e in fresh[i, j]])
-        ids = change.apply(self.ids, lambda i, j: map(id, reqs[i:j]))
-        return BatchColumns(reqs, self.defaults, params, shares, any(map(operator.is_not, params, _NONES)), ids,
-                            _carried=(self.names, self._selection, change))
+    def _change(self):
+        """How this batch came from the last one (:func:`.batch_diff.diff`, None: rebuild), found once; its ids
+        kept for the next change."""
+        if self._last is None:
+            return None
+        held, ids, *_ = self._last
+        change = diff(held, self.reqs, ids)
+        if change is not None and change.old_ids is not None:
+            self.ids = change.apply(change.old_ids, lambda i, j: map(id, self.reqs[i:j]))
+        return change
 
 
 def _name(p) -> Optional[str]:
@@ -144,19 +153,19 @@ def _last_columns(reqs) -> Optional[BatchColumns]:
 
 def batch_columns(reqs, defaults) -> BatchColumns:
     """The columns of the batch ``reqs`` (:class:`BatchColumns`): the last batch's when it holds the same
-    requests, carried over from them when it changed by a few runs (:func:`.batch_diff.diff`), else built."""
-    last, key = _COLUMNS[0], tuple(reqs)
-    if last is not None and last.defaults is defaults:
-        change = diff(last.reqs, key, last.ids)  # one identity pass when the batch is the same
-        if change is not None:
-            if change.same:
-                return last
-            cols = _COLUMNS[0] = last.carried(key, change)
-            return cols
+    requests, else built (what costs more carried over from the last batch's when asked for)."""
+    last = _COLUMNS[0]
+    if last is not None and same_requests(reqs, last.reqs) and last.defaults is defaults:
+        return last
+    key = tuple(reqs)
     entries = [getattr(r, _ENTRY, None) or _entry(r, defaults) for r in key]
     params, shares = (tuple(c) for c in zip(*entries)) if entries else ((), ())
+    carry = None  # a batch too small to carry (.batch_diff.FEWEST) holds nothing of the last one
+    if last is not None and len(key) >= batch_diff.FEWEST and last.defaults is defaults and (
+            last.names is not None or last._selection is not None):
+        carry = (last.reqs, last.ids, last.names, last._selection)
     cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(map(operator.is_not, params, _NONES)),
-                                      tuple(map(id, key)))
+                                      _last=carry)
     return cols
 
 

@@ -33,6 +33,7 @@ import itertools
 import operator
 from typing import Deque, Dict, Optional, Sequence
 
+from . import batch_diff
 from .batch_diff import diff
 from .metrics import scheduler_series
 from .round import same_requests
@@ -206,7 +207,7 @@ class _Members:
             self.pick = None
         self.ours, names = (reqs, policies) if self.pick is None else (self.pick(reqs), self.pick(policies))
         series = scheduler_series()
-        change = None if base is None else diff(base.ours, self.ours)
+        change = None if base is None or len(self.ours) < batch_diff.FEWEST else diff(base.ours, self.ours)
         if change is not None:  # the batch before's members, changed by a few runs (.batch_diff): theirs sliced,
             # the new ones' read (a request's policy never changes: one kept is ours under the same name)
             self.stats = change.apply(base.stats, lambda i, j: map(_stats_of, self.ours[i:j], names[i:j],
@@ -281,7 +282,7 @@ class BatchStats:
                  last: Optional["BatchStats"] = None):
         self.key, self.cap, self.members = key, cap, _members(reqs, policies)
         self.sinks, self.room = (), 0
-        if last is not None and last.cap == cap:
+        if last is not None and last.cap == cap and len(self.members.ours) >= batch_diff.FEWEST:
             change = diff(last.members.ours, self.members.ours)
             if change is not None:  # the key's batch before, changed by a few runs: its sinks sliced
                 self._carry(last, change)
