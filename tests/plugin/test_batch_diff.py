@@ -74,6 +74,9 @@ def check(old, new, change):
     asked = []
     column = change.apply(tuple(r.name for r in old), lambda i, j: asked.append((i, j)) or [r.name for r in new[i:j]])
     assert column == tuple(r.name for r in new) and asked == change.fresh()
+    kept_ids = {id(r) for kept, i, j in change.pieces if kept for r in old[i:j]}
+    assert [r.name for run in change.removed(old) for r in run] == [r.name for r in old if id(r) not in kept_ids]
+    assert all(len(run) for run in change.removed(old))
     return sum(j - i for kept, i, j in change.pieces if kept)
 
 
@@ -82,7 +85,7 @@ def check(old, new, change):
 def test_a_change_tiles_the_new_batch_and_carries_columns_over(seed, how):
     """Over 200 changes of a batch of up to 64 requests: the pieces tile the new batch in order (kept runs in the
     old batch's order, matched by identity though every request equals every other), a column carried over
-    equals the new batch's read afresh. A scheduler's change (filter, merge) keeps
+    equals the new batch's read afresh, ``removed`` holds what left. A scheduler's change (filter, merge) keeps
     every request that stays, and is no diff only past MOST pieces (or a quarter of the new batch)."""
     rng = random.Random(seed)
     made = Made(Req(f"r{i}") for i in range(rng.randint(0, 64)))
@@ -156,6 +159,20 @@ def test_a_change_that_keeps_fewer_than_fewest_requests_is_no_diff(monkeypatch, 
                 check(reqs, new, change)
         replaced = tuple(Req(f"other{i}") for i in range(size))  # every request new: nothing to keep
         assert (batch_diff.diff(reqs, replaced) is None) == (fewest > 0)
+
+
+def test_a_noted_column_knows_what_it_was_carried_from(monkeypatch):
+    """``apply(..., noted=True)`` keeps the column's lineage (the last four, by identity): a value built from the
+    old column can be carried with it. A column not noted, or noted too long ago, has none."""
+    monkeypatch.setattr(batch_diff, "_LINEAGE", type(batch_diff._LINEAGE)(maxlen=4))
+    reqs = tuple(Req(str(i)) for i in range(5))
+    change = batch_diff.diff(reqs, reqs[1:])
+    old = tuple("abcde")
+    first = change.apply(old, list, noted=True)
+    assert first == tuple("bcde") and batch_diff.carried_from(first) == (old, change)
+    assert batch_diff.carried_from(tuple("bcde")) is None and batch_diff.carried_from(change.apply(old, list)) is None
+    later = [change.apply(tuple(f"{k}{c}" for c in old), list, noted=True) for k in range(4)]
+    assert batch_diff.carried_from(first) is None and batch_diff.carried_from(later[0])[1] is change
 
 
 def test_the_last_changes_are_kept_by_identity():

@@ -216,3 +216,89 @@ def test_per_batch_builds_once_per_composition_name_and_extra(monkeypatch):
     monkeypatch.setattr(rows_module, "_BATCHES", Bounded(256))  # only the identity fast path can answer now
     assert per_batch("t", swapped, (1,), build) is built[2] and per_batch("u", steady, (1,), build) is built[3]
     assert per_batch("t", (b, a), (1,), build) is built[4]  # equal, not the same tuple: the ids' pass, built anew
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_changed_batchs_table_and_plan_are_carried_as_built_afresh(monkeypatch, seed):
+    """Rounds of a batch SGLang's way (requests leave, new ones join with parameter sets seen or not, now and
+    then one set's last row leaves): the selection's params carried over by the columns carry the row table and
+    the plan with them, and each equals the one built afresh: the table row by row (``request_row``), the plan
+    from the batch's sets. Carried (no table built) whenever the table was the last batch's; planned again when
+    a set joins or leaves."""
+    import random
+    from types import SimpleNamespace
+
+    from treespec_sglang.plugin import batch_diff, columns
+    from treespec_sglang.plugin.config import ServerDefaults
+
+    monkeypatch.setattr(batch_diff, "FEWEST", 4)
+    monkeypatch.setattr(columns, "_COLUMNS", [None])
+    monkeypatch.setattr(rows_module, "_LAST", {})
+    monkeypatch.setattr(rows_module, "_BATCHES", Bounded(256))
+    built, plans = [], []
+    real_cat, real_of = torch.cat, BatchPlan._of
+    monkeypatch.setattr(BatchPlan, "_of", classmethod(lambda cls, *a: plans.append(1) or real_of.__func__(cls, *a)))
+    rng = random.Random(seed)
+    N, S = 8, 3
+    specs = [None, {"policy": "talon", "budget": 6}, {"policy": "salf", "budget": 6, "th": 0.1},
+             {"policy": "eagle2", "budget": 5}, {"policy": "c2t", "budget": 6}, {"policy": "talon", "budget": 7}]
+    sets = {i: parse_spec(s) for i, s in enumerate(specs) if s}
+    arrive = lambda: SimpleNamespace(_treespec_params=sets.get(rng.randrange(len(specs) - rng.randint(0, 1))),
+                                     _treespec_shares=rng.random() < 0.5)
+    batch, d, carried = [arrive() for _ in range(24)], ServerDefaults(token_cap=32), 0
+    for _ in range(60):
+        batch = [r for r in batch if rng.random() > 0.1] + [arrive() for _ in range(rng.choice([0, 1, 2]))]
+        cols = columns.batch_columns(batch, d)
+        params, _ = cols.selection(N, S)
+        if params is None:
+            continue
+        came = batch_diff.carried_from(params)
+        last_rows = rows_module._LAST.get("rows")
+        monkeypatch.setattr(torch, "cat", lambda t, *a, **k: built.append(len(t)) or real_cat(t, *a, **k))
+        n_built, n_plans = len(built), len(plans)
+        table = policy_rows(params, "cpu", cols.shares)
+        plan = BatchPlan.of(params, N, S)
+        monkeypatch.setattr(torch, "cat", real_cat)
+        want = torch.cat([request_row(p, "cpu", s) for p, s in zip(params, cols.shares)])
+        assert torch.equal(table, want)
+        fresh = BatchPlan._of(params, N, S)
+        plans.pop()
+        assert (plan.stages, plan.clf_ids, plan.mask_depth, plan.salf) == (
+            fresh.stages, fresh.clf_ids, fresh.mask_depth, fresh.salf)
+        if came is not None and last_rows is not None and came[0] is last_rows[0]:
+            carried += 1  # the table came from the last one's slices and the new rows: no table of bs rows
+            assert all(n < len(batch) for n in built[n_built:]) or len(batch) < 2
+            old_sets = {id(p) for p in came[0]}
+            if {id(p) for p in params} == old_sets:
+                assert len(plans) == n_plans  # the same sets: the plan carried over
+    assert carried > 10
+
+
+def test_a_carry_takes_only_the_last_tables_own_change_on_its_device_and_shape(monkeypatch):
+    """``per_batch``'s carry is the last value's: a tuple carried over from another than the last one, a table
+    asked on another device, a plan at another (N, S) are built afresh; each answer equals the one built."""
+    from treespec_sglang.plugin import batch_diff
+
+    monkeypatch.setattr(batch_diff, "FEWEST", 1)
+    monkeypatch.setattr(rows_module, "_LAST", {})
+    monkeypatch.setattr(rows_module, "_BATCHES", Bounded(256))
+    talon, salf = parse_spec({"policy": "talon", "budget": 6}), parse_spec({"policy": "salf", "budget": 6, "th": 0.1})
+    reqs = tuple(object() for _ in range(6))
+    old = (talon, salf, None, talon, salf, None)
+    change = batch_diff.diff(reqs, reqs[1:] + (object(),))
+    new = change.apply(old, lambda i, j: [salf] * (j - i), noted=True)
+    fresh = lambda params, device: torch.cat([request_row(p, device) for p in params])
+    policy_rows(old, "cpu")
+    on_meta = policy_rows(new, "meta")  # another device: built there (a carry would mix the devices)
+    assert on_meta.is_meta and on_meta.shape == (6, len(COLUMNS))
+    policy_rows(old, "cpu")
+    other = (None,) * 6
+    policy_rows(other, "cpu")  # the last table is another batch's: the change from old says nothing of it
+    assert torch.equal(policy_rows(new, "cpu"), fresh(new, "cpu"))
+    plans, real_of = [], BatchPlan._of
+    monkeypatch.setattr(BatchPlan, "_of", classmethod(lambda cls, *a: plans.append(a[1:]) or real_of.__func__(cls, *a)))
+    BatchPlan.of(old, 8, 3)
+    assert BatchPlan.of(new, 9, 3).salf == real_of(new, 9, 3).salf and plans == [(8, 3), (9, 3)]
+    BatchPlan.of(old, 8, 3)
+    BatchPlan.of(new, 8, 3)
+    assert plans == [(8, 3), (9, 3)]  # the same sets, the same shape: carried

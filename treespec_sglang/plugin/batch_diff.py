@@ -33,7 +33,7 @@ import itertools
 import operator
 from typing import Callable, Deque, List, Optional, Sequence, Tuple
 
-__all__ = ["BatchDiff", "diff", "MOST"]
+__all__ = ["BatchDiff", "diff", "carried_from", "MOST", "FEWEST"]
 
 MOST = 8  # pieces past which a change is rebuilt, not carried over (or a quarter of the batch, when more)
 FEWEST = 32  # requests kept below which a change is rebuilt: a carry's fixed cost is some 25 requests' rebuild
@@ -55,15 +55,45 @@ class BatchDiff:
         """Whether the new batch is the old one (every request kept, in order)."""
         return self.old_len == self.new_len and (self.new_len == 0 or self.pieces == ((True, 0, self.old_len),))
 
-    def apply(self, old: Sequence, fresh: Callable[[int, int], Sequence]) -> tuple:
+    def apply(self, old: Sequence, fresh: Callable[[int, int], Sequence], noted: bool = False) -> tuple:
         """The new batch's column from the old batch's ``old`` (one value per old request): kept runs sliced, the
-        new positions ``[i, j)`` from ``fresh(i, j)`` (``j - i`` values)."""
+        new positions ``[i, j)`` from ``fresh(i, j)`` (``j - i`` values). ``noted``: the column's lineage is kept
+        (:func:`carried_from`), so what is derived from it can be carried over in turn."""
         parts = [tuple(old[i:j]) if kept else tuple(fresh(i, j)) for kept, i, j in self.pieces]
-        return parts[0] if len(parts) == 1 else sum(parts, ())  # a few concatenations: copies of pointers
+        out = parts[0] if len(parts) == 1 else sum(parts, ())  # a few concatenations: copies of pointers
+        if noted:
+            _LINEAGE.append((out, old, self))
+        return out
+
+    def removed(self, old: Sequence) -> List[Sequence]:
+        """The runs of ``old`` (the old batch's column) whose requests the new batch does not keep."""
+        out, at = [], 0
+        for kept, i, j in self.pieces:
+            if kept:
+                if i > at:
+                    out.append(old[at:i])
+                at = j
+        if at < self.old_len:
+            out.append(old[at:])
+        return out
 
     def fresh(self) -> List[Tuple[int, int]]:
         """The new batch's positions ``(i, j)`` that are not kept runs of the old one."""
         return [(i, j) for kept, i, j in self.pieces if not kept]
+
+
+# (a column carried over, the column it came from, the change): the last few noted (BatchDiff.apply)
+_LINEAGE: Deque[tuple] = collections.deque(maxlen=4)
+
+
+def carried_from(column) -> Optional[tuple]:
+    """``(the old column, the change)`` when ``column`` (by identity) was carried over lately with ``noted``
+    (:meth:`BatchDiff.apply`), else None: a value built from the old column (a row table, a plan) is carried over
+    with it."""
+    for out, old, change in tuple(_LINEAGE):  # a snapshot: never iterated while another caller appends
+        if out is column:
+            return old, change
+    return None
 
 
 def _agree(new: Sequence, i: int, old: Sequence, j: int) -> int:

@@ -82,7 +82,8 @@ class BatchColumns:
             if change is not None:
                 cap = self.defaults.token_cap
                 served = change.apply(base[1], lambda i, j: [_served(p, s, key, cap) for p, s in
-                                                             zip(self.params[i:j], self.shares[i:j])])
+                                                             zip(self.params[i:j], self.shares[i:j])],
+                                      noted=True)  # the selection's row table and plan are carried with it
             else:
                 served = self._served_column(key)
             self._selection = (key, served, any(map(operator.is_not, served, _NONES)))

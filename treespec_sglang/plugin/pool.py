@@ -26,6 +26,8 @@ same code runs eagerly or inside a CUDA graph and its op count does not grow wit
 
 from __future__ import annotations
 
+import collections
+
 import copy
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
@@ -167,6 +169,27 @@ def keeps_native_tree(p: PolicyParams, N: int, S: int) -> bool:
 _NATIVE_TREES: Dict[tuple, bool] = Bounded(4096)  # (params, N, S) -> keeps_native_tree
 
 
+def _carry_plan(entry: list, old_extra: tuple, old_params: tuple, change, params: tuple, key: tuple):
+    """A changed batch's plan entry ``[plan, rows per parameter set]`` (:func:`per_batch`'s carry): the last
+    batch's plan when the batch holds the same parameter sets (a plan reads sets, not rows), told from how many
+    rows hold each (counted once, then carried: the rows that left taken off, the new ones added); None (planned
+    again) when a set is new or none of its rows is left."""
+    plan, counts = entry
+    if old_extra != key:
+        return None
+    counts = dict(collections.Counter(map(id, old_params)) if counts is None else counts)
+    for run in change.removed(old_params):
+        for p in run:
+            counts[id(p)] -= 1
+    for i, j in change.fresh():
+        for p in params[i:j]:
+            n = counts.get(id(p))
+            if n is None:
+                return None
+            counts[id(p)] = n + 1
+    return None if 0 in counts.values() else [plan, counts]
+
+
 def _rows_of(kind: torch.Tensor, names) -> torch.Tensor:
     """``[bs]`` bool: the rows whose ``kind`` column is one of the policies ``names``."""
     ids = sorted(kind_id(n) for n in names)
@@ -193,8 +216,9 @@ class BatchPlan:
     @classmethod
     def of(cls, params, N: int, S: int) -> "BatchPlan":
         """The plan of ``params`` for N verify tokens over S draft steps, kept per batch composition
-        (:func:`per_batch`)."""
-        return per_batch("plan", params, (N, S), lambda: cls._of(params, N, S))
+        (:func:`per_batch`), and carried over a changed batch that holds the same parameter sets."""
+        return per_batch("plan", params, (N, S), lambda: [cls._of(params, N, S), None],
+                         lambda *last: _carry_plan(*last, params, (N, S)))[0]
 
     @classmethod
     def _of(cls, params, N: int, S: int) -> "BatchPlan":

@@ -20,6 +20,7 @@ from ..policies.params import PolicyParams
 from ..policies.registry import REGISTRY, pool_rule_of, registration_of
 from ..utils.bounded import Bounded
 from ..utils.syncs import to_device
+from .batch_diff import carried_from
 from .classifiers import DEFAULT_NAME, registered
 
 __all__ = ["COLUMNS", "kind_id", "request_row", "policy_rows", "per_batch", "classifier_ids", "by_id"]
@@ -115,20 +116,27 @@ _BATCHES: Dict[tuple, tuple] = Bounded(256)
 _LAST: Dict[str, tuple] = {}  # what -> (the last params tuple, extra, value): a steady batch's hit by identity
 
 
-def per_batch(what: str, params: Sequence, extra: tuple, build):
+def per_batch(what: str, params: Sequence, extra: tuple, build, carry=None):
     """``build()`` once per batch composition: the same parameter objects in the same order (a batch's
     requests keep theirs while they live, so a steady batch hits every round). Keyed by the objects' ids,
     which the entry keeps alive (so no id is reused while it is cached); host cost flat in bs (one C-level
     pass over the ids), where building a row table or a :class:`BatchPlan` walks the batch in Python. A tuple of
     params passed again (the same object: a steady batch's columns, :mod:`.columns`) with the same ``extra`` is
-    the last entry's without that pass: a tuple cannot change, and the entry keeps it alive."""
+    the last entry's without that pass: a tuple cannot change, and the entry keeps it alive. A composition not
+    seen lately whose tuple was carried over from the last one (a changed batch's,
+    :func:`.batch_diff.carried_from`) gets ``carry(the last value, its extra, its params, the change)`` when that
+    gives one (None: built)."""
     last = _LAST.get(what)
     if last is not None and last[0] is params and last[1] == extra:
         return last[2]
     key = (what, tuple(map(id, params)), extra)
     hit = _BATCHES.get(key)
     if hit is None:
-        hit = _BATCHES.put(key, (tuple(params), build()))
+        came = None if carry is None or last is None else carried_from(params)
+        value = None
+        if came is not None and came[0] is last[0]:
+            value = carry(last[2], last[1], last[0], came[1])
+        hit = _BATCHES.put(key, (tuple(params), build() if value is None else value))
     if type(params) is tuple:
         _LAST[what] = (params, extra, hit[1])
     return hit[1]
@@ -148,7 +156,14 @@ def policy_rows(params: Sequence[Optional[PolicyParams]], device, shares: Option
         rows = {(i, s): _request_row(of[i], bool(s), where, device) for i, s in dict.fromkeys(zip(ids, shares))}
         return torch.cat(list(map(rows.__getitem__, zip(ids, shares))))
 
-    return per_batch("rows", params, (shares, where), build)
+    def carry(table, old_extra, old_params, change):  # the kept runs' rows sliced, the new requests' looked up
+        if old_extra[1] != where:
+            return None
+        parts = [table[i:j] if kept else torch.cat([_request_row(p, bool(s), where, device) for p, s in
+                                                    zip(params[i:j], shares[i:j])]) for kept, i, j in change.pieces]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    return per_batch("rows", params, (shares, where), build, carry)
 
 
 def by_id(params: Sequence) -> tuple:
