@@ -33,11 +33,10 @@ class BatchColumns:
     and once drafted the policies' names (tuples: the per-batch caches, :func:`.rows.per_batch`, hit a steady
     batch's by identity). SGLang keeps a decode batch's requests from round to round and a
     request's policy never changes, so the columns are built once and reused while the batch holds the same
-    requests in the same order under the same defaults (an O(bs) identity check in C). When the batch changes
-    (requests leave, others join) ``params`` and ``shares`` are read again off the requests (their entries: one
-    C-level pass each, as cheap as a carry), and the columns that cost more, the names drafted and the
-    selection's, are carried over from the last batch's by slicing when first asked for (:mod:`.batch_diff`),
-    only the new requests' worked out."""
+    requests in the same order under the same defaults (an O(bs) identity check in C). When a batch with policies
+    changes by a few runs (requests leave, others join: :mod:`.batch_diff`), its columns are carried over from the
+    last batch's by slicing (the names drafted and the selection's when first asked for), only the new requests'
+    worked out; a batch of native requests alone, a small one or a reordered one is built again."""
 
     reqs: tuple
     defaults: object  # the ServerDefaults they were resolved under
@@ -154,19 +153,26 @@ def _last_columns(reqs) -> Optional[BatchColumns]:
 
 def batch_columns(reqs, defaults) -> BatchColumns:
     """The columns of the batch ``reqs`` (:class:`BatchColumns`): the last batch's when it holds the same
-    requests, else built (what costs more carried over from the last batch's when asked for)."""
+    requests, carried over from it when it had policies and changed by a few runs, else built."""
     last = _COLUMNS[0]
     if last is not None and same_requests(reqs, last.reqs) and last.defaults is defaults:
         return last
     key = tuple(reqs)
-    entries = [getattr(r, _ENTRY, None) or _entry(r, defaults) for r in key]
+    if last is not None and last.any_policy and len(key) >= batch_diff.FEWEST and last.defaults is defaults:
+        # a batch with policies that changed by a few runs (.batch_diff: its stats and selection ask for the
+        # same change): every column carried over, the new requests' entries read
+        change = diff(last.reqs, key, last.ids)
+        if change is not None:
+            fresh = {(i, j): [getattr(r, _ENTRY, None) or _entry(r, defaults) for r in key[i:j]]
+                     for i, j in change.fresh()}
+            params = change.apply(last.params, lambda i, j: [e[0] for e in fresh[i, j]])
+            shares = change.apply(last.shares, lambda i, j: [e[1] for e in fresh[i, j]])
+            cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(map(operator.is_not, params, _NONES)),
+                                              _last=(last.reqs, last.ids, last.names, last._selection))
+            return cols
+    entries = [getattr(r, _ENTRY, None) or _entry(r, defaults) for r in key]  # built: no policy, few, or reordered
     params, shares = (tuple(c) for c in zip(*entries)) if entries else ((), ())
-    carry = None  # a batch too small to carry (.batch_diff.FEWEST) holds nothing of the last one
-    if last is not None and len(key) >= batch_diff.FEWEST and last.defaults is defaults and (
-            last.names is not None or last._selection is not None):
-        carry = (last.reqs, last.ids, last.names, last._selection)
-    cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(map(operator.is_not, params, _NONES)),
-                                      _last=carry)
+    cols = _COLUMNS[0] = BatchColumns(key, defaults, params, shares, any(map(operator.is_not, params, _NONES)))
     return cols
 
 
