@@ -294,3 +294,19 @@ def test_a_changing_batch_carries_its_columns_as_a_row_by_row_reading(built, mon
             assert cols.drafted() == tuple(r.want[0] for r in batch)
             assert [getattr(r, columns.DRAFTED) for r in batch] == [r.want[0] for r in batch]
     assert sum(c is not None for c in changes) > 20 and len(built) == len({id(r) for r in built})
+
+
+def test_new_defaults_build_the_columns_again_not_carry_them(built, monkeypatch):
+    """A batch that changed under other defaults (another token cap) is built, not carried over: a native-tree
+    request that shares the cap keeps its selection under a cap, and is SGLang's own without one."""
+    from treespec_sglang.plugin import batch_diff
+
+    monkeypatch.setattr(batch_diff, "FEWEST", 2)
+    eagle2 = parse_spec(NATIVE_TREES[0])
+    reqs = [SimpleNamespace(_treespec_params=eagle2, _treespec_shares=True) for _ in range(5)]
+    plain, capped = ServerDefaults(), ServerDefaults(token_cap=16)
+    assert columns.batch_columns(reqs, plain).selection(N, S)[0] is None
+    cols = columns.batch_columns(reqs[1:], capped)
+    assert cols.defaults is capped and cols.selection(N, S)[0] == (eagle2,) * 4
+    back = columns.batch_columns(reqs[2:], plain)
+    assert back.defaults is plain and back.selection(N, S) == (None, [N] * 3)
