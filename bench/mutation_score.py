@@ -58,11 +58,12 @@ GROUPS = {  # name -> (files to mutate, tests that guard them)
               ["tests/plugin/test_ranks.py", "tests/plugin/test_ranks_hot_head.py", "tests/plugin/test_draft_select.py",
                "tests/plugin/test_chain_graph.py", "tests/plugin/test_ragged_tuner.py",
                "tests/plugin/test_ragged_tuner_options.py"]),
-    # a batch's columns, parameter rows and stats (the host work of every round)
+    # a batch's columns, parameter rows and stats, carried over a changed batch (the host work of every round)
     "rounds": (["treespec_sglang/plugin/columns.py", "treespec_sglang/plugin/rows.py",
                 "treespec_sglang/plugin/stats.py", "treespec_sglang/plugin/pending.py",
-                "treespec_sglang/plugin/round.py"],
+                "treespec_sglang/plugin/round.py", "treespec_sglang/plugin/batch_diff.py"],
                ["tests/plugin/test_columns.py", "tests/plugin/test_rows.py", "tests/plugin/test_round.py",
+                "tests/plugin/test_batch_diff.py",
                 "tests/plugin/test_stats.py", "tests/plugin/test_pending.py", "tests/plugin/test_request.py",
                 "tests/plugin/test_sglang_rounds.py", "tests/plugin/test_handoff.py", "tests/plugin/test_metrics.py",
                 "tests/plugin/test_draft_select.py", "tests/plugin/test_pool.py", "tests/plugin/test_custom_policy.py",
