@@ -175,6 +175,19 @@ def test_a_noted_column_knows_what_it_was_carried_from(monkeypatch):
     assert batch_diff.carried_from(first) is None and batch_diff.carried_from(later[0])[1] is change
 
 
+@pytest.mark.parametrize("run", [3, 4, 5])
+def test_pieces_up_to_a_quarter_of_a_large_batch_are_carried(run):
+    """50 kept runs of ``run`` requests each (one request left between runs): 50 pieces in a new batch of 50 * run,
+    within its quarter from runs of 4 on."""
+    reqs = tuple(Req(str(i)) for i in range(50 * (run + 1)))
+    new = tuple(r for i, r in enumerate(reqs) if i % (run + 1) != run)
+    change = batch_diff.diff(reqs, new)
+    assert len(new) == 50 * run and (change is None) == (50 > len(new) // 4)
+    if change is not None:
+        assert len(change.pieces) == 50
+        check(reqs, new, change)
+
+
 def test_the_last_changes_are_kept_by_identity():
     """The batch's caches ask for the same change in turn: the same two tuples get the same answer, two others
     holding the same requests a new one, equal to it."""

@@ -253,6 +253,8 @@ def test_a_changing_batch_carries_its_columns_as_a_row_by_row_reading(built, mon
     monkeypatch.setattr(batch_diff, "FEWEST", 4)  # batches of up to 40 requests carried (FEWEST 32 would rebuild most)
     changes, real = [], columns.diff
     monkeypatch.setattr(columns, "diff", lambda *a: changes.append(real(*a)) or changes[-1])
+    named, real_name = [], columns.policy_name
+    monkeypatch.setattr(columns, "policy_name", lambda p: named.append(p) or real_name(p))
     rng = random.Random(seed)
     specs = NATIVE_TREES + OWN_TREES + [None, {"policy": "none"}]
     shared = {i: parse_spec(s) for i, s in enumerate(specs) if s is not None}
@@ -291,7 +293,11 @@ def test_a_changing_batch_carries_its_columns_as_a_row_by_row_reading(built, mon
             else:
                 assert tokens is None and len(params) == len(want) and all(a is b for a, b in zip(params, want))
         if rng.random() < 0.7:
+            before, base = len(named), cols._last is not None and cols._last[2] is not None
             assert cols.drafted() == tuple(r.want[0] for r in batch)
+            if base and changes and changes[-1] is not None:  # carried: only the new requests' names worked out
+                fresh = sum(j - i for i, j in changes[-1].fresh())
+                assert len(named) - before <= fresh
             assert [getattr(r, columns.DRAFTED) for r in batch] == [r.want[0] for r in batch]
     assert sum(c is not None for c in changes) > 20 and len(built) == len({id(r) for r in built})
 
@@ -310,3 +316,9 @@ def test_new_defaults_build_the_columns_again_not_carry_them(built, monkeypatch)
     assert cols.defaults is capped and cols.selection(N, S)[0] == (eagle2,) * 4
     back = columns.batch_columns(reqs[2:], plain)
     assert back.defaults is plain and back.selection(N, S) == (None, [N] * 3)
+    # a request not parsed yet joins a carried batch: resolved under the server's defaults
+    talon = ServerDefaults("talon", {"budget": 8})
+    columns.batch_columns(reqs, talon).drafted()
+    late = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=None))
+    cols = columns.batch_columns(reqs[1:] + [late], talon)
+    assert cols.params[-1] == parse_spec({"policy": "talon", "budget": 8}) and cols.drafted()[-1] == "talon"

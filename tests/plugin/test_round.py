@@ -56,3 +56,5 @@ def test_same_requests_is_identity_in_order_not_equality():
     held = (a, b)
     assert same_requests(held, held) and same_requests([a, b], held)
     assert not same_requests([b, a], held) and not same_requests([a], held) and not same_requests([a, b, a], held)
+    assert same_requests([], ()) and not same_requests([b], (a,)) and same_requests([a], (a,))
+    assert not same_requests([a, a], (b, a))  # the last ones agree, an earlier one does not

@@ -107,6 +107,9 @@ def test_batched_rounds_equal_a_plain_per_request_record(monkeypatch, series, ca
         assert reg.get_sample_value(name[key], dict(label, policy=policy)) == total
         if key == "treespec_accept_lengths":
             assert reg.get_sample_value("treespec:rounds_total", dict(label, policy=policy)) == n
+    for policy in ("talon", "salf"):  # each request counted once, at its first round (carried batches' too)
+        n = sum(c.policy == policy and any(seen[id(c)].values()) for c in clients)
+        assert (reg.get_sample_value("treespec:requests_total", dict(label, policy=policy)) or 0) == n
 
 
 def test_a_finished_requests_lists_end_at_its_last_committed_round():
@@ -292,6 +295,8 @@ def test_a_changing_batch_carries_its_sinks_and_a_new_cap_looks_them_up(monkeypa
     monkeypatch.setattr(batch_diff, "FEWEST", 1)  # two requests carried
     looked, real = [], S.BatchStats._look_up
     monkeypatch.setattr(S.BatchStats, "_look_up", lambda self: looked.append(1) or real(self))
+    asked, real_of = [], S._stats_of
+    monkeypatch.setattr(S, "_stats_of", lambda req, *a: asked.append(req) or real_of(req, *a))
     a, b, c, d = (Client(p) for p in ("talon", "salf", "talon", "salf"))
     key = "treespec_tree_sizes"
     for r in range(3):
@@ -299,6 +304,7 @@ def test_a_changing_batch_carries_its_sinks_and_a_new_cap_looks_them_up(monkeypa
     for r in range(3, 5):
         S.record_rounds((a, c), ("talon", "talon"), key, [r, 20 + r])
     assert len(looked) == 1 and a.customized_info[key] == [0, 1, 2, 3, 4]
+    assert asked == [c]  # the members carried over: only the new request's stats read
     assert b.customized_info[key] == [10, 11, 12] and c.customized_info[key] == [23, 24]
     monkeypatch.setenv(S.ENV_MAX_ROUNDS, "3")
     S.record_rounds((a, c, d), ("talon", "talon", "salf"), key, [5, 25, 35])

@@ -200,11 +200,9 @@ class _Members:
 
     def __init__(self, reqs: tuple, policies: tuple, base: Optional["_Members"] = None):
         self.reqs, self.policies = reqs, policies
-        if policies.count(None):  # names are str: compared in C
-            ours = _where(map(operator.is_not, policies, _NONES))
-            self.pick = _getter(ours) if ours else _NOTHING  # ours from a round's values, when not all
-        else:
-            self.pick = None
+        # ours from a round's values, when not all (names are str, compared with None in C; record_rounds makes
+        # no members for a batch with none of ours)
+        self.pick = _getter(_where(map(operator.is_not, policies, _NONES))) if policies.count(None) else None
         self.ours, names = (reqs, policies) if self.pick is None else (self.pick(reqs), self.pick(policies))
         series = scheduler_series()
         change = None if base is None or len(self.ours) < batch_diff.FEWEST else diff(base.ours, self.ours)
@@ -263,8 +261,6 @@ def _stats_of(req, policy: str, series) -> "RequestStats":
     """The request's :class:`RequestStats`, made at its first round."""
     return getattr(req, _STATS, None) or RequestStats(req, policy, series)
 
-
-_NOTHING = operator.itemgetter(slice(0, 0))  # no request of the batch is ours: () from a round's values
 
 
 _LISTS = operator.attrgetter("lists")
